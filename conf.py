@@ -1,0 +1,88 @@
+"""Sphinx configuration. Sources live in docs/; build with ``nox -s docs`` (see README.md).
+
+sphinx-build -c . docs _build/html   (the nox sessions pass the right flags)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).parent.resolve()
+DOCS = ROOT / "docs"
+
+project = "Manual optimization under mixed precision"
+author = "The mpguide authors"
+copyright = "2026, the mpguide authors"
+
+extensions = [
+    "myst_nb",
+    "sphinx_gallery.gen_gallery",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx_copybutton",
+    "mpguide.sphinx_ext",
+]
+
+exclude_patterns = [
+    "_build",
+    "jupyter_execute",
+    # sphinx-gallery writes a notebook and a copy of each script next to its page; MyST-NB would
+    # try to read them as documents of their own.
+    "auto_examples/*.ipynb",
+    "auto_examples/*.py",
+    "auto_examples/*.zip",
+    "**/*.md5",
+]
+
+# --- mpguide: where records live, which pages read them, whether the claim gate runs -------
+mpguide_results_dir = os.environ.get("MPGUIDE_RESULTS_DIR", str(ROOT / "_build" / "results"))
+mpguide_reference_dir = str(ROOT / "results" / "reference")
+mpguide_examples_dir = str(ROOT / "examples")
+mpguide_gallery_dir = str(DOCS / "auto_examples")
+mpguide_record_pages = ["index", "model/manual_optimization"]
+mpguide_gate = True  # the preview session passes -D mpguide_gate=0 (nothing runs, nothing is judged)
+os.environ["MPGUIDE_RESULTS_DIR"] = mpguide_results_dir  # the MyST-NB kernel inherits it
+
+# --- sphinx-gallery: runs every examples/plot_*.py at builder start ---------------------------
+sphinx_gallery_conf = {
+    "examples_dirs": str(ROOT / "examples"),
+    "gallery_dirs": str(DOCS / "auto_examples"),
+    "filename_pattern": r"/plot_",
+    "abort_on_example_error": True,
+    "download_all_examples": True,
+    "remove_config_comments": True,
+    "min_reported_time": 0,
+    "capture_repr": (),
+    "matplotlib_animations": False,
+    "show_memory": False,
+}
+
+# --- MyST-NB: the guide page executes its cells to read the records ---------------------------
+# "force": jupyter-cache keys on code, not on data, so a cached page would show old records.
+nb_execution_mode = "force"
+nb_execution_timeout = 180
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
+nb_merge_streams = True
+myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
+myst_heading_anchors = 3
+
+# --- autodoc ------------------------------------------------------------------------------------
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+napoleon_google_docstring = True
+
+# --- HTML -----------------------------------------------------------------------------------
+html_theme = "pydata_sphinx_theme"
+html_title = "Manual optimization under mixed precision"
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+}
+html_static_path: list[str] = []
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
+copybutton_exclude = ".linenos, .gp, .go"

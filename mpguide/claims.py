@@ -1,0 +1,323 @@
+"""Claims: what an example's runs must show, and the one place their thresholds live.
+
+An example declares claims with :func:`match`, :func:`diverge` and :func:`raises`; they are stored
+in its results record (by tolerance *name*, not by number) and judged by :func:`evaluate_record`,
+which the example itself, the claim gate (:mod:`mpguide.gate`) and the Sphinx extension all call.
+Because thresholds are looked up in :data:`TOLERANCES` at judgement time, a committed record
+(a GPU reference, say) is re-judged against today's thresholds.
+
+Curve metrics (see ``DESIGN.md`` section 3): both curves are smoothed with an exponential moving
+average (:data:`EMA_ALPHA`), the first :data:`WARMUP_FRACTION` of the steps is dropped, and the
+candidate is compared with the reference step by step, relative to the reference:
+
+* ``match``: the **maximum** relative difference must stay at or below the tolerance;
+* ``diverge``: the **mean** relative gap must reach at least the tolerance (a mean, so one spike
+  cannot pass a pitfall off as reproduced).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+#: Smoothing factor of the exponential moving average applied to loss curves (weight of the new step).
+EMA_ALPHA = 0.1
+#: Fraction of the steps ignored at the start of a run (at least :data:`MIN_WARMUP_STEPS`).
+WARMUP_FRACTION = 0.1
+MIN_WARMUP_STEPS = 3
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A named threshold with the reason it has this value.
+
+    Attributes:
+        name: key used in records.
+        bound: ``"max"`` (the metric must be <= ``value``) or ``"min"`` (>= ``value``).
+        value: the threshold, a relative difference (0.01 = 1 %).
+        reason: where the number comes from.
+    """
+
+    name: str
+    bound: str
+    value: float
+    reason: str
+
+
+#: Every threshold of every claim. Values were chosen from measurements; see each reason.
+TOLERANCES: dict[str, Tolerance] = {
+    t.name: t
+    for t in [
+        Tolerance(
+            "same-precision",
+            "max",
+            1e-3,
+            "A faithful manual port replays the same float operations as automatic optimization: on CPU "
+            "(torch 2.13, Lightning 2.6.6) the curves were bitwise identical in fp32, bf16-mixed and "
+            "16-mixed (max difference 0), and on an NVIDIA H200 they agreed to 4-5 digits over 300 "
+            "steps. 1e-3 leaves room for GPU kernel non-determinism and nothing else.",
+        ),
+        Tolerance(
+            "mixed-vs-fp32",
+            "max",
+            0.05,
+            "bf16 keeps 8 mantissa bits and fp16 11, so mixed-precision curves wander from fp32 by "
+            "rounding alone. Measured on the digits teacher/student example (CPU, quick preset): "
+            "bf16-mixed up to about 1.5 %, 16-mixed up to about 0.3 % of the smoothed fp32 loss. "
+            "5 % accepts rounding drift with margin and still fails a real training bug, the smallest "
+            "of which (the teacher never updated) moves the curve by more than 10 %.",
+        ),
+        Tolerance(
+            "pitfall-gap",
+            "min",
+            0.10,
+            "A pitfall counts as reproduced when its smoothed curve sits on average at least 10 % "
+            "away from the correct run: over twice the largest rounding drift measured between "
+            "precisions (mixed-vs-fp32), so precision noise alone can never pass for a pitfall.",
+        ),
+    ]
+}
+
+
+class ClaimSpecError(ValueError):
+    """A claim declaration is malformed (unknown kind or tolerance, wrong number of runs)."""
+
+
+def match(candidate: str, reference: str, tolerance: str, title: str = "") -> dict[str, Any]:
+    """Declare that run ``candidate``'s loss curve agrees with run ``reference``'s.
+
+    Args:
+        candidate: run id judged.
+        reference: run id it is compared with (differences are relative to this curve).
+        tolerance: a key of :data:`TOLERANCES` with ``bound="max"``.
+        title: one line for the verdict table, e.g. ``"manual port = automatic (bf16-mixed)"``.
+
+    Raises:
+        ClaimSpecError: unknown tolerance, or one meant for ``diverge``.
+    """
+    _check_tolerance(tolerance, "max")
+    return {"kind": "match", "runs": [candidate, reference], "tolerance": tolerance, "title": title}
+
+
+def diverge(candidate: str, reference: str, tolerance: str = "pitfall-gap", title: str = "") -> dict[str, Any]:
+    """Declare that run ``candidate`` (a broken recipe) is visibly far from ``reference``.
+
+    If upstream fixes the bug behind the pitfall, this claim fails and the page must be rewritten.
+
+    Raises:
+        ClaimSpecError: unknown tolerance, or one meant for ``match``.
+    """
+    _check_tolerance(tolerance, "min")
+    return {"kind": "diverge", "runs": [candidate, reference], "tolerance": tolerance, "title": title}
+
+
+def raises(run: str, exception: str, message: str, title: str = "") -> dict[str, Any]:
+    """Declare that run ``run`` ends with ``exception`` (a type name) whose message contains ``message``."""
+    if not exception or not message:
+        raise ClaimSpecError("raises() needs an exception type name and a message fragment")
+    return {"kind": "raises", "runs": [run], "exception": exception, "message": message, "title": title}
+
+
+def _check_tolerance(name: str, bound: str) -> None:
+    tol = TOLERANCES.get(name)
+    if tol is None:
+        raise ClaimSpecError(f"unknown tolerance {name!r}; known: {sorted(TOLERANCES)}")
+    if tol.bound != bound:
+        raise ClaimSpecError(f"tolerance {name!r} is a {tol.bound!r} bound and cannot be used here")
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+
+
+def smooth(values: Sequence[float], alpha: float = EMA_ALPHA) -> np.ndarray:
+    """Exponential moving average of a curve.
+
+    Args:
+        values: per-step losses, length ``n``.
+        alpha: weight of each new value.
+
+    Returns:
+        float64 array of length ``n``; ``out[0] = values[0]``.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    out = np.empty_like(x)
+    acc = x[0] if len(x) else 0.0
+    for i, v in enumerate(x):
+        acc = v if i == 0 else alpha * v + (1 - alpha) * acc
+        out[i] = acc
+    return out
+
+
+def warmup_steps(n: int) -> int:
+    """Number of leading steps ignored by curve metrics for a run of ``n`` steps."""
+    return max(MIN_WARMUP_STEPS, int(math.ceil(WARMUP_FRACTION * n)))
+
+
+def relative_gap(candidate: Sequence[float], reference: Sequence[float]) -> np.ndarray:
+    """Per-step relative difference ``|ema(c) - ema(r)| / |ema(r)|`` after the warm-up.
+
+    Raises:
+        ValueError: the curves have different lengths or are too short to leave any step after
+            the warm-up.
+    """
+    if len(candidate) != len(reference):
+        raise ValueError(f"curves have different lengths ({len(candidate)} vs {len(reference)} steps)")
+    skip = warmup_steps(len(reference))
+    if len(reference) <= skip:
+        raise ValueError(f"curves of {len(reference)} steps leave nothing after a {skip}-step warm-up")
+    c, r = smooth(candidate)[skip:], smooth(reference)[skip:]
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN curves yield NaN gaps, judged by callers
+        return np.abs(c - r) / np.maximum(np.abs(r), 1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# Judging
+
+
+@dataclass
+class Verdict:
+    """The outcome of one claim (or implicit check) on one record.
+
+    Attributes:
+        example: the record's example name.
+        kind: ``match``, ``diverge``, ``raises``, ``finite`` or ``completes``.
+        runs: run ids involved.
+        title: human description.
+        metric: what ``value`` measures (e.g. ``"max rel. diff"``).
+        value: measured value (``None`` where not numeric).
+        threshold: text such as ``"<= 0.001"``.
+        passed: the verdict.
+        detail: one sentence explaining a failure (or the evidence of a pass).
+        record: path of the record file, when known.
+        hardware: device and versions, e.g. ``"CPU (2 cores), torch 2.13.0+cpu, Lightning 2.6.6"``.
+    """
+
+    example: str
+    kind: str
+    runs: list[str]
+    title: str
+    metric: str
+    value: float | None
+    threshold: str
+    passed: bool
+    detail: str = ""
+    record: str = ""
+    hardware: str = ""
+    tolerance: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def message(self) -> str:
+        """One line naming example, claim, runs, metric vs threshold, record and hardware."""
+        value = "n/a" if self.value is None else f"{self.value:.4g}"
+        return (f"{self.example}: {self.kind}({', '.join(self.runs)}) {'passed' if self.passed else 'FAILED'}"
+                f" [{self.title}]: {self.metric} = {value}, threshold {self.threshold}. {self.detail}"
+                f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
+
+
+def hardware_label(env: dict[str, Any]) -> str:
+    """Short hardware and version label of a record's ``env`` field."""
+    cuda = env.get("cuda", "cpu")
+    extra = f", CUDA {cuda}" if cuda not in ("cpu", "", None) else ""
+    return (f"{env.get('device', '?')}{extra}, torch {env.get('torch', '?')}, "
+            f"Lightning {env.get('lightning', '?')}")
+
+
+def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
+    """Judge every declared claim of a record, plus the implicit checks on every run.
+
+    Implicit checks: a run that is not the subject of a ``raises`` claim must complete without an
+    exception (``completes``) and have only finite losses, one per step (``finite``).
+
+    Args:
+        record: a record as validated by :func:`mpguide.records.validate_record`.
+        path: where it was read from, for messages.
+
+    Returns:
+        One :class:`Verdict` per claim and per implicit check, in declaration order.
+    """
+    runs = {run["id"]: run for run in record["runs"]}
+    example = record["example"]
+    hardware = hardware_label(record.get("env", {}))
+    verdicts: list[Verdict] = []
+    expected_errors = {c["runs"][0] for c in record["claims"] if c.get("kind") == "raises" and c.get("runs")}
+
+    def verdict(**kw: Any) -> Verdict:
+        return Verdict(example=example, record=str(path), hardware=hardware, **kw)
+
+    for claim in record["claims"]:
+        verdicts.append(_evaluate_claim(claim, runs, verdict))
+
+    for run_id, run in runs.items():
+        if run_id in expected_errors:
+            continue
+        error = run.get("error")
+        if error:
+            verdicts.append(verdict(kind="completes", runs=[run_id], title=f"{run_id} trains to the end",
+                                    metric="exception", value=None, threshold="none", passed=False,
+                                    detail=f"unexpected {error.get('type')}: {error.get('message')}"))
+            continue
+        loss = run["loss"]
+        bad = [i for i, v in enumerate(loss) if not math.isfinite(v)]
+        short = len(loss) != run["steps"] or not loss
+        detail = ""
+        if bad:
+            detail = f"non-finite loss at step {bad[0]} ({len(bad)} of {len(loss)} steps)"
+        elif short:
+            detail = f"{len(loss)} losses recorded for {run['steps']} steps"
+        verdicts.append(verdict(kind="finite", runs=[run_id], title=f"{run_id} has a finite loss at every step",
+                                metric="non-finite steps", value=float(len(bad)), threshold="== 0",
+                                passed=not bad and not short, detail=detail))
+    return verdicts
+
+
+def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -> Verdict:
+    kind, ids = claim["kind"], list(claim["runs"])
+    title = claim.get("title") or f"{kind}({', '.join(ids)})"
+    base = dict(kind=kind, runs=ids, title=title)
+    missing = [r for r in ids if r not in runs]
+    if kind not in ("match", "diverge", "raises"):
+        return verdict(**base, metric="?", value=None, threshold="?", passed=False,
+                       detail=f"unknown claim kind {kind!r}")
+    if missing:
+        return verdict(**base, metric="?", value=None, threshold="?", passed=False,
+                       detail=f"run(s) {missing} missing from the record")
+
+    if kind == "raises":
+        run = runs[ids[0]]
+        error = run.get("error") or {}
+        want = f"{claim['exception']}: ...{claim['message']}..."
+        got = f"{error.get('type')}: {error.get('message')}" if error else "no exception"
+        ok = bool(error) and error.get("type") == claim["exception"] and claim["message"] in (error.get("message") or "")
+        return verdict(**base, metric="exception", value=None, threshold=want, passed=ok,
+                       detail=f"got {got}" if not ok else f"raised {got}")
+
+    name = claim.get("tolerance", "")
+    tol = TOLERANCES.get(name)
+    if tol is None:
+        return verdict(**base, metric="?", value=None, threshold="?", passed=False,
+                       detail=f"unknown tolerance {name!r}; known: {sorted(TOLERANCES)}")
+    cand, ref = runs[ids[0]], runs[ids[1]]
+    for run in (cand, ref):
+        if run.get("error"):
+            return verdict(**base, metric="?", value=None, threshold=f"{tol.value:g}", passed=False,
+                           tolerance=name, detail=f"run {run['id']} raised {run['error'].get('type')}, no curve")
+    try:
+        gap = relative_gap(cand["loss"], ref["loss"])
+    except ValueError as err:
+        return verdict(**base, metric="?", value=None, threshold=f"{tol.value:g}", passed=False,
+                       tolerance=name, detail=str(err))
+    if kind == "match":
+        value = float(np.max(gap)) if np.all(np.isfinite(gap)) else math.inf
+        ok = value <= tol.value
+        return verdict(**base, metric="max rel. diff", value=value, threshold=f"<= {tol.value:g}", passed=ok,
+                       tolerance=name, detail="" if ok else
+                       f"smoothed curves differ by up to {value:.2%} (step {int(np.argmax(gap))} after warm-up)")
+    value = float(np.mean(gap)) if np.all(np.isfinite(gap)) else math.nan
+    ok = value >= tol.value
+    return verdict(**base, metric="mean rel. gap", value=value, threshold=f">= {tol.value:g}", passed=ok,
+                   tolerance=name, detail="" if ok else
+                   f"the pitfall no longer reproduces: curves only {value:.2%} apart on average")

@@ -1,0 +1,139 @@
+"""Hardware, precision and size presets: where a run trains and how big it is.
+
+Three environment variables steer every example (and the docs build passes them on):
+
+``MPGUIDE_DEVICE``
+    ``auto`` (default: CUDA when present, else CPU), ``cpu`` or ``cuda``.
+``MPGUIDE_PRESET``
+    ``quick`` (default; CPU-sized, used by CI and the docs build), ``full`` (GPU-sized) or
+    ``test`` (a tiny step budget for the test suite).
+
+Precision names are Lightning's own: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: The three precisions every example compares, in display order.
+PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed", "16-mixed")
+
+#: Short labels used in run ids and legends.
+PRECISION_LABELS: dict[str, str] = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+
+
+class ConfigurationError(ValueError):
+    """An environment variable or argument names something this library does not know."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Size of a run.
+
+    Attributes:
+        name: ``"test"``, ``"quick"`` or ``"full"``.
+        epochs: passes over the training set (an epoch of the digits data is 28 optimizer steps at
+            batch size 64).
+        batch_size: samples per batch.
+    """
+
+    name: str
+    epochs: int
+    batch_size: int
+
+
+PRESETS: dict[str, Preset] = {
+    "test": Preset("test", epochs=3, batch_size=64),
+    "quick": Preset("quick", epochs=8, batch_size=64),
+    "full": Preset("full", epochs=20, batch_size=64),
+}
+
+
+def select_preset(name: str | None = None) -> Preset:
+    """Return the size preset named by ``name`` or by ``MPGUIDE_PRESET`` (default ``quick``).
+
+    Raises:
+        ConfigurationError: the name is not one of :data:`PRESETS`.
+    """
+    name = name or os.environ.get("MPGUIDE_PRESET", "quick")
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigurationError(
+            f"unknown preset {name!r} (from MPGUIDE_PRESET or --preset); use one of {sorted(PRESETS)}"
+        ) from None
+
+
+def select_accelerator(name: str | None = None) -> str:
+    """Return ``"cuda"`` or ``"cpu"`` from ``name`` or ``MPGUIDE_DEVICE`` (default ``auto``).
+
+    ``auto`` picks CUDA when :func:`torch.cuda.is_available` says so.
+
+    Raises:
+        ConfigurationError: unknown name, or ``cuda`` was asked for on a machine without CUDA.
+    """
+    name = (name or os.environ.get("MPGUIDE_DEVICE", "auto")).lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda"):
+        raise ConfigurationError(f"unknown device {name!r} (from MPGUIDE_DEVICE); use auto, cpu or cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigurationError("MPGUIDE_DEVICE=cuda but torch.cuda.is_available() is False; use auto or cpu")
+    return name
+
+
+def check_precision(precision: str) -> str:
+    """Return ``precision`` unchanged if it is one of :data:`PRECISIONS`.
+
+    Raises:
+        ConfigurationError: any other value (Lightning aliases such as ``"bf16"`` or ``16`` are not
+            accepted here, so records always use one spelling).
+    """
+    if precision not in PRECISIONS:
+        raise ConfigurationError(f"unknown precision {precision!r}; use one of {list(PRECISIONS)}")
+    return precision
+
+
+def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: type | None = None) -> dict[str, Any]:
+    """Keyword arguments for :class:`lightning.pytorch.Trainer` that really run ``precision``.
+
+    ``Trainer(precision="16-mixed")`` on CPU silently falls back to bf16-mixed (Lightning warns
+    "You passed `Trainer(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not supported
+    on CPU", see ``trainer/connectors/accelerator_connector.py``), so no GradScaler would ever run in
+    CPU CI. On CPU, 16-mixed therefore goes through an explicit
+    ``MixedPrecision("16-mixed", "cpu")`` plugin, which creates a CPU ``torch.amp.GradScaler``
+    and an fp16 autocast region.
+
+    Args:
+        precision: one of :data:`PRECISIONS`.
+        accelerator: ``"cpu"`` or ``"cuda"``.
+        plugin_class: a :class:`~lightning.pytorch.plugins.precision.MixedPrecision` subclass to use
+            for the mixed precisions instead of Lightning's own (for example a fixing plugin).
+
+    Returns:
+        ``{"precision": ...}`` or ``{"plugins": [plugin]}``.
+
+    Raises:
+        ConfigurationError: unknown precision or accelerator.
+    """
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    check_precision(precision)
+    if accelerator not in ("cpu", "cuda"):
+        raise ConfigurationError(f"unknown accelerator {accelerator!r}; use cpu or cuda")
+    if precision == "32-true":
+        return {"precision": "32-true"}
+    if plugin_class is None and (accelerator == "cuda" or precision == "bf16-mixed"):
+        return {"precision": precision}
+    return {"plugins": [(plugin_class or MixedPrecision)(precision, accelerator)]}
+
+
+def device_name(accelerator: str) -> str:
+    """Human-readable device name: the CUDA device name, or ``"CPU (<n> cores)"``."""
+    if accelerator == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({os.cpu_count()} cores)"

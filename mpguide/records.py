@@ -1,0 +1,172 @@
+"""Results records: one versioned JSON file per example, written atomically.
+
+A record is the only thing that travels from a training example to the guide page and to the
+claim gate (see ``DESIGN.md`` section 4). Layout (``schema_version`` 1)::
+
+    {
+      "example": "plot_01_porting_to_manual",   # file stem of the example
+      "schema_version": 1,
+      "created": "2026-11-29T20:00:00Z",        # UTC, ISO 8601
+      "preset": "quick",                        # size preset, see mpguide.hardware
+      "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"},
+      "runs": [{"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps",
+                "loss": [float] * steps, "lr": [float] * steps, "loss_scale": [float] * steps | null,
+                "skipped_steps": int, "seconds": float, "error": null | {"type", "message", "traceback"},
+                "warnings": [str], "extra": {}}],
+      "claims": [{"kind", "runs", "tolerance", "threshold", "value", "verdict", "detail", ...}]
+    }
+
+Non-finite losses are stored as JSON's ``NaN``/``Infinity`` tokens (Python's :mod:`json` reads them
+back), so a NaN curve stays visible to the gate instead of being dropped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Bump when the layout above changes incompatibly; the gate refuses other versions.
+SCHEMA_VERSION = 1
+
+#: Environment variable naming the folder where examples write records (the docs build sets it).
+RESULTS_ENV = "MPGUIDE_RESULTS_DIR"
+
+_REQUIRED_TOP = {"example": str, "schema_version": int, "created": str, "preset": str, "env": dict,
+                 "runs": list, "claims": list}
+_REQUIRED_RUN = {"id": str, "mode": str, "precision": str, "recipe": str, "loss": list, "steps": int}
+_REQUIRED_CLAIM = {"kind": str, "runs": list}
+
+
+class RecordError(Exception):
+    """A results record is missing, unreadable, or does not follow the schema.
+
+    The message names the file and says how to produce a good one.
+    """
+
+
+def results_dir() -> Path:
+    """Folder for this machine's records: ``$MPGUIDE_RESULTS_DIR`` or ``./results/local``."""
+    return Path(os.environ.get(RESULTS_ENV) or Path.cwd() / "results" / "local")
+
+
+def reference_dir() -> Path:
+    """Folder of committed reference records: ``<repository>/results/reference/<device-slug>/``."""
+    return Path(__file__).resolve().parent.parent / "results" / "reference"
+
+
+def record_path(example: str, directory: Path | None = None) -> Path:
+    """Path of the record of ``example`` (a file stem) inside ``directory`` (default :func:`results_dir`)."""
+    return Path(directory or results_dir()) / f"{example}.json"
+
+
+def environment(accelerator: str) -> dict[str, str]:
+    """Versions and hardware of this process, for the ``env`` field.
+
+    Args:
+        accelerator: ``"cpu"`` or ``"cuda"``.
+    """
+    import lightning
+    import torch
+
+    from .hardware import device_name
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "accelerator": accelerator,
+        "device": device_name(accelerator),
+        "cuda": (torch.version.cuda or "unknown") if accelerator == "cuda" else "cpu",
+        "platform": platform.platform(terse=True),
+    }
+
+
+def utc_now() -> str:
+    """The current UTC time as ``YYYY-MM-DDTHH:MM:SSZ``."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_record(record: dict[str, Any], path: Path) -> Path:
+    """Validate ``record`` and write it to ``path`` atomically.
+
+    The JSON goes to a temporary file in the same folder, which is then renamed over ``path``, so
+    an interrupted run leaves either the previous record or the new one, never half a file.
+
+    Raises:
+        RecordError: the record does not follow the schema (nothing is written).
+    """
+    validate_record(record, path)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=1)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    """Read and validate one record.
+
+    Raises:
+        RecordError: the file is missing, is not valid JSON (for example truncated), has another
+            ``schema_version``, or lacks required fields. The message names the file and the fix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecordError(f"{path}: results record not found; run the example that writes it "
+                          f"(python examples/{path.stem}.py) or build the docs with `nox -s docs`")
+    text = path.read_text(encoding="utf-8")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                          f"the file is truncated or corrupt: delete it and rerun python examples/{path.stem}.py"
+                          ) from None
+    validate_record(record, path)
+    return record
+
+
+def validate_record(record: Any, path: Path | str = "<record>") -> None:
+    """Check the schema of a record already parsed from JSON.
+
+    Raises:
+        RecordError: naming ``path`` and the first problem found.
+    """
+    fix = f"rerun python examples/{Path(path).stem}.py to write a fresh record"
+    if not isinstance(record, dict):
+        raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
+    version = record.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}")
+    _check_fields(record, _REQUIRED_TOP, f"{path}", fix)
+    seen = set()
+    for i, run in enumerate(record["runs"]):
+        _check_fields(run, _REQUIRED_RUN, f"{path}: runs[{i}]", fix)
+        if run["id"] in seen:
+            raise RecordError(f"{path}: run id {run['id']!r} appears twice; {fix}")
+        seen.add(run["id"])
+        if not all(isinstance(v, (int, float)) for v in run["loss"]):
+            raise RecordError(f"{path}: runs[{i}] ({run['id']}) has a non-numeric loss value; {fix}")
+    for i, claim in enumerate(record["claims"]):
+        _check_fields(claim, _REQUIRED_CLAIM, f"{path}: claims[{i}]", fix)
+
+
+def _check_fields(obj: Any, required: dict[str, type], where: str, fix: str) -> None:
+    if not isinstance(obj, dict):
+        raise RecordError(f"{where}: expected a JSON object, found {type(obj).__name__}; {fix}")
+    for key, kind in required.items():
+        if key not in obj:
+            raise RecordError(f"{where}: missing field {key!r}; {fix}")
+        if not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool)):
+            raise RecordError(f"{where}: field {key!r} should be {kind.__name__}, found {type(obj[key]).__name__}; {fix}")

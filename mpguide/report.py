@@ -1,0 +1,79 @@
+"""Verdict tables: the same rows printed by an example at its end and rendered on the guide page."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .claims import Verdict, evaluate_record
+
+COLUMNS = ("claim", "runs", "metric", "value", "threshold", "verdict")
+
+
+def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) -> list[dict[str, str]]:
+    """Table rows (column -> text) for ``verdicts``.
+
+    Args:
+        verdicts: from :func:`mpguide.claims.evaluate_record`.
+        include_implicit: also list the implicit per-run checks (``finite``, ``completes``); failing
+            implicit checks are always listed.
+    """
+    rows = []
+    for v in verdicts:
+        if v.kind in ("finite", "completes") and v.passed and not include_implicit:
+            continue
+        rows.append({
+            "claim": v.title,
+            "runs": " vs ".join(v.runs),
+            "metric": v.metric,
+            "value": "-" if v.value is None else f"{v.value:.3g}",
+            "threshold": v.threshold,
+            "verdict": "pass" if v.passed else "FAIL",
+            "hardware": v.hardware,
+        })
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
+    """Plain-text table of ``rows`` with aligned columns (for terminals and gallery output)."""
+    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
+    line = "  ".join(c.ljust(widths[c]) for c in columns)
+    out = [line, "  ".join("-" * widths[c] for c in columns)]
+    out += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(out)
+
+
+def summary(record: dict[str, Any], path: str = "") -> str:
+    """Verdict table of one record plus a closing line ``N passed, M failed`` (claims and checks)."""
+    verdicts = evaluate_record(record, path)
+    failed = sum(not v.passed for v in verdicts)
+    table = format_table(verdict_rows(verdicts))
+    return (f"{table}\n\n{record['example']} on {verdicts[0].hardware if verdicts else '?'}: "
+            f"{len(verdicts) - failed} checks passed, {failed} failed")
+
+
+def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
+    """GitHub-flavoured Markdown table of ``rows`` (cells have ``|`` escaped)."""
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def page_records(example: str) -> list[tuple[str, dict[str, Any]]]:
+    """Records of ``example`` for a page: this build's first, then committed GPU references.
+
+    Returns:
+        ``[(source, record)]`` where source is ``"this build"`` or ``"reference: <folder>"``.
+
+    Raises:
+        mpguide.records.RecordError: this build's record is missing or unreadable (the message
+            names the file and the command that writes it). Reference records are optional.
+    """
+    from .records import load_record, record_path, reference_dir
+
+    found = [("this build", load_record(record_path(example)))]
+    for path in sorted(reference_dir().glob(f"*/{example}.json")):
+        found.append((f"reference: {path.parent.name}", load_record(path)))
+    return found

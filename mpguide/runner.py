@@ -1,0 +1,288 @@
+"""Run a matrix of real Lightning ``Trainer`` fits and turn them into a results record.
+
+An example names its recipes (LightningModule classes), its runs (:class:`RunSpec`: recipe x
+precision x seed) and its claims, then calls :func:`run_example`. Every run trains on the same
+data in the same order from the same initial weights; the per-step loss, learning rate and loss
+scale, the wall time, warnings and any exception are captured into the record.
+
+Environment variables (besides those of :mod:`mpguide.hardware`):
+
+``MPGUIDE_SWAP_RECIPE``
+    ``"run_id=recipe[,run_id=recipe...]"``: train run ``run_id`` with another recipe. Used by the
+    test suite to prove that the docs build fails when a correct run is replaced by a broken one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from . import claims as claims_mod
+from . import hardware, records
+from .data import digits_loader
+
+SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of an example.
+
+    Attributes:
+        id: unique id within the example, used by claims and legends (e.g. ``"manual-bf16-mixed"``).
+        recipe: key of the example's recipe table (a LightningModule class).
+        precision: one of :data:`mpguide.hardware.PRECISIONS`.
+        seed: seeds weights, data order and any randomness in the recipe.
+        plugin_class: optional MixedPrecision subclass for the mixed precisions.
+        label: legend text; defaults to ``id``.
+    """
+
+    id: str
+    recipe: str
+    precision: str
+    seed: int = 0
+    plugin_class: type | None = None
+    label: str = ""
+
+
+@dataclass
+class RunResult:
+    """What one run produced (the ``runs`` entry of a record, as a dataclass)."""
+
+    id: str
+    mode: str
+    precision: str
+    precision_plugin: str
+    recipe: str
+    seed: int
+    steps: int
+    label: str = ""
+    loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    loss_scale: list[float] | None = None
+    skipped_steps: int = 0
+    seconds: float = 0.0
+    error: dict[str, str] | None = None
+    warnings: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's banners and info logs (GPU available, model summary, ...).
+
+    They carry absolute paths and machine details that do not belong on a rendered page; warnings
+    raised during a run are still captured into the record by :func:`train_run`.
+    """
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class StepRecorder(Callback):
+    """Lightning callback recording, per training batch, loss, learning rate and loss scale.
+
+    * ``lr``: learning rate of the first optimizer's first param group at batch start (the rate
+      the batch's optimizer step uses, before any per-batch scheduler step).
+    * ``scale``: the GradScaler's loss scale at batch start (what the backward multiplies the loss
+      by); stays empty when the precision plugin has no scaler (fp32, bf16-mixed).
+    * ``loss``: the value ``training_step`` returned (a tensor or ``{"loss": tensor}``), as float.
+    * ``skipped``: batches after which the scale went down (GradScaler halves it when it finds
+      inf/NaN gradients and skips that optimizer step; ``torch/amp/grad_scaler.py``).
+    """
+
+    def __init__(self) -> None:
+        self.loss: list[float] = []
+        self.lr: list[float] = []
+        self.scale: list[float] = []
+        self.skipped = 0
+
+    @staticmethod
+    def _scaler(trainer: Any) -> Any:
+        return getattr(trainer.precision_plugin, "scaler", None)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.lr.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
+        scaler = self._scaler(trainer)
+        if scaler is not None:
+            self.scale.append(float(scaler.get_scale()))
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:
+            raise RuntimeError("training_step returned None; return the loss so that it can be recorded")
+        self.loss.append(float(loss))
+        scaler = self._scaler(trainer)
+        if scaler is not None and self.scale and float(scaler.get_scale()) < self.scale[-1]:
+            self.skipped += 1
+
+
+def parse_swaps(value: str | None) -> dict[str, str]:
+    """Parse ``MPGUIDE_SWAP_RECIPE`` (``"run=recipe,run=recipe"``) into ``{run: recipe}``.
+
+    Raises:
+        hardware.ConfigurationError: an entry without ``=``.
+    """
+    swaps: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in (value or "").split(","))):
+        run, sep, recipe = item.partition("=")
+        if not sep or not run or not recipe:
+            raise hardware.ConfigurationError(f"{SWAP_ENV} entry {item!r} is not of the form run_id=recipe")
+        swaps[run.strip()] = recipe.strip()
+    return swaps
+
+
+def train_run(
+    spec: RunSpec,
+    module_factory: Callable[[], Any],
+    accelerator: str,
+    preset: hardware.Preset,
+) -> RunResult:
+    """Fit one LightningModule with a real :class:`lightning.pytorch.Trainer` and record it.
+
+    Weights are created after :func:`lightning.pytorch.seed_everything` with ``spec.seed``, and the
+    data order comes from :func:`mpguide.data.digits_loader` with the same seed, so two runs that
+    share a seed start identical. An exception inside ``fit`` is caught and stored (type, message,
+    the last frames of the traceback) instead of propagating: whether it was expected is for the
+    claims to judge.
+
+    Args:
+        spec: the run.
+        module_factory: builds the LightningModule (called once, after seeding).
+        accelerator: ``"cpu"`` or ``"cuda"``.
+        preset: size (epochs, batch size).
+
+    Returns:
+        The :class:`RunResult`; ``steps`` is the number of training batches the run was meant to
+        see (epochs x batches per epoch).
+    """
+    import lightning.pytorch as pl
+
+    hardware.check_precision(spec.precision)
+    quiet_lightning()
+    pl.seed_everything(spec.seed, verbose=False)
+    module = module_factory()
+    loader = digits_loader(preset.batch_size, seed=spec.seed)
+    recorder = StepRecorder()
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_epochs=preset.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[recorder],
+        **hardware.trainer_precision_kwargs(spec.precision, accelerator, spec.plugin_class),
+    )
+    result = RunResult(
+        id=spec.id,
+        mode="automatic" if module.automatic_optimization else "manual",
+        precision=spec.precision,
+        precision_plugin=type(trainer.precision_plugin).__name__,
+        recipe=spec.recipe,
+        seed=spec.seed,
+        steps=preset.epochs * len(loader),
+        label=spec.label or spec.id,
+    )
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer.fit(module, loader)
+        except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
+            frames = traceback.format_exception(type(err), err, err.__traceback__)
+            result.error = {
+                "type": type(err).__name__,
+                "message": str(err).strip(),
+                "traceback": "".join(frames[:1] + frames[-4:]),
+            }
+    if accelerator == "cuda":
+        torch.cuda.synchronize()
+    result.seconds = round(time.perf_counter() - start, 3)
+    result.loss, result.lr, result.skipped_steps = recorder.loss, recorder.lr, recorder.skipped
+    result.loss_scale = recorder.scale or None
+    result.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    extra = getattr(module, "record_extra", None)
+    if callable(extra):
+        result.extra = extra()
+    return result
+
+
+def run_example(
+    example: str,
+    recipes: dict[str, Callable[[], Any]],
+    runs: list[RunSpec],
+    claims: list[dict[str, Any]],
+    *,
+    results_dir: Any = None,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train every run of an example, judge its claims and write its results record.
+
+    Prints one progress line per run and returns the record (also written to
+    ``<results_dir>/<example>.json`` atomically; see :mod:`mpguide.records`).
+
+    Args:
+        example: the example's file stem, e.g. ``"plot_01_porting_to_manual"``.
+        recipes: recipe name -> zero-argument factory of a LightningModule.
+        runs: the runs, in display order.
+        claims: declarations made with :mod:`mpguide.claims`.
+        results_dir: folder for the record (default :func:`mpguide.records.results_dir`).
+        progress: called with each progress line.
+
+    Raises:
+        hardware.ConfigurationError: unknown preset/device/precision, or a run naming a recipe the
+            table does not have (including through ``MPGUIDE_SWAP_RECIPE``).
+    """
+    accelerator = hardware.select_accelerator()
+    preset = hardware.select_preset()
+    swaps = parse_swaps(os.environ.get(SWAP_ENV))
+    for spec in runs:
+        name = swaps.get(spec.id, spec.recipe)
+        if name not in recipes:
+            raise hardware.ConfigurationError(f"{example}: run {spec.id!r} names unknown recipe {name!r}; "
+                                              f"known: {sorted(recipes)}")
+    progress(f"{example}: {len(runs)} runs on {hardware.device_name(accelerator)}, preset {preset.name!r}")
+    results = []
+    for i, spec in enumerate(runs, 1):
+        recipe = swaps.get(spec.id, spec.recipe)
+        if recipe != spec.recipe:
+            progress(f"  note: {SWAP_ENV} trains run {spec.id!r} with recipe {recipe!r}")
+        run_spec = RunSpec(spec.id, recipe, spec.precision, spec.seed, spec.plugin_class, spec.label)
+        res = train_run(run_spec, recipes[recipe], accelerator, preset)
+        status = (f"raised {res.error['type']}" if res.error else
+                  f"final loss {res.loss[-1]:.4f}" if res.loss else "no steps")
+        progress(f"  [{i:2d}/{len(runs)}] {spec.id:<28} {res.mode:<9} {res.precision:<10} "
+                 f"{len(res.loss):4d} steps {res.seconds:6.2f} s  {status}")
+        results.append(res)
+    record = build_record(example, results, claims, accelerator, preset)
+    path = records.write_record(record, records.record_path(example, results_dir))
+    progress(f"{example}: record written to {path}")
+    return record
+
+
+def build_record(example: str, results: list[RunResult], claims: list[dict[str, Any]], accelerator: str,
+                 preset: hardware.Preset) -> dict[str, Any]:
+    """Assemble a schema-valid record and fill in each claim's value and verdict as judged now."""
+    record = {
+        "example": example,
+        "schema_version": records.SCHEMA_VERSION,
+        "created": records.utc_now(),
+        "preset": preset.name,
+        "env": records.environment(accelerator),
+        "runs": [r.__dict__ for r in results],
+        "claims": [dict(c) for c in claims],
+    }
+    judged = claims_mod.evaluate_record(record)
+    for claim, verdict in zip(record["claims"], judged):
+        claim.update(value=verdict.value, threshold=verdict.threshold, verdict="pass" if verdict.passed else "fail",
+                     metric=verdict.metric, detail=verdict.detail)
+    return record

@@ -1,0 +1,44 @@
+"""Shared fixtures: small, hand-made records (inputs to the gate, never its expected verdicts)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from mpguide import claims, records
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def curve(n: int = 60, scale: float = 1.0, floor: float = 0.2) -> list[float]:
+    """A decaying loss curve with a deterministic wiggle."""
+    return [scale * (floor + math.exp(-i / 15)) + 0.01 * math.sin(i) for i in range(n)]
+
+
+def run(run_id: str, loss: list[float], precision: str = "32-true", mode: str = "manual", error=None) -> dict:
+    return {"id": run_id, "mode": mode, "precision": precision, "precision_plugin": "Precision",
+            "recipe": run_id, "seed": 0, "steps": len(loss), "label": run_id, "loss": loss,
+            "lr": [1e-3] * len(loss), "loss_scale": None, "skipped_steps": 0, "seconds": 0.1,
+            "error": error, "warnings": [], "extra": {}}
+
+
+def make_record(runs: list[dict], declared: list[dict], example: str = "plot_99_fake") -> dict:
+    return {"example": example, "schema_version": records.SCHEMA_VERSION, "created": records.utc_now(),
+            "preset": "test", "env": {"python": "3", "torch": "t", "lightning": "l", "accelerator": "cpu",
+                                       "device": "CPU (2 cores)", "cuda": "cpu", "platform": "x"},
+            "runs": runs, "claims": declared}
+
+
+@pytest.fixture
+def good_record() -> dict:
+    """Reference, a faithful copy, a close mixed-precision run and a clearly broken recipe."""
+    ref = curve()
+    return make_record(
+        [run("auto", ref, mode="automatic"), run("manual", list(ref)),
+         run("bf16", [v * 1.002 for v in ref], "bf16-mixed"), run("broken", curve(scale=2.0))],
+        [claims.match("manual", "auto", "same-precision", "port"),
+         claims.match("bf16", "auto", "mixed-vs-fp32", "bf16"),
+         claims.diverge("broken", "auto", title="pitfall")],
+    )

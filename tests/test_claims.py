@@ -1,0 +1,145 @@
+import math
+
+import pytest
+
+from conftest import curve, make_record, run
+from mpguide import claims
+from mpguide.claims import ClaimSpecError, evaluate_record
+
+
+def by_kind(verdicts, kind):
+    return [v for v in verdicts if v.kind == kind]
+
+
+def test_good_record_passes(good_record):
+    verdicts = evaluate_record(good_record)
+    assert [v.passed for v in verdicts] == [True] * len(verdicts)
+    assert len(by_kind(verdicts, "finite")) == 4  # one implicit check per run
+
+
+def test_diverged_curve_fails_match(good_record):
+    good_record["runs"][1]["loss"] = [v * 1.2 for v in good_record["runs"][1]["loss"]]
+    port = evaluate_record(good_record)[0]
+    assert not port.passed
+    assert port.value == pytest.approx(0.2, rel=1e-6)
+    assert port.threshold == "<= 0.001" and "differ by up to 20.00%" in port.detail
+
+
+def test_match_threshold_is_inclusive_and_tight():
+    ref = curve()
+    tol = claims.TOLERANCES["mixed-vs-fp32"].value
+    just_in = make_record([run("a", [v * (1 + 0.99 * tol) for v in ref]), run("b", ref)],
+                          [claims.match("a", "b", "mixed-vs-fp32")])
+    just_out = make_record([run("a", [v * (1 + 1.01 * tol) for v in ref]), run("b", ref)],
+                           [claims.match("a", "b", "mixed-vs-fp32")])
+    assert evaluate_record(just_in)[0].passed
+    assert not evaluate_record(just_out)[0].passed
+
+
+def test_pitfall_that_no_longer_reproduces_fails(good_record):
+    good_record["runs"][3]["loss"] = [v * 1.01 for v in good_record["runs"][0]["loss"]]
+    pitfall = evaluate_record(good_record)[2]
+    assert not pitfall.passed and "no longer reproduces" in pitfall.detail
+
+
+def test_one_spike_does_not_make_a_pitfall():
+    ref = curve()
+    spiky = list(ref)
+    spiky[40] = ref[40] * 2.5
+    assert claims.relative_gap(spiky, ref).max() > claims.TOLERANCES["pitfall-gap"].value
+    rec = make_record([run("a", spiky), run("b", ref)], [claims.diverge("a", "b")])
+    assert not evaluate_record(rec)[0].passed  # judged on the mean gap, not the max
+
+
+def test_warmup_is_ignored():
+    ref = curve()
+    early = [v * 3 if i < 3 else v for i, v in enumerate(ref)]
+    rec = make_record([run("a", early), run("b", ref)], [claims.match("a", "b", "mixed-vs-fp32")])
+    # the EMA still carries the early difference for a while, so only the first steps are free
+    assert claims.warmup_steps(60) == 6
+    assert evaluate_record(rec)[0].value < evaluate_record(make_record(
+        [run("a", [v * 3 if i < 10 else v for i, v in enumerate(ref)]), run("b", ref)],
+        [claims.match("a", "b", "mixed-vs-fp32")]))[0].value
+
+
+def test_nan_fails_finite_and_match(good_record):
+    good_record["runs"][1]["loss"][30] = math.nan
+    verdicts = evaluate_record(good_record)
+    assert not verdicts[0].passed  # the match cannot pass with a NaN in the curve
+    finite = [v for v in by_kind(verdicts, "finite") if v.runs == ["manual"]][0]
+    assert not finite.passed and "non-finite loss at step 30" in finite.detail
+
+
+def test_inf_and_short_curves_fail_finite(good_record):
+    good_record["runs"][0]["loss"][-1] = math.inf
+    good_record["runs"][2]["steps"] = 100
+    failed = [v.runs[0] for v in by_kind(evaluate_record(good_record), "finite") if not v.passed]
+    assert failed == ["auto", "bf16"]
+
+
+def test_missing_run_fails(good_record):
+    good_record["runs"] = [r for r in good_record["runs"] if r["id"] != "manual"]
+    port = evaluate_record(good_record)[0]
+    assert not port.passed and "missing from the record" in port.detail
+
+
+def test_unexpected_exception_fails(good_record):
+    good_record["runs"][2]["error"] = {"type": "RuntimeError", "message": "boom", "traceback": ""}
+    verdicts = evaluate_record(good_record)
+    completes = by_kind(verdicts, "completes")
+    assert len(completes) == 1 and not completes[0].passed and "RuntimeError: boom" in completes[0].detail
+    assert not verdicts[1].passed  # and its match has no curve to compare
+
+
+def test_raises_claim():
+    err = {"type": "AssertionError", "message": "No inf checks were recorded for this optimizer.", "traceback": ""}
+    rec = make_record([run("fp16", curve()[:3], "16-mixed", error=err)],
+                      [claims.raises("fp16", "AssertionError", "No inf checks were recorded")])
+    verdicts = evaluate_record(rec)
+    assert [v.passed for v in verdicts] == [True]  # expected error: no implicit checks on that run
+    rec["runs"][0]["error"] = None
+    assert not evaluate_record(rec)[0].passed  # the error is gone: the page would be outdated
+    rec["runs"][0]["error"] = dict(err, type="RuntimeError")
+    assert not evaluate_record(rec)[0].passed
+
+
+def test_threshold_comes_from_library_not_record(good_record, monkeypatch):
+    good_record["claims"][1]["threshold"] = "<= 1000"  # a stale or tampered number in the file
+    strict = claims.Tolerance("mixed-vs-fp32", "max", 1e-6, "test")
+    monkeypatch.setitem(claims.TOLERANCES, "mixed-vs-fp32", strict)
+    assert not evaluate_record(good_record)[1].passed
+
+
+def test_unknown_tolerance_or_kind_in_record_fails(good_record):
+    good_record["claims"][0]["tolerance"] = "whatever"
+    good_record["claims"].append({"kind": "resembles", "runs": ["auto"]})
+    verdicts = evaluate_record(good_record)
+    assert not verdicts[0].passed and "unknown tolerance" in verdicts[0].detail
+    assert not verdicts[3].passed and "unknown claim kind" in verdicts[3].detail
+
+
+def test_declaration_errors():
+    with pytest.raises(ClaimSpecError, match="unknown tolerance"):
+        claims.match("a", "b", "nearly")
+    with pytest.raises(ClaimSpecError, match="cannot be used here"):
+        claims.match("a", "b", "pitfall-gap")
+    with pytest.raises(ClaimSpecError):
+        claims.diverge("a", "b", "same-precision")
+    with pytest.raises(ClaimSpecError):
+        claims.raises("a", "", "x")
+
+
+def test_message_names_everything(good_record):
+    good_record["runs"][1]["loss"] = curve(scale=3)
+    msg = evaluate_record(good_record, "/x/plot_99_fake.json")[0].message()
+    for part in ("plot_99_fake", "match(manual, auto)", "FAILED", "max rel. diff", "<= 0.001",
+                 "/x/plot_99_fake.json", "CPU (2 cores)"):
+        assert part in msg
+
+
+def test_smooth_and_gap_shapes():
+    assert list(claims.smooth([1.0, 0.0])) == [1.0, 0.9]
+    with pytest.raises(ValueError, match="different lengths"):
+        claims.relative_gap([1.0] * 10, [1.0] * 11)
+    with pytest.raises(ValueError, match="leave nothing"):
+        claims.relative_gap([1.0] * 3, [1.0] * 3)

@@ -1,0 +1,49 @@
+import pytest
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide import hardware, runner
+from mpguide.hardware import ConfigurationError
+
+
+def test_unknown_precision_is_rejected():
+    with pytest.raises(ConfigurationError, match=r"unknown precision 'bf16'.*'32-true', 'bf16-mixed', '16-mixed'"):
+        hardware.trainer_precision_kwargs("bf16", "cpu")
+
+
+def test_cpu_16_mixed_goes_through_an_explicit_plugin_with_a_real_scaler():
+    kwargs = hardware.trainer_precision_kwargs("16-mixed", "cpu")
+    (plugin,) = kwargs["plugins"]
+    assert isinstance(plugin, MixedPrecision) and plugin.precision == "16-mixed"
+    assert plugin.scaler is not None and plugin.device == "cpu"
+
+
+def test_plain_flags_elsewhere():
+    assert hardware.trainer_precision_kwargs("32-true", "cpu") == {"precision": "32-true"}
+    assert hardware.trainer_precision_kwargs("bf16-mixed", "cpu") == {"precision": "bf16-mixed"}
+    assert hardware.trainer_precision_kwargs("16-mixed", "cuda") == {"precision": "16-mixed"}
+
+
+def test_plugin_class_override():
+    class Mine(MixedPrecision):
+        pass
+
+    (plugin,) = hardware.trainer_precision_kwargs("bf16-mixed", "cpu", Mine)["plugins"]
+    assert type(plugin) is Mine
+
+
+def test_env_selection(monkeypatch):
+    monkeypatch.setenv("MPGUIDE_PRESET", "huge")
+    with pytest.raises(ConfigurationError, match="unknown preset 'huge'"):
+        hardware.select_preset()
+    monkeypatch.setenv("MPGUIDE_DEVICE", "tpu")
+    with pytest.raises(ConfigurationError, match="unknown device 'tpu'"):
+        hardware.select_accelerator()
+    monkeypatch.setenv("MPGUIDE_DEVICE", "cpu")
+    assert hardware.select_accelerator() == "cpu"
+
+
+def test_parse_swaps():
+    assert runner.parse_swaps("a=b, c = d") == {"a": "b", "c": "d"}
+    assert runner.parse_swaps("") == {}
+    with pytest.raises(ConfigurationError, match="run_id=recipe"):
+        runner.parse_swaps("justaname")
