@@ -74,3 +74,44 @@ def save_figure(fig: Any, example: str, name: str, directory: Path | None = None
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+#: Floor for plotting relative differences on a log axis; identical curves are drawn at this value.
+GAP_FLOOR = 1e-7
+
+
+def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[str, str]], title: str) -> None:
+    """Draw, per step after the warm-up, the relative difference the claims judge (log scale).
+
+    Each pair ``(candidate, reference)`` becomes one line of
+    :func:`mpguide.claims.relative_gap`; curves that are bitwise identical have no difference to
+    draw on a log axis and are drawn at :data:`GAP_FLOOR` with "(identical)" in the legend.
+
+    Args:
+        ax: a matplotlib Axes.
+        record: a results record.
+        pairs: ``(candidate, reference)`` run ids.
+        title: axes title.
+    """
+    import numpy as np
+
+    from .claims import relative_gap, warmup_steps
+
+    for i, (cand, ref) in enumerate(pairs):
+        a, b = run_by_id(record, cand), run_by_id(record, ref)
+        if a.get("error") or b.get("error"):
+            continue
+        gap = relative_gap(a["loss"], b["loss"])
+        steps = np.arange(len(gap)) + warmup_steps(len(b["loss"]))
+        identical = not np.any(gap)
+        color = PRECISION_COLORS.get(a["precision"], EXTRA_COLORS[i % len(EXTRA_COLORS)])
+        style = "--" if a["mode"] != b["mode"] else "-"
+        label = f"{cand} vs {ref}" + (" (identical)" if identical else "")
+        ax.plot(steps, np.maximum(gap, GAP_FLOOR), color=color, linestyle=style, linewidth=1.5, label=label)
+    ax.set_yscale("log")
+    ax.set_ylim(GAP_FLOOR / 10, 10.0)  # the top decades stay free for the legend
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("relative difference of smoothed loss")
+    ax.grid(alpha=0.3, which="major")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", ncol=2)
