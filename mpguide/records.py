@@ -54,9 +54,16 @@ def results_dir() -> Path:
     return Path(os.environ.get(RESULTS_ENV) or Path.cwd() / "results" / "local")
 
 
+#: Environment variable naming the folder of committed reference records (the docs build sets it).
+REFERENCE_ENV = "MPGUIDE_REFERENCE_DIR"
+
+
 def reference_dir() -> Path:
-    """Folder of committed reference records: ``<repository>/results/reference/<device-slug>/``."""
-    return Path(__file__).resolve().parent.parent / "results" / "reference"
+    """Folder of committed reference records, one subfolder per device (``<device-slug>/``).
+
+    ``$MPGUIDE_REFERENCE_DIR``, else ``results/reference`` of the repository this library lives in.
+    """
+    return Path(os.environ.get(REFERENCE_ENV) or Path(__file__).resolve().parent.parent / "results" / "reference")
 
 
 def record_path(example: str, directory: Path | None = None) -> Path:

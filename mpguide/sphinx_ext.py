@@ -7,9 +7,11 @@ What it does, in build order:
    ``__file__`` and changes directory) and the MyST-NB page kernel agree on it; then forces a
    re-run of every example whose record is missing, or of all examples when the helper library's
    source changed since the last build (sphinx-gallery only looks at the example file's own md5).
-2. ``source-read``: registers every record file as a dependency of the pages that read records,
+2. ``env-before-read-docs``: loads every record the pages will read and stops the build with
+   the record's own message (file, problem, fix) if one is missing or corrupt.
+3. ``source-read``: registers every record file as a dependency of the pages that read records,
    so those pages are re-read (and re-executed) when a record changes.
-3. ``build-finished``: runs the claim gate (:func:`mpguide.gate.check`) over this build's records
+4. ``build-finished``: runs the claim gate (:func:`mpguide.gate.check`) over this build's records
    and the committed reference records; any failed claim or unreadable record raises
    :class:`sphinx.errors.ExtensionError`, so ``sphinx-build`` exits non-zero with one line per
    failure naming example, claim, runs, metric, threshold, record and hardware.
@@ -31,7 +33,7 @@ from sphinx.errors import ExtensionError
 from sphinx.util import logging
 
 from . import gate
-from .records import RESULTS_ENV, record_path
+from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
 logger = logging.getLogger(__name__)
 STAMP = ".library-hash"
@@ -86,6 +88,8 @@ def _on_builder_inited(app: Sphinx) -> None:
     cfg = app.config
     results = Path(cfg.mpguide_results_dir)
     os.environ[RESULTS_ENV] = str(results)
+    if cfg.mpguide_reference_dir:
+        os.environ[REFERENCE_ENV] = str(cfg.mpguide_reference_dir)
     if not cfg.mpguide_gate:
         logger.info("[mpguide] preview build: examples are not run and the claim gate is off")
         return
@@ -108,6 +112,23 @@ def _on_source_read(app: Sphinx, docname: str, source: list[str]) -> None:
             app.env.note_dependency(str(path))
 
 
+def _on_env_before_read_docs(app: Sphinx, env: Any, docnames: list[str]) -> None:
+    """Fail early, with the record's own message, when a page would read a bad record.
+
+    The pages execute in a Jupyter kernel whose traceback MyST-NB does not pass on, so a corrupt
+    record would otherwise surface as a bare "ExecutionError: docs/index.md".
+    """
+    if not app.config.mpguide_gate:
+        return
+    expected = [record_path(name, Path(app.config.mpguide_results_dir))
+                for name in example_names(Path(app.config.mpguide_examples_dir))]
+    for path in dict.fromkeys(expected + _record_files(app)):
+        try:
+            load_record(path)
+        except RecordError as err:
+            raise ExtensionError(f"[mpguide] {err}") from None
+
+
 def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
     cfg = app.config
     if exception is not None or not cfg.mpguide_gate:
@@ -128,6 +149,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value("mpguide_record_pages", [], "env", types=[list])
     app.add_config_value("mpguide_gate", True, "env", types=[bool])
     app.connect("builder-inited", _on_builder_inited, priority=100)  # before sphinx-gallery (500)
+    app.connect("env-before-read-docs", _on_env_before_read_docs)
     app.connect("source-read", _on_source_read)
     app.connect("build-finished", _on_build_finished)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
