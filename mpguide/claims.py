@@ -71,6 +71,16 @@ TOLERANCES: dict[str, Tolerance] = {
             "and stays far below the smallest real bug measured (the teacher never updated: 24 %).",
         ),
         Tolerance(
+            "update-ratio",
+            "max",
+            1e-3,
+            "Applied updates of one SGD step are compared as ratios to the fp32 update. Loss-scale "
+            "factors are powers of two and unscaling is exact in fp32, so a wrong scale shows up as "
+            "a ratio of exactly 2 or 0.5 (H200 and CPU: 0.6 vs 0.3), and a correct one as 1 up to "
+            "fp16 rounding of the gradient (measured below 1e-4 here). 1e-3 separates the two by "
+            "three orders of magnitude.",
+        ),
+        Tolerance(
             "pitfall-gap",
             "min",
             0.10,
@@ -121,6 +131,52 @@ def raises(run: str, exception: str, message: str, title: str = "") -> dict[str,
     if not exception or not message:
         raise ClaimSpecError("raises() needs an exception type name and a message fragment")
     return {"kind": "raises", "runs": [run], "exception": exception, "message": message, "title": title}
+
+
+def warns(run: str, category: str, message: str, title: str = "") -> dict[str, Any]:
+    """Declare that run ``run`` emitted a warning of class ``category`` whose text contains ``message``.
+
+    Warnings are captured per run by :func:`mpguide.runner.train_run` as ``"Category: text"``.
+    """
+    if not category or not message:
+        raise ClaimSpecError("warns() needs a warning class name and a message fragment")
+    return {"kind": "warns", "runs": [run], "category": category, "message": message, "title": title}
+
+
+def no_warning(run: str, message: str, title: str = "") -> dict[str, Any]:
+    """Declare that run ``run`` emitted no warning whose text contains ``message``."""
+    if not message:
+        raise ClaimSpecError("no_warning() needs a message fragment")
+    return {"kind": "no_warning", "runs": [run], "message": message, "title": title}
+
+
+def expect(run: str, key: str, expected: Any, title: str = "") -> dict[str, Any]:
+    """Declare that ``run``'s recorded value ``extra[key]`` equals ``expected`` exactly (JSON equality)."""
+    return {"kind": "expect", "runs": [run], "key": key, "expected": expected, "title": title}
+
+
+def same(candidate: str, reference: str, key: str, title: str = "") -> dict[str, Any]:
+    """Declare that two runs recorded exactly the same ``extra[key]`` (e.g. a digest of final weights)."""
+    return {"kind": "same", "runs": [candidate, reference], "key": key, "title": title}
+
+
+def ratio(candidate: str, reference: str, key: str, expected: float | str, tolerance: str = "update-ratio",
+          title: str = "") -> dict[str, Any]:
+    """Declare ``extra[key][i]`` of ``candidate`` / the same of ``reference`` equals the expected factor.
+
+    Args:
+        candidate: run id judged; its ``extra[key]`` is a list of numbers (one per step).
+        reference: run id with the same list.
+        key: name of the list in both runs' ``extra``.
+        expected: a number, or the name of a list in ``candidate``'s ``extra`` giving the expected
+            factor per step (a prediction recorded by the run itself). An expected factor of 0
+            (a step GradScaler skipped) requires the candidate's value to be exactly 0.
+        tolerance: a key of :data:`TOLERANCES` with ``bound="max"``; the metric is the largest
+            ``|actual / expected - 1|`` over steps.
+    """
+    _check_tolerance(tolerance, "max")
+    return {"kind": "ratio", "runs": [candidate, reference], "key": key, "expected": expected,
+            "tolerance": tolerance, "title": title}
 
 
 def _check_tolerance(name: str, bound: str) -> None:
@@ -281,7 +337,7 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
     title = claim.get("title") or f"{kind}({', '.join(ids)})"
     base = dict(kind=kind, runs=ids, title=title)
     missing = [r for r in ids if r not in runs]
-    if kind not in ("match", "diverge", "raises"):
+    if kind not in KINDS:
         return verdict(**base, metric="?", value=None, threshold="?", passed=False,
                        detail=f"unknown claim kind {kind!r}")
     if missing:
@@ -297,12 +353,37 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
         return verdict(**base, metric="exception", value=None, threshold=want, passed=ok,
                        detail=f"got {got}" if not ok else f"raised {got}")
 
+    if kind in ("warns", "no_warning"):
+        seen = runs[ids[0]].get("warnings") or []
+        if kind == "warns":
+            want = f"{claim['category']}: ...{claim['message']}..."
+            hits = [w for w in seen if w.startswith(claim["category"] + ":") and claim["message"] in w]
+        else:
+            want = f"no warning containing {claim['message']!r}"
+            hits = [w for w in seen if claim["message"] in w]
+        ok = bool(hits) == (kind == "warns")
+        return verdict(**base, metric="warnings", value=float(len(hits)), threshold=want, passed=ok,
+                       detail=hits[0][:200] if hits else "no such warning")
+
+    if kind in ("expect", "same"):
+        key = claim["key"]
+        values = [runs[r].get("extra", {}).get(key, _MISSING) for r in ids]
+        if any(v is _MISSING for v in values):
+            return verdict(**base, metric=key, value=None, threshold="recorded", passed=False,
+                           detail=f"run(s) {[r for r, v in zip(ids, values) if v is _MISSING]} did not record {key!r}")
+        expected = claim["expected"] if kind == "expect" else values[1]
+        ok = values[0] == expected
+        return verdict(**base, metric=key, value=None, threshold=f"== {_short(expected)}", passed=ok,
+                       detail=f"recorded {_short(values[0])}")
+
     name = claim.get("tolerance", "")
     tol = TOLERANCES.get(name)
     if tol is None:
         return verdict(**base, metric="?", value=None, threshold="?", passed=False,
                        detail=f"unknown tolerance {name!r}; known: {sorted(TOLERANCES)}")
     cand, ref = runs[ids[0]], runs[ids[1]]
+    if kind == "ratio":
+        return _evaluate_ratio(claim, cand, ref, tol, base, verdict)
     for run in (cand, ref):
         if run.get("error"):
             return verdict(**base, metric="?", value=None, threshold=f"{tol.value:g}", passed=False,
@@ -323,3 +404,40 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
     return verdict(**base, metric="mean rel. gap", value=value, threshold=f">= {tol.value:g}", passed=ok,
                    tolerance=name, detail="" if ok else
                    f"the pitfall no longer reproduces: curves only {value:.2%} apart on average")
+
+
+_MISSING = object()
+KINDS = ("match", "diverge", "raises", "warns", "no_warning", "expect", "same", "ratio")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _evaluate_ratio(claim: dict[str, Any], cand: dict[str, Any], ref: dict[str, Any], tol: Tolerance,
+                    base: dict[str, Any], verdict: Any) -> Verdict:
+    key, expected = claim["key"], claim["expected"]
+    a, b = cand.get("extra", {}).get(key), ref.get("extra", {}).get(key)
+    factors = cand.get("extra", {}).get(expected) if isinstance(expected, str) else None
+    problem = ""
+    if a is None or b is None:
+        problem = f"{key!r} not recorded by {cand['id'] if a is None else ref['id']}"
+    elif len(a) != len(b) or not a:
+        problem = f"{key!r} has {len(a)} values in {cand['id']} and {len(b)} in {ref['id']}"
+    elif isinstance(expected, str) and (factors is None or len(factors) != len(a)):
+        problem = f"expected factors {expected!r} not recorded per step by {cand['id']}"
+    if problem:
+        return verdict(**base, metric="max |ratio/expected - 1|", value=None, threshold=f"<= {tol.value:g}",
+                       passed=False, tolerance=tol.name, detail=problem)
+    want = np.asarray(factors if factors is not None else [expected] * len(a), dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        got = np.asarray(a, dtype=np.float64) / np.asarray(b, dtype=np.float64)
+        # an expected factor of 0 (a skipped step) requires exactly no update
+        dev = np.where(want == 0, np.abs(got), np.abs(got / np.where(want == 0, 1.0, want) - 1.0))
+    value = float(np.max(dev)) if np.all(np.isfinite(dev)) else math.inf
+    worst = int(np.argmax(np.where(np.isfinite(dev), dev, np.inf)))
+    ok = value <= tol.value
+    return verdict(**base, metric="max |ratio/expected - 1|", value=value, threshold=f"<= {tol.value:g}",
+                   passed=ok, tolerance=tol.name,
+                   detail=f"step {worst}: ratio {got[worst]:.4g}, expected {want[worst]:.4g}")

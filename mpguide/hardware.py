@@ -111,8 +111,9 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
     Args:
         precision: one of :data:`PRECISIONS`.
         accelerator: ``"cpu"`` or ``"cuda"``.
-        plugin_class: a :class:`~lightning.pytorch.plugins.precision.MixedPrecision` subclass to use
-            for the mixed precisions instead of Lightning's own (for example a fixing plugin).
+        plugin_class: a precision plugin class called as ``plugin_class(precision, accelerator)`` and
+            passed in ``plugins=[...]`` for every precision (for example
+            :class:`mpguide.precision.ManualMixedPrecision`, which accepts ``"32-true"`` too).
 
     Returns:
         ``{"precision": ...}`` or ``{"plugins": [plugin]}``.
@@ -125,11 +126,11 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
     check_precision(precision)
     if accelerator not in ("cpu", "cuda"):
         raise ConfigurationError(f"unknown accelerator {accelerator!r}; use cpu or cuda")
-    if precision == "32-true":
-        return {"precision": "32-true"}
-    if plugin_class is None and (accelerator == "cuda" or precision == "bf16-mixed"):
+    if plugin_class is not None:
+        return {"plugins": [plugin_class(precision, accelerator)]}
+    if precision == "32-true" or accelerator == "cuda" or precision == "bf16-mixed":
         return {"precision": precision}
-    return {"plugins": [(plugin_class or MixedPrecision)(precision, accelerator)]}
+    return {"plugins": [MixedPrecision(precision, accelerator)]}
 
 
 def device_name(accelerator: str) -> str:

@@ -123,6 +123,21 @@ class StepRecorder(Callback):
             self.skipped += 1
 
 
+def parameter_digest(module: torch.nn.Module) -> str:
+    """SHA-256 (hex) of every parameter's name, dtype, shape and bytes, in ``named_parameters`` order.
+
+    Two modules have the same digest exactly when their weights are bitwise identical.
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in module.named_parameters():
+        tensor = param.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
 def parse_swaps(value: str | None) -> dict[str, str]:
     """Parse ``MPGUIDE_SWAP_RECIPE`` (``"run=recipe,run=recipe"``) into ``{run: recipe}``.
 

@@ -1,0 +1,193 @@
+"""
+One backward, two optimizers: when the loss scale changes in between
+=====================================================================
+
+A digits classifier keeps its body and its head in two optimizers (a pattern used to give them
+different learning rates or schedules). One loss, one ``manual_backward``, then
+``opt_body.step(); opt_head.step()``. Under 16-mixed, Lightning 2.6.x updates the loss scale
+after **each** optimizer step (``plugins/precision/amp.py``), so when the scale changes after the
+body's step, the head unscales gradients that were made at the old scale: its update doubles
+after an overflow and halves after a growth step. This example measures the factor on every
+step, against the prediction from the recorded scales, and shows that the library's
+:class:`~mpguide.precision.ManualMixedPrecision` removes it.
+
+**What you will learn**
+
+* what ``GradScaler.update()`` does and why PyTorch calls it once per iteration;
+* how to measure the update an optimizer really applied;
+* why a scale change between two optimizers is invisible in the loss curve but not in the update.
+"""
+
+# %%
+# The model and what it records
+# -----------------------------
+# Both optimizers are plain SGD, so an applied update is exactly ``lr`` times the gradient the
+# optimizer saw. Before the head's step we read its gradient, which at that point is still
+# multiplied by the loss scale of the backward; after the step we measure how far the head
+# moved. Their ratio, the **update factor**, is 1 when unscaling used the right scale.
+#
+# When the head's own gradient overflows, GradScaler skips its step: the expected update is then
+# exactly zero, and the prediction says 0.
+#
+# fp16 gradients overflow when they exceed 65504; to make that happen on chosen steps we multiply
+# the body's gradient by infinity at step 0 and step 50 in the 16-mixed runs (fp32 and bf16 have
+# the range of fp32 and would not overflow).
+
+import functools
+
+import lightning.pytorch as pl
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch import nn
+
+from mpguide import claims, plotting, report, runner
+from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.precision import ManualMixedPrecision
+
+# sphinx_gallery_start_ignore
+runner.quiet_lightning()
+# sphinx_gallery_end_ignore
+
+OVERFLOW_STEPS = (0, 50)
+
+
+class BodyAndHead(pl.LightningModule):
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.automatic_optimization = False
+        self.lr = lr
+        self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
+        self.head = nn.Linear(64, NUM_CLASSES)
+        self.factors, self.predicted = [], []
+        for p in self.body.parameters():
+            p.register_hook(self.maybe_overflow)
+
+    def scaler(self):
+        return getattr(self.trainer.precision_plugin, "scaler", None)
+
+    def scale(self):
+        return float(self.scaler().get_scale()) if self.scaler() is not None else 1.0
+
+    def maybe_overflow(self, grad):
+        # global_step counts the steps of both optimizers: two per batch
+        if self.scaler() is not None and self.global_step // 2 in OVERFLOW_STEPS:
+            return grad * float("inf")
+        return grad
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        opt_body, opt_head = self.optimizers()
+        opt_body.zero_grad()
+        opt_head.zero_grad()
+        loss = F.cross_entropy(self.head(self.body(images)), labels)
+        scale_of_backward = self.scale()
+        self.manual_backward(loss)
+        opt_body.step()
+        scale_of_head_step = self.scale()  # the scale the head's unscale will divide by (stock plugin)
+        weight = self.head.weight
+        true_grad = weight.grad.detach().clone() / scale_of_backward
+        before = weight.detach().clone()
+        finite = all(torch.isfinite(p.grad).all() for p in self.head.parameters())
+        opt_head.step()
+        moved = (before - weight.detach()).norm()
+        if finite:
+            self.factors.append(float(moved / (self.lr * true_grad.norm())))
+            self.predicted.append(scale_of_backward / scale_of_head_step)
+        else:  # a head gradient (weight or bias) overflowed: GradScaler skips the step
+            self.factors.append(float(moved))
+            self.predicted.append(0.0)
+        return loss.detach()
+
+    def configure_optimizers(self):
+        return (torch.optim.SGD(self.body.parameters(), lr=self.lr),
+                torch.optim.SGD(self.head.parameters(), lr=self.lr))
+
+    def record_extra(self):
+        changed = [f for f in self.predicted if f not in (0.0, 1.0)]  # steps unscaled with another scale
+        return {"head_update_factor": self.factors, "predicted_factor": self.predicted,
+                "predicted_at_overflow": self.predicted[OVERFLOW_STEPS[0]] if self.predicted else None,
+                "smallest_scale_change": min(changed, default=1.0), "steps_with_scale_change": len(changed)}
+
+
+# %%
+# Plugins: Lightning's and the library's, each also with a small growth interval
+# ------------------------------------------------------------------------------
+# ``growth_interval=3`` makes the scaler double its scale after every three updates without an
+# overflow (the default waits 2000), so growth steps show up within a short run.
+
+
+def with_growth_interval(plugin_class, precision, device):
+    scaler = torch.amp.GradScaler(device, growth_interval=3)
+    return plugin_class(precision, device, scaler=scaler)
+
+
+stock_growth = functools.partial(with_growth_interval, MixedPrecision)
+fixed_growth = functools.partial(with_growth_interval, ManualMixedPrecision)
+
+runs = [
+    runner.RunSpec("fp32", "body+head", "32-true", label="fp32"),
+    runner.RunSpec("fp16-stock", "body+head", "16-mixed", label="16-mixed, Lightning's plugin"),
+    runner.RunSpec("fp16-plugin", "body+head", "16-mixed", plugin_class=ManualMixedPrecision,
+                   label="16-mixed, ManualMixedPrecision"),
+    runner.RunSpec("fp16-growth-stock", "body+head", "16-mixed", plugin_class=stock_growth,
+                   label="16-mixed, growth_interval=3, Lightning's plugin"),
+    runner.RunSpec("fp16-growth-plugin", "body+head", "16-mixed", plugin_class=fixed_growth,
+                   label="16-mixed, growth_interval=3, ManualMixedPrecision"),
+]
+checks = [
+    claims.ratio("fp16-stock", "fp32", "head_update_factor", "predicted_factor",
+                 title="stock: head update = fp32 update x (scale of backward / scale at head step)"),
+    claims.expect("fp16-stock", "predicted_at_overflow", 2.0, "stock: the head update doubles after an overflow"),
+    claims.ratio("fp16-plugin", "fp32", "head_update_factor", 1.0, title="plugin: head update = fp32 update"),
+    claims.ratio("fp16-growth-stock", "fp32", "head_update_factor", "predicted_factor",
+                 title="stock, growth: update follows the predicted factor"),
+    claims.expect("fp16-growth-stock", "smallest_scale_change", 0.5, "stock, growth: a growth step halves the update"),
+    claims.ratio("fp16-growth-plugin", "fp32", "head_update_factor", "predicted_factor",
+                 title="plugin, growth: = fp32 update, or no update where the head overflowed"),
+    claims.expect("fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
+    claims.match("fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
+]
+
+# %%
+# Train
+# -----
+
+record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead}, runs, checks)
+
+# %%
+# The update factor, step by step
+# -------------------------------
+# fp32 sits at 1 by definition. With Lightning's plugin the head's update jumps to 2 on the
+# forced overflows and drops to 0.5 whenever a growth step lands between the two optimizer
+# steps; with ``ManualMixedPrecision`` every step is 1.
+
+fig, ax = plt.subplots(figsize=(9, 4))
+for run_id, color in [("fp16-stock", "#D55E00"), ("fp16-growth-stock", "#CC79A7"),
+                      ("fp16-plugin", "#009E73"), ("fp16-growth-plugin", "#56B4E9"), ("fp32", "#0072B2")]:
+    run = plotting.run_by_id(record, run_id)
+    ax.step(range(len(run["extra"]["head_update_factor"])), run["extra"]["head_update_factor"],
+            where="mid", color=color, label=run["label"], linewidth=1.5)
+ax.set_yscale("log", base=2)
+ax.set_xlabel("optimizer step (batch)")
+ax.set_ylabel("applied head update / fp32-equivalent update")
+ax.set_title("Head update factor after one shared backward")
+ax.grid(alpha=0.3)
+ax.legend(fontsize=8, frameon=False)
+plotting.save_figure(fig, record["example"], "factor")
+
+# %%
+# Verdicts
+# --------
+
+print(report.summary(record))
+
+# %%
+# Conclusion
+# ----------
+# When several optimizers consume one backward under 16-mixed, the loss scale must not change
+# until all of them have stepped. In plain Lightning 2.6 you cannot delay the update, so either
+# use one optimizer with two parameter groups (one ``step``, one update), or use bf16-mixed, or
+# pass ``plugins=[ManualMixedPrecision("16-mixed", device)]``, which updates the scale once after
+# every optimizer holding gradients of the current scale has stepped.

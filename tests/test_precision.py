@@ -1,0 +1,234 @@
+"""ManualMixedPrecision against fp32 references and against Lightning's own MixedPrecision."""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch.utils.data import DataLoader, TensorDataset
+
+from mpguide.precision import ManualMixedPrecision, NoGradientStepWarning, has_gradients
+from mpguide.runner import parameter_digest, quiet_lightning
+
+quiet_lightning()
+
+
+def amp(cls, precision="16-mixed", **scaler_kw):
+    """A plugin whose GradScaler starts at 256 instead of 65536, so that these small models never
+    overflow by themselves and every difference from fp32 is the one a test provokes."""
+    if precision != "16-mixed":
+        return cls(precision, "cpu")
+    return cls(precision, "cpu", scaler=torch.amp.GradScaler("cpu", **{"init_scale": 256.0, **scaler_kw}))
+
+
+def loader(n=8):
+    gen = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n * 4, 6, generator=gen)), batch_size=4)
+
+
+def fit(module, plugin=None, steps=None, ckpt_path=None, callbacks=(), precision="32-true", max_epochs=1, **kw):
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=max_epochs, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=bool(callbacks), callbacks=list(callbacks),
+                         max_steps=steps or -1, **({"plugins": [plugin]} if plugin else {"precision": precision}), **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, loader(), ckpt_path=ckpt_path)
+    return trainer, [w for w in caught if issubclass(w.category, NoGradientStepWarning)]
+
+
+class Pair(pl.LightningModule):
+    """Two linear models, one SGD each. ``mode`` selects the stepping pattern."""
+
+    def __init__(self, mode="starved", overflow_steps=(), lr=0.1):
+        super().__init__()
+        pl.seed_everything(0, verbose=False)
+        self.automatic_optimization = False
+        self.a, self.b = torch.nn.Linear(6, 1), torch.nn.Linear(6, 1)
+        self.mode, self.overflow_steps, self.lr = mode, overflow_steps, lr
+        self.b_updates, self.losses = [], []
+        self.a.weight.register_hook(self._overflow)
+
+    def _overflow(self, grad):
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None and self.global_step // 2 in self.overflow_steps:
+            return grad * float("inf")
+        return grad
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        opt_a, opt_b = self.optimizers()
+        if self.mode == "starved":  # the loss reaches only a; b is stepped on odd batches
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            loss = self.a(x).pow(2).mean()
+            self.manual_backward(loss)
+            (opt_a if batch_idx % 2 == 0 else opt_b).step()
+        elif self.mode == "shared":  # one backward, both step
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            loss = self.a(x).sum() + 3 * self.b(x).sum()
+            self.manual_backward(loss)
+            opt_a.step()
+            before = self.b.weight.detach().clone()
+            opt_b.step()
+            self.b_updates.append(float((before - self.b.weight.detach()).abs().sum()))
+        elif self.mode == "gan":  # backward a, step a, backward b, step b
+            with self.toggled_optimizer(opt_a):
+                opt_a.zero_grad()
+                loss_a = self.a(x).pow(2).mean()
+                self.manual_backward(loss_a)
+                opt_a.step()
+            with self.toggled_optimizer(opt_b):
+                opt_b.zero_grad()
+                loss_b = (self.b(x) - 1).pow(2).mean()
+                self.manual_backward(loss_b)
+                opt_b.step()
+            loss = loss_a + loss_b
+        else:  # "accumulate": a steps every batch, b accumulates over windows of 2 batches
+            opt_a.zero_grad()
+            loss = self.a(x).pow(2).mean() + (self.b(x) - 1).pow(2).mean()
+            self.manual_backward(loss)
+            opt_a.step()
+            if batch_idx % 2 == 1:
+                opt_b.step()
+                opt_b.zero_grad()
+        self.losses.append(float(loss))
+        return loss.detach()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.a.parameters(), lr=self.lr), torch.optim.SGD(self.b.parameters(), lr=self.lr)
+
+
+def test_stock_16_mixed_raises_without_gradients():
+    with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
+        fit(Pair("starved"), amp(MixedPrecision))
+
+
+def test_no_gradient_step_is_a_warned_no_op_like_fp32():
+    ref = Pair("starved")
+    fit(ref)
+    b_before = parameter_digest(Pair("starved").b)
+    fixed = Pair("starved")
+    _, caught = fit(fixed, amp(ManualMixedPrecision))
+    assert parameter_digest(fixed.b) == b_before == parameter_digest(ref.b)  # b never moves, as in fp32
+    assert len(caught) == 1 and "SGD optimizer" in str(caught[0].message)  # one warning, naming it
+    assert fixed.losses == pytest.approx(ref.losses, rel=2e-3)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_plugin_changes_nothing_in_fp32_and_bf16(precision):
+    for mode in ("starved", "shared", "gan"):
+        plain, with_plugin = Pair(mode), Pair(mode)
+        fit(plain, precision=precision)
+        _, caught = fit(with_plugin, amp(ManualMixedPrecision, precision))
+        assert parameter_digest(plain) == parameter_digest(with_plugin), mode  # bitwise identical
+        assert plain.losses == with_plugin.losses
+        assert bool(caught) == (mode == "starved")
+
+
+def test_shared_backward_overflow_doubles_stock_update_and_plugin_fixes_it():
+    ref, stock, fixed = Pair("shared"), Pair("shared", overflow_steps=(0,)), Pair("shared", overflow_steps=(0,))
+    fit(ref)
+    fit(stock, amp(MixedPrecision))
+    fit(fixed, amp(ManualMixedPrecision))
+    assert stock.b_updates[0] == pytest.approx(2 * ref.b_updates[0], rel=1e-3)
+    assert stock.b_updates[1:] == pytest.approx(ref.b_updates[1:], rel=1e-3)
+    assert fixed.b_updates == pytest.approx(ref.b_updates, rel=1e-3)
+
+
+def test_shared_backward_without_overflow_is_unchanged():
+    ref, stock, fixed = Pair("shared"), Pair("shared"), Pair("shared")
+    fit(ref)
+    fit(stock, amp(MixedPrecision))
+    trainer, _ = fit(fixed, amp(ManualMixedPrecision))
+    assert stock.b_updates == pytest.approx(ref.b_updates, rel=1e-3)
+    assert fixed.b_updates == pytest.approx(ref.b_updates, rel=1e-3)
+    assert trainer.precision_plugin.scaler.get_scale() == 256.0
+
+
+def test_growth_step_between_optimizers():
+    def plugin(cls):
+        return amp(cls, growth_interval=1, init_scale=2.0**-10)  # room for 16 doublings without overflow
+
+    ref, stock, fixed = Pair("shared"), Pair("shared"), Pair("shared")
+    fit(ref)
+    stock_trainer, _ = fit(stock, plugin(MixedPrecision))
+    fixed_trainer, _ = fit(fixed, plugin(ManualMixedPrecision))
+    assert stock.b_updates == pytest.approx([0.5 * u for u in ref.b_updates], rel=1e-3)  # grown after a's step
+    assert fixed.b_updates == pytest.approx(ref.b_updates, rel=1e-3)
+    # one update per batch instead of two: 8 growth steps instead of 16
+    assert fixed_trainer.precision_plugin.scaler.get_scale() == 2.0**-10 * 2**8
+    assert stock_trainer.precision_plugin.scaler.get_scale() == 2.0**-10 * 2**16
+
+
+def test_gan_alternation_matches_fp32_and_updates_once_per_backward():
+    ref, fixed = Pair("gan"), Pair("gan", overflow_steps=(1,))
+    fit(ref)
+    trainer, caught = fit(fixed, amp(ManualMixedPrecision))
+    assert not caught
+    # the overflow at batch 1 skips a's step there only; b must follow fp32 exactly
+    assert parameter_digest(fixed.b) != parameter_digest(Pair("gan").b)
+    torch.testing.assert_close(fixed.b.weight, ref.b.weight, rtol=2e-3, atol=1e-4)
+    assert trainer.precision_plugin.scaler.get_scale() == 128.0  # halved once
+
+
+def test_accumulation_window_matches_fp32():
+    ref, fixed, stock = Pair("accumulate"), Pair("accumulate"), Pair("accumulate")
+    fit(ref)
+    fit(fixed, amp(ManualMixedPrecision))
+    fit(stock, amp(MixedPrecision))
+    torch.testing.assert_close(fixed.b.weight, ref.b.weight, rtol=2e-3, atol=1e-4)
+    torch.testing.assert_close(stock.b.weight, ref.b.weight, rtol=2e-3, atol=1e-4)
+
+
+def test_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
+    """Two epochs in one go vs one epoch, a checkpoint, and a resumed second epoch."""
+    whole = Pair("shared", overflow_steps=(1,))
+    fit(whole, amp(ManualMixedPrecision, growth_interval=3), max_epochs=2)
+
+    first = Pair("shared", overflow_steps=(1,))
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    fit(first, amp(ManualMixedPrecision, growth_interval=3), callbacks=[ckpt], max_epochs=1)
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["ManualMixedPrecision"]["scale"] == 512.0  # 256, halved at batch 1, doubled after batches 4 and 7
+
+    resumed = Pair("shared", overflow_steps=(1,))
+    fit(resumed, amp(ManualMixedPrecision, growth_interval=3), ckpt_path=str(tmp_path / "last.ckpt"), max_epochs=2)
+    assert len(resumed.losses) == 8 and len(whole.losses) == 16
+    assert first.losses + resumed.losses == whole.losses  # bitwise the same curve
+    assert parameter_digest(resumed) == parameter_digest(whole)
+
+
+def test_clip_gradients_before_step_clips_unscaled_gradients():
+    class Clipped(Pair):
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            opt_a, _ = self.optimizers()
+            opt_a.zero_grad()
+            loss = 10 * self.a(x).sum()  # gradient norm ~40, scaled by 256: no fp16 overflow
+            self.manual_backward(loss)
+            self.clip_gradients(opt_a, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+            before = self.a.weight.detach().clone()
+            opt_a.step()
+            self.b_updates.append(float((before - self.a.weight.detach()).norm()))
+            return loss.detach()
+
+    ref, stock, fixed = Clipped(), Clipped(), Clipped()
+    fit(ref)
+    fit(stock, amp(MixedPrecision))
+    fit(fixed, amp(ManualMixedPrecision))
+    assert 0.05 < ref.b_updates[0] <= 0.1 + 1e-6  # at most lr x the clipped norm (shared with the bias)
+    assert max(stock.b_updates) < 0.05 * min(ref.b_updates)  # stock clipped the scaled gradient (scale 256)
+    assert fixed.b_updates == pytest.approx(ref.b_updates, rel=1e-2)
+
+
+def test_helpers_and_errors():
+    opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    assert not has_gradients(opt)
+    with pytest.raises(ValueError, match="does not use a GradScaler"):
+        ManualMixedPrecision("32-true", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(ValueError):
+        ManualMixedPrecision("64-true", "cpu")
