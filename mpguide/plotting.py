@@ -115,3 +115,34 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
     ax.set_ylabel("relative difference of smoothed loss")
     ax.grid(alpha=0.3, which="major")
     ax.legend(fontsize=8, frameon=False, loc="upper left", ncol=2)
+
+
+def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], key: str, title: str, ylabel: str,
+                      colors: dict[str, str] | None = None, log_base: int | None = None) -> None:
+    """Draw a per-step series that runs recorded in ``extra[key]`` (e.g. an update factor), as steps.
+
+    Args:
+        ax: a matplotlib Axes.
+        record: a results record.
+        run_ids: runs to draw; a run without ``extra[key]`` (one that raised) is left out of the plot.
+        key: name of the list in each run's ``extra``.
+        title: axes title.
+        ylabel: y-axis label (with unit).
+        colors: optional run id -> colour (default: :data:`EXTRA_COLORS` in order).
+        log_base: draw the y axis in this log base (e.g. 2 for factors of two).
+    """
+    colors = colors or {}
+    for i, run_id in enumerate(run_ids):
+        run = run_by_id(record, run_id)
+        values = run.get("extra", {}).get(key)
+        if not values:
+            continue
+        ax.step(range(len(values)), values, where="mid", linewidth=1.5, label=run.get("label") or run_id,
+                color=colors.get(run_id, EXTRA_COLORS[i % len(EXTRA_COLORS)]))
+    if log_base:
+        ax.set_yscale("symlog", base=log_base, linthresh=0.25)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("optimizer step (batch)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left", framealpha=0.85)

@@ -143,3 +143,46 @@ def test_smooth_and_gap_shapes():
         claims.relative_gap([1.0] * 10, [1.0] * 11)
     with pytest.raises(ValueError, match="leave nothing"):
         claims.relative_gap([1.0] * 3, [1.0] * 3)
+
+
+def test_warns_and_no_warning():
+    rec = make_record([run("a", curve())], [claims.warns("a", "NoGradientStepWarning", "none of its parameters"),
+                                            claims.no_warning("a", "lr_scheduler.step()")])
+    rec["runs"][0]["warnings"] = ["NoGradientStepWarning: SGD optimizer ... none of its parameters has a gradient"]
+    assert [v.passed for v in evaluate_record(rec)[:2]] == [True, True]
+    rec["runs"][0]["warnings"] = ["UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`"]
+    first, second = evaluate_record(rec)[:2]
+    assert not first.passed and first.detail == "no such warning"
+    assert not second.passed and "lr_scheduler.step()" in second.detail
+    rec["runs"][0]["warnings"] = ["UserWarning: none of its parameters"]  # right text, wrong class
+    assert not evaluate_record(rec)[0].passed
+
+
+def test_expect_and_same():
+    rec = make_record([run("a", curve()), run("b", curve())],
+                      [claims.expect("a", "generator_changed", False), claims.same("a", "b", "weights")])
+    rec["runs"][0]["extra"] = {"generator_changed": False, "weights": "abc"}
+    rec["runs"][1]["extra"] = {"weights": "abc"}
+    assert [v.passed for v in evaluate_record(rec)[:2]] == [True, True]
+    rec["runs"][0]["extra"] = {"generator_changed": True, "weights": "abd"}
+    assert [v.passed for v in evaluate_record(rec)[:2]] == [False, False]
+    rec["runs"][0]["extra"] = {}
+    verdicts = evaluate_record(rec)[:2]
+    assert not any(v.passed for v in verdicts) and "did not record" in verdicts[0].detail
+
+
+def test_ratio_with_numbers_predictions_and_skipped_steps():
+    ref = run("fp32", curve(8))
+    ref["extra"] = {"u": [0.3] * 4}
+    cand = run("fp16", curve(8))
+    cand["extra"] = {"u": [0.6, 0.3, 0.0, 0.15], "pred": [2.0, 1.0, 0.0, 0.5]}
+    rec = make_record([cand, ref], [claims.ratio("fp16", "fp32", "u", "pred"), claims.ratio("fp16", "fp32", "u", 1.0)])
+    predicted, one = evaluate_record(rec)[:2]
+    assert predicted.passed and predicted.value < 1e-12
+    assert not one.passed and one.value == pytest.approx(1.0)  # the skipped step (0 vs 1) is the worst
+    cand["extra"]["u"][2] = 0.01  # a "skipped" step that moved
+    assert not evaluate_record(rec)[0].passed
+    cand["extra"]["pred"] = [1.0]  # wrong length
+    assert "not recorded per step" in evaluate_record(rec)[0].detail
+    del ref["extra"]["u"]
+    assert "not recorded by fp32" in evaluate_record(rec)[1].detail
