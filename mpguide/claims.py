@@ -81,6 +81,17 @@ TOLERANCES: dict[str, Tolerance] = {
             "three orders of magnitude.",
         ),
         Tolerance(
+            "adam-scaled-clip",
+            "max",
+            0.25,
+            "Adam divides each update by the running RMS of the gradients, so a constant factor on "
+            "the gradients cancels (up to eps). Clipping the scaled gradient still changes training "
+            "(every step's gradient is normalised to one norm), but the curve stays in the same range: "
+            "measured up to 11 % apart on CPU (digits, quick preset; the clipped run even ends lower) "
+            "and 2.6 % apart in final loss on an NVIDIA H200, against over 1000 % for SGD. 25 % "
+            "holds that claim ('a loss curve will not reveal it') and fails if AdamW ever stalls.",
+        ),
+        Tolerance(
             "pitfall-gap",
             "min",
             0.10,

@@ -14,6 +14,7 @@ Environment variables (besides those of :mod:`mpguide.hardware`):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -41,16 +42,23 @@ class RunSpec:
         recipe: key of the example's recipe table (a LightningModule class).
         precision: one of :data:`mpguide.hardware.PRECISIONS`.
         seed: seeds weights, data order and any randomness in the recipe.
-        plugin_class: optional MixedPrecision subclass for the mixed precisions.
+        plugin_class: optional precision plugin factory, called as ``plugin_class(precision, device)``.
         label: legend text; defaults to ``id``.
+        trainer_kwargs: extra :class:`~lightning.pytorch.Trainer` arguments (e.g.
+            ``accumulate_grad_batches``), applied last.
+        plain_flag: pass ``Trainer(precision=...)`` as a user would, even on CPU where
+            ``"16-mixed"`` then silently becomes bf16-mixed (see
+            :func:`mpguide.hardware.trainer_precision_kwargs`).
     """
 
     id: str
     recipe: str
     precision: str
     seed: int = 0
-    plugin_class: type | None = None
+    plugin_class: Callable[..., Any] | None = None
     label: str = ""
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    plain_flag: bool = False
 
 
 @dataclass
@@ -195,7 +203,9 @@ def train_run(
         enable_model_summary=False,
         num_sanity_val_steps=0,
         callbacks=[recorder],
-        **hardware.trainer_precision_kwargs(spec.precision, accelerator, spec.plugin_class),
+        **({"precision": spec.precision} if spec.plain_flag else
+           hardware.trainer_precision_kwargs(spec.precision, accelerator, spec.plugin_class)),
+        **spec.trainer_kwargs,
     )
     result = RunResult(
         id=spec.id,
@@ -224,10 +234,12 @@ def train_run(
     result.seconds = round(time.perf_counter() - start, 3)
     result.loss, result.lr, result.skipped_steps = recorder.loss, recorder.lr, recorder.skipped
     result.loss_scale = recorder.scale or None
+    result.extra["global_step"] = trainer.global_step
+    result.extra["batches"] = len(result.loss)
     result.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
     extra = getattr(module, "record_extra", None)
     if callable(extra):
-        result.extra = extra()
+        result.extra.update(extra())
     return result
 
 
@@ -271,7 +283,7 @@ def run_example(
         recipe = swaps.get(spec.id, spec.recipe)
         if recipe != spec.recipe:
             progress(f"  note: {SWAP_ENV} trains run {spec.id!r} with recipe {recipe!r}")
-        run_spec = RunSpec(spec.id, recipe, spec.precision, spec.seed, spec.plugin_class, spec.label)
+        run_spec = dataclasses.replace(spec, recipe=recipe)
         res = train_run(run_spec, recipes[recipe], accelerator, preset)
         status = (f"raised {res.error['type']}" if res.error else
                   f"final loss {res.loss[-1]:.4f}" if res.loss else "no steps")

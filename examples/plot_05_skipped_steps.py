@@ -1,0 +1,148 @@
+"""
+Skipped steps, learning-rate schedulers and step counts under 16-mixed
+======================================================================
+
+GradScaler starts at a loss scale of 65536 and halves it each time the scaled gradients overflow,
+**skipping** that optimizer step. Several skips at the start of a run are normal. But a scheduler
+stepped every batch still advances on skipped steps, so the first real update uses a later
+learning rate, and torch warns "Detected call of ``lr_scheduler.step()`` before
+``optimizer.step()``". This example records, per step, the loss scale, whether the step was
+skipped, and the learning rate used, with and without skip-aware stepping.
+
+**What you will learn**
+
+* how to tell a skipped step (the loss scale went down inside ``opt.step()``);
+* :func:`mpguide.steps.step_skip_aware`, which steps the scheduler only after applied updates;
+* that ``trainer.global_step`` (and so ``max_steps``) counts skipped steps too.
+"""
+
+# %%
+# A per-batch schedule
+# --------------------
+# A digits classifier whose loss is **summed** over the batch: its gradients are 64 times those of
+# the mean, large enough that the first steps overflow fp16 at a scale of 65536. The scheduler
+# multiplies the learning rate by 0.97 per **step** (a warm schedule that users step by hand).
+
+import matplotlib.pyplot as plt
+from mpguide import claims, plotting, report, runner, steps
+from mpguide.models import DigitsClassifier
+
+# sphinx_gallery_start_ignore
+runner.quiet_lightning()
+# sphinx_gallery_end_ignore
+
+BASE_LR, GAMMA = 2e-3, 0.97
+
+
+class SchedulerEveryBatch(DigitsClassifier):
+    """Step the scheduler after every ``opt.step()``, applied or not."""
+
+    def __init__(self, **kwargs):
+        super().__init__(reduction="sum", lr=BASE_LR, scheduler_gamma=GAMMA, **kwargs)
+        self.applied_lrs = []  # learning rate of every update that was really applied
+        self.skipped = 0
+
+    def training_step(self, batch, batch_idx):
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        self.manual_backward(loss)
+        lr = opt.param_groups[0]["lr"]
+        if self.step_and_schedule(opt, sched):
+            self.applied_lrs.append(lr)
+        else:
+            self.skipped += 1
+        return loss.detach()
+
+    def step_and_schedule(self, opt, sched):
+        scale = steps.loss_scale(self.trainer)
+        opt.step()
+        sched.step()
+        return scale is None or steps.loss_scale(self.trainer) >= scale
+
+    def record_extra(self):
+        return {"first_applied_lr": self.applied_lrs[0] if self.applied_lrs else None,
+                "first_applied_lr_is_base": bool(self.applied_lrs) and self.applied_lrs[0] == BASE_LR,
+                "skipped_steps": self.skipped, "skipped_any": self.skipped > 0,
+                "global_step_counts_skipped": self.trainer.global_step == len(self.applied_lrs) + self.skipped}
+
+
+class SkipAware(SchedulerEveryBatch):
+    """Step the scheduler only when the optimizer step was applied."""
+
+    def step_and_schedule(self, opt, sched):
+        return steps.step_skip_aware(opt, self.trainer, sched)
+
+
+# %%
+# Runs and claims
+# ---------------
+
+recipes = {"scheduler every batch": SchedulerEveryBatch, "skip-aware": SkipAware}
+runs = [
+    runner.RunSpec("fp32", "scheduler every batch", "32-true", label="fp32"),
+    runner.RunSpec("fp16-naive", "scheduler every batch", "16-mixed", label="16-mixed, scheduler every batch"),
+    runner.RunSpec("fp16-skip-aware", "skip-aware", "16-mixed", label="16-mixed, skip-aware scheduler"),
+]
+SCHED_WARNING = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+checks = [
+    claims.expect("fp16-naive", "skipped_any", True, "GradScaler skips steps at the default initial scale"),
+    claims.expect("fp16-naive", "first_applied_lr_is_base", False, "naive: the first real update uses a later LR"),
+    claims.warns("fp16-naive", "UserWarning", SCHED_WARNING, "naive: torch warns about the scheduler"),
+    claims.expect("fp16-skip-aware", "first_applied_lr", BASE_LR, "skip-aware: first real update uses the first LR"),
+    claims.no_warning("fp16-skip-aware", SCHED_WARNING, "skip-aware: no scheduler warning"),
+    claims.expect("fp16-naive", "global_step_counts_skipped", True, "global_step counts skipped steps too"),
+]
+
+
+# %%
+# Train
+# -----
+
+record = runner.run_example("plot_05_skipped_steps", recipes, runs, checks)
+
+# %%
+# Loss scale, skipped steps and learning rate
+# -------------------------------------------
+# Top: the loss scale of each 16-mixed run; every drop is a skipped step. Bottom: the learning
+# rate each step used. The naive run has moved down its schedule while nothing was updated; the
+# skip-aware run starts its schedule at the first applied update, like fp32.
+
+fig, (scale_ax, lr_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+for run_id, color in (("fp16-naive", "#D55E00"), ("fp16-skip-aware", "#009E73")):
+    run = plotting.run_by_id(record, run_id)
+    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color, label=run["label"])
+for run_id, color in (("fp32", "#0072B2"), ("fp16-naive", "#D55E00"), ("fp16-skip-aware", "#009E73")):
+    run = plotting.run_by_id(record, run_id)
+    lr_ax.plot(run["lr"], color=color, label=run["label"])
+scale_ax.set(yscale="log", ylabel="loss scale at batch start", title="GradScaler scale and learning rate")
+lr_ax.set(yscale="log", ylabel="learning rate used", xlabel="optimizer step (batch)")
+for ax in (scale_ax, lr_ax):
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+plotting.save_figure(fig, record["example"], "scale_lr")
+
+# %%
+# Step counts
+# -----------
+# ``trainer.global_step`` counts ``opt.step()`` calls, skipped ones included, so ``max_steps``
+# stops a run after that many calls whether or not they updated anything.
+
+for run_id in ("fp16-naive", "fp16-skip-aware"):
+    run = plotting.run_by_id(record, run_id)
+    print(f"{run_id}: {run['extra']['skipped_steps']} skipped of {run['extra']['batches']} batches, "
+          f"trainer.global_step = {run['extra']['global_step']}, "
+          f"first applied update used lr = {run['extra']['first_applied_lr']:.6g} (schedule starts at {BASE_LR:g})")
+
+# %%
+# Verdicts
+# --------
+
+print(report.summary(record))
+
+# %%
+# Conclusion
+# ----------
+# Skipped steps at the start of a 16-mixed run are by design. If you step a scheduler by hand,
+# step it only after applied updates (``mpguide.steps.step_skip_aware``, or compare the scale before
+# and after ``opt.step()`` yourself), and remember that ``global_step`` counts every call.
