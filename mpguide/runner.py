@@ -125,6 +125,10 @@ class StepRecorder(Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
             raise RuntimeError("training_step returned None; return the loss so that it can be recorded")
+        if pl_module.automatic_optimization:
+            # automatic optimization hands on the loss already divided by accumulate_grad_batches
+            # (ClosureResult in lightning/pytorch/loops/optimization/automatic.py); record the batch loss
+            loss = loss * trainer.accumulate_grad_batches
         self.loss.append(float(loss))
         scaler = self._scaler(trainer)
         if scaler is not None and self.scale and float(scaler.get_scale()) < self.scale[-1]:
@@ -193,33 +197,34 @@ def train_run(
     module = module_factory()
     loader = digits_loader(preset.batch_size, seed=spec.seed)
     recorder = StepRecorder()
-    trainer = pl.Trainer(
-        accelerator=accelerator,
-        devices=1,
-        max_epochs=preset.epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[recorder],
-        **({"precision": spec.precision} if spec.plain_flag else
-           hardware.trainer_precision_kwargs(spec.precision, accelerator, spec.plugin_class)),
-        **spec.trainer_kwargs,
-    )
-    result = RunResult(
-        id=spec.id,
-        mode="automatic" if module.automatic_optimization else "manual",
-        precision=spec.precision,
-        precision_plugin=type(trainer.precision_plugin).__name__,
-        recipe=spec.recipe,
-        seed=spec.seed,
-        steps=preset.epochs * len(loader),
-        label=spec.label or spec.id,
-    )
-    start = time.perf_counter()
+    # warnings are captured from Trainer construction on (Lightning warns about precision there)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        trainer = pl.Trainer(
+            accelerator=accelerator,
+            devices=1,
+            max_epochs=preset.epochs,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[recorder],
+            **({"precision": spec.precision} if spec.plain_flag else
+               hardware.trainer_precision_kwargs(spec.precision, accelerator, spec.plugin_class)),
+            **spec.trainer_kwargs,
+        )
+        result = RunResult(
+            id=spec.id,
+            mode="automatic" if module.automatic_optimization else "manual",
+            precision=spec.precision,
+            precision_plugin=type(trainer.precision_plugin).__name__,
+            recipe=spec.recipe,
+            seed=spec.seed,
+            steps=preset.epochs * len(loader),
+            label=spec.label or spec.id,
+        )
+        start = time.perf_counter()
         try:
             trainer.fit(module, loader)
         except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it

@@ -1,0 +1,136 @@
+"""
+``loss.backward()`` vs ``manual_backward``, and what ``precision="16-mixed"`` means on a CPU
+============================================================================================
+
+Two small things that decide whether 16-mixed really runs. First, ``self.manual_backward(loss)``
+is where Lightning multiplies the loss by the GradScaler's scale; a plain ``loss.backward()``
+skips that, and the first ``opt.step()`` fails because the scaler was never used. Under
+bf16-mixed the same code runs silently, because there is no scaler to skip. Second,
+``Trainer(precision="16-mixed")`` on a CPU quietly trains in bf16-mixed with no scaler at all;
+to test fp16 and GradScaler on a CPU, pass the plugin explicitly.
+
+**What you will learn**
+
+* why ``manual_backward`` is not optional under 16-mixed, and why bf16-mixed hides it;
+* how to get a real fp16 autocast and a CPU GradScaler, as every example of this site does on CPU.
+"""
+
+# %%
+# ``loss.backward()`` in a manual ``training_step``
+# -------------------------------------------------
+
+import functools
+
+import matplotlib.pyplot as plt
+
+from mpguide import claims, hardware, plotting, report, runner, steps
+from mpguide.models import DigitsClassifier
+
+# sphinx_gallery_start_ignore
+runner.quiet_lightning()
+# sphinx_gallery_end_ignore
+
+
+class Manual(DigitsClassifier):
+    """Manual optimization with either backward call, recording which precision really ran."""
+
+    def __init__(self, plain_backward=False, **kwargs):
+        super().__init__(**kwargs)
+        self.plain_backward = plain_backward
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        if self.plain_backward:
+            loss.backward()  # bypasses the precision plugin: no loss scaling
+        else:
+            self.manual_backward(loss)
+        opt.step()
+        return loss.detach()
+
+    def record_extra(self):
+        return {"trainer_precision": self.trainer.precision,
+                "has_scaler": steps.loss_scale(self.trainer) is not None}
+
+
+recipes = {
+    "manual_backward": functools.partial(Manual, optimizer="sgd", lr=0.05),
+    "loss.backward()": functools.partial(Manual, plain_backward=True, optimizer="sgd", lr=0.05),
+}
+
+# %%
+# Runs and claims
+# ---------------
+# On a CPU, the plain flag run and the explicit-plugin run show the fallback; on a GPU both get
+# a real GradScaler, and the claims say so instead.
+
+on_cpu = hardware.select_accelerator() == "cpu"
+runs = [
+    runner.RunSpec("fp16-manual-backward", "manual_backward", "16-mixed", label="16-mixed, manual_backward"),
+    runner.RunSpec("fp16-loss-backward", "loss.backward()", "16-mixed", label="16-mixed, loss.backward()"),
+    runner.RunSpec("bf16-manual-backward", "manual_backward", "bf16-mixed", label="bf16-mixed, manual_backward"),
+    runner.RunSpec("bf16-loss-backward", "loss.backward()", "bf16-mixed", label="bf16-mixed, loss.backward()"),
+    runner.RunSpec("flag-16-mixed", "manual_backward", "16-mixed", plain_flag=True,
+                   label='Trainer(precision="16-mixed")'),
+]
+checks = [
+    claims.raises("fp16-loss-backward", "AssertionError", "Attempted unscale_ but _scale is None",
+                  "16-mixed: loss.backward() fails at the first step"),
+    claims.match("bf16-loss-backward", "bf16-manual-backward", "same-precision",
+                 "bf16-mixed: loss.backward() silently equals manual_backward"),
+    claims.expect("fp16-manual-backward", "has_scaler", True, "16-mixed as this site runs it has a GradScaler"),
+]
+if on_cpu:
+    checks += [
+        claims.warns("flag-16-mixed", "UserWarning", "AMP with fp16 is not supported on CPU",
+                     "CPU: the plain flag warns and falls back"),
+        claims.expect("flag-16-mixed", "trainer_precision", "bf16-mixed", "CPU: the plain flag trains in bf16-mixed"),
+        claims.expect("flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all"),
+    ]
+else:
+    checks += [claims.expect("flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler")]
+
+# %%
+# Train
+# -----
+
+record = runner.run_example("plot_07_backward_and_flags", recipes, runs, checks)
+
+# %%
+# What happened
+# -------------
+
+for run in record["runs"]:
+    outcome = (f"{run['error']['type']}: {run['error']['message'].splitlines()[0]}" if run["error"] else
+               f"trained {len(run['loss'])} steps, Trainer.precision = {run['extra']['trainer_precision']!r}, "
+               f"GradScaler: {'yes' if run['extra']['has_scaler'] else 'no'}")
+    print(f"{run['label']:<32} {run['precision_plugin']:<15} {outcome}")
+
+# %%
+# Why
+# ---
+# ``manual_backward`` calls the precision plugin's ``pre_backward``, which for 16-mixed returns
+# ``scaler.scale(loss)``; that first call also creates the scaler's internal scale tensor. With
+# ``loss.backward()`` it never happens, so at the first ``opt.step()`` the plugin's
+# ``scaler.unscale_`` finds no scale and raises. bf16-mixed has no scaler, so ``manual_backward``
+# and ``loss.backward()`` do the same arithmetic, and the curves are identical, but the habit
+# breaks the moment the project switches to 16-mixed, and it also skips Lightning's backward
+# hooks and strategy logic (for example DDP's gradient synchronisation context).
+#
+# On CPU, Lightning's accelerator connector replaces ``"16-mixed"`` by ``"bf16-mixed"`` with a
+# warning. The examples of this site pass ``plugins=[MixedPrecision("16-mixed", "cpu")]`` instead
+# (see :func:`mpguide.hardware.trainer_precision_kwargs`), which builds a CPU
+# ``torch.amp.GradScaler`` and an fp16 autocast region.
+
+fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]
+fig, ax = plt.subplots(figsize=(8, 3.8))
+plotting.plot_loss_curves(ax, record, fig_runs, "Runs that trained", {"bf16-loss-backward": "#D55E00",
+                                                                      "flag-16-mixed": "#CC79A7"})
+plotting.save_figure(fig, record["example"], "curves")
+
+# %%
+# Verdicts
+# --------
+
+print(report.summary(record))

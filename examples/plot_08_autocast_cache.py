@@ -1,0 +1,127 @@
+"""
+The autocast cache: a fixed bug and a hazard that remains
+=========================================================
+
+Inside ``torch.autocast``, weights cast to bf16/fp16 can be cached for the rest of the autocast
+region (``cache_enabled=True`` is the default). Two consequences matter in manual optimization:
+
+1. **History.** A forward under ``torch.no_grad()`` followed by a forward *with* gradients through
+   the same weights, in one caching region, used to reuse the cached cast made without autograd
+   history, so those weights got no gradient (PyTorch issues #65766, #112583, #158232). Lightning
+   opened its own autocast with the cache on until 2.5.4 and switched it off in 2.5.5 (#20921).
+   On the installed torch this no longer happens: this example checks it.
+2. **Hazard.** ``opt.step()`` changes the weights in place, but the cache keeps the casts made
+   before the step. A second forward after the step, inside the same caching region, silently
+   uses the old weights.
+
+**What you will learn**: which versions were affected, how to check yours, and the safe recipe.
+"""
+
+# %%
+# A model that forwards twice through the same weights
+# ----------------------------------------------------
+# A digits classifier regularised towards its own predictions on a noisy view, computed under
+# ``no_grad`` (self-distillation): the ``no_grad`` forward and the graded forward share every
+# weight, which is exactly the pattern that lost gradients in affected versions.
+
+import contextlib
+import functools
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from mpguide import claims, plotting, report, runner
+from mpguide.models import DigitsClassifier
+
+# sphinx_gallery_start_ignore
+runner.quiet_lightning()
+# sphinx_gallery_end_ignore
+
+
+class SelfDistillation(DigitsClassifier):
+    """Lightning's autocast only (cache off since Lightning 2.5.5): the reference."""
+
+    def own_autocast(self):
+        return contextlib.nullcontext()  # nothing of our own
+
+    def distillation_loss(self, batch, batch_idx):
+        images, labels = batch
+        noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(batch_idx)).to(images)
+        noisy = images + 0.2 * noise
+        with torch.no_grad():
+            target = F.softmax(self.net(noisy).float(), dim=-1)
+        logits = self.net(images)
+        return F.cross_entropy(logits, labels) + F.cross_entropy(logits, target)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        with self.own_autocast():
+            loss = self.distillation_loss(batch, batch_idx)
+            self.manual_backward(loss)
+            before = self.net(batch[0])
+            opt.step()
+            after = self.net(batch[0])  # a second forward after the step (logging, a lookahead, ...)
+        if batch_idx == 0 and self.current_epoch == 0:
+            self.stale_after_step = bool(torch.equal(before, after))
+        return loss.detach()
+
+    def record_extra(self):
+        return {"stale_after_step": self.stale_after_step}
+
+
+class CachingAutocast(SelfDistillation):
+    """The user's own caching autocast around the no_grad forward, the graded forward and the step."""
+
+    def own_autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=True)
+
+
+# %%
+# Runs and claims
+# ---------------
+
+adamw = {"optimizer": "adamw", "lr": 3e-3}
+recipes = {"Lightning's autocast only": functools.partial(SelfDistillation, **adamw),
+           "own caching autocast": functools.partial(CachingAutocast, **adamw)}
+runs = [
+    runner.RunSpec("lightning-bf16", "Lightning's autocast only", "bf16-mixed", label="bf16-mixed, Lightning's autocast"),
+    runner.RunSpec("caching-bf16", "own caching autocast", "bf16-mixed", label="bf16-mixed, own caching autocast"),
+    runner.RunSpec("fp32", "Lightning's autocast only", "32-true", label="fp32"),
+]
+checks = [
+    claims.match("caching-bf16", "lightning-bf16", "same-precision",
+                 "no_grad then graded forward in a caching autocast trains normally (installed torch)"),
+    claims.match("lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
+    claims.expect("caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
+    claims.expect("lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
+]
+
+# %%
+# Train
+# -----
+
+record = runner.run_example("plot_08_autocast_cache", recipes, runs, checks)
+
+fig, ax = plt.subplots(figsize=(8, 3.8))
+plotting.plot_loss_curves(ax, record, ["fp32", "lightning-bf16", "caching-bf16"], "Self-distillation",
+                          {"caching-bf16": "#D55E00"})
+plotting.save_figure(fig, record["example"], "curves")
+
+# %%
+# Verdicts
+# --------
+
+print(report.summary(record))
+print(f"\ninstalled: torch {record['env']['torch']}, Lightning {record['env']['lightning']}")
+
+# %%
+# The safe recipe
+# ---------------
+# Do not add a ``torch.autocast`` of your own for the dtype Lightning already uses. If you need
+# one (another dtype for part of the model), pass ``cache_enabled=False``, or close it before
+# ``opt.step()`` so that any forward after the step starts a new region. On an old stack
+# (Lightning 2.5.4 or earlier with a torch that still has the cache bug), a ``no_grad`` forward
+# followed by a graded forward through the same weights loses their gradients; run this example
+# there and the first claim fails.
