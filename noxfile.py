@@ -69,10 +69,23 @@ def docs_live(session: nox.Session) -> None:
                 "--ignore", str(ROOT / "docs" / "auto_examples"), "--port", "8000")
 
 
+def install_browser(session: nox.Session) -> None:
+    """Debian's Chromium and chromedriver for the browser test (only where apt-get runs as root)."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True)
+    else:
+        session.warn("chromium/chromedriver missing and not root: install them (Debian: apt-get install "
+                     "chromium chromium-driver) or the browser test fails")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite (unit tests, examples at the test preset, real failing and passing builds)."""
+    """The test suite (unit tests, examples at the test preset, real builds, a real browser)."""
     install(session)
+    install_browser(session)
     session.run("pytest", *session.posargs)
 
 

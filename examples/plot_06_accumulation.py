@@ -43,23 +43,23 @@ class ManualAccumulation(DigitsClassifier):
         self.scales = []  # loss scale seen by each micro-batch (None without a GradScaler)
         self.start = None
 
-    def micro_batch_loss(self, batch):
-        return self.compute_loss(batch) / N  # so that the sum over the window is an average
+    def window_share(self, loss):
+        return loss / N  # so that the summed gradient of the window is an average
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         if batch_idx % N == 0:
             self.start = self.weights()
         self.scales.append(steps.loss_scale(self.trainer))
-        loss = self.micro_batch_loss(batch)
-        self.manual_backward(loss)
+        loss = self.compute_loss(batch)
+        self.manual_backward(self.window_share(loss))
         if self.overflow and self.current_epoch == 0 and batch_idx == OVERFLOW_BATCH:
             self.net[0].weight.grad.fill_(float("inf"))  # as if this micro-batch overflowed fp16
         if (batch_idx + 1) % N == 0:
             opt.step()
             opt.zero_grad()
             self.window_moved.append(bool((self.weights() != self.start).any()))
-        return loss.detach() * N
+        return loss.detach()
 
     def record_extra(self):
         windows = [self.scales[i:i + N] for i in range(0, len(self.scales), N)]
@@ -72,16 +72,16 @@ class ManualAccumulation(DigitsClassifier):
 class NoDivision(ManualAccumulation):
     """Mistake 1: the window's gradient is a sum, N times too large."""
 
-    def micro_batch_loss(self, batch):
-        return self.compute_loss(batch)
+    def window_share(self, loss):
+        return loss
 
 
 class ZeroGradEveryBatch(ManualAccumulation):
     """Mistake 2: ``zero_grad()`` at the top of every batch keeps only the last micro-batch."""
 
-    def micro_batch_loss(self, batch):
-        self.optimizers().zero_grad()
-        return super().micro_batch_loss(batch)
+    def window_share(self, loss):
+        self.optimizers().zero_grad()  # wipes the micro-batches before this one
+        return super().window_share(loss)
 
 
 # %%

@@ -1,13 +1,13 @@
 """Claims: what an example's runs must show, and the one place their thresholds live.
 
-An example declares claims with :func:`match`, :func:`diverge` and :func:`raises`; they are stored
-in its results record (by tolerance *name*, not by number) and judged by :func:`evaluate_record`,
+An example declares claims with :func:`~mpguide.claims.match`, :func:`~mpguide.claims.diverge` and :func:`~mpguide.claims.raises`; they are stored
+in its results record (by tolerance *name*, not by number) and judged by :func:`~mpguide.claims.evaluate_record`,
 which the example itself, the claim gate (:mod:`mpguide.gate`) and the Sphinx extension all call.
-Because thresholds are looked up in :data:`TOLERANCES` at judgement time, a committed record
+Because thresholds are looked up in :data:`~mpguide.claims.TOLERANCES` at judgement time, a committed record
 (a GPU reference, say) is re-judged against today's thresholds.
 
 Curve metrics (see ``DESIGN.md`` section 3): both curves are smoothed with an exponential moving
-average (:data:`EMA_ALPHA`), the first :data:`WARMUP_FRACTION` of the steps is dropped, and the
+average (:data:`~mpguide.claims.EMA_ALPHA`), the first :data:`~mpguide.claims.WARMUP_FRACTION` of the steps is dropped, and the
 candidate is compared with the reference step by step, relative to the reference:
 
 * ``match``: the **maximum** relative difference must stay at or below the tolerance;
@@ -25,8 +25,9 @@ import numpy as np
 
 #: Smoothing factor of the exponential moving average applied to loss curves (weight of the new step).
 EMA_ALPHA = 0.1
-#: Fraction of the steps ignored at the start of a run (at least :data:`MIN_WARMUP_STEPS`).
+#: Fraction of the steps ignored at the start of a run (at least :data:`~mpguide.claims.MIN_WARMUP_STEPS`).
 WARMUP_FRACTION = 0.1
+#: Smallest number of steps ignored at the start of a run.
 MIN_WARMUP_STEPS = 3
 
 
@@ -115,7 +116,7 @@ def match(candidate: str, reference: str, tolerance: str, title: str = "") -> di
     Args:
         candidate: run id judged.
         reference: run id it is compared with (differences are relative to this curve).
-        tolerance: a key of :data:`TOLERANCES` with ``bound="max"``.
+        tolerance: a key of :data:`~mpguide.claims.TOLERANCES` with ``bound="max"``.
         title: one line for the verdict table, e.g. ``"manual port = automatic (bf16-mixed)"``.
 
     Raises:
@@ -182,7 +183,7 @@ def ratio(candidate: str, reference: str, key: str, expected: float | str, toler
         expected: a number, or the name of a list in ``candidate``'s ``extra`` giving the expected
             factor per step (a prediction recorded by the run itself). An expected factor of 0
             (a step GradScaler skipped) requires the candidate's value to be exactly 0.
-        tolerance: a key of :data:`TOLERANCES` with ``bound="max"``; the metric is the largest
+        tolerance: a key of :data:`~mpguide.claims.TOLERANCES` with ``bound="max"``; the metric is the largest
             ``|actual / expected - 1|`` over steps.
     """
     _check_tolerance(tolerance, "max")
@@ -306,7 +307,7 @@ def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
         path: where it was read from, for messages.
 
     Returns:
-        One :class:`Verdict` per claim and per implicit check, in declaration order.
+        One :class:`~mpguide.claims.Verdict` per claim and per implicit check, in declaration order.
     """
     runs = {run["id"]: run for run in record["runs"]}
     example = record["example"]

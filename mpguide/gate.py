@@ -1,6 +1,6 @@
 """The claim gate: judge every results record of a build and fail loudly when a claim fails.
 
-Used three ways, always through :func:`check`:
+Used three ways, always through :func:`~mpguide.gate.check`:
 
 * ``python -m mpguide.gate [PATH ...] [--expect EXAMPLE ...]`` (also installed as ``mpguide-gate``):
   exit status 0 when every claim passes, 1 when a claim fails, 2 when a record is missing or
@@ -99,7 +99,7 @@ def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Pat
 
 
 def check(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None) -> GateReport:
-    """Like :func:`judge`, but raise when anything failed.
+    """Like :func:`~mpguide.gate.judge`, but raise when anything failed.
 
     Raises:
         GateFailure: a claim failed, a record is missing or unreadable, or no record was given.

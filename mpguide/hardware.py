@@ -46,8 +46,9 @@ class Preset:
     batch_size: int
 
 
+#: The size presets by name.
 PRESETS: dict[str, Preset] = {
-    "test": Preset("test", epochs=3, batch_size=64),
+    "test": Preset("test", epochs=5, batch_size=64),
     "quick": Preset("quick", epochs=8, batch_size=64),
     "full": Preset("full", epochs=20, batch_size=64),
 }
@@ -57,7 +58,7 @@ def select_preset(name: str | None = None) -> Preset:
     """Return the size preset named by ``name`` or by ``MPGUIDE_PRESET`` (default ``quick``).
 
     Raises:
-        ConfigurationError: the name is not one of :data:`PRESETS`.
+        ConfigurationError: the name is not one of :data:`~mpguide.hardware.PRESETS`.
     """
     name = name or os.environ.get("MPGUIDE_PRESET", "quick")
     try:
@@ -87,7 +88,7 @@ def select_accelerator(name: str | None = None) -> str:
 
 
 def check_precision(precision: str) -> str:
-    """Return ``precision`` unchanged if it is one of :data:`PRECISIONS`.
+    """Return ``precision`` unchanged if it is one of :data:`~mpguide.hardware.PRECISIONS`.
 
     Raises:
         ConfigurationError: any other value (Lightning aliases such as ``"bf16"`` or ``16`` are not
@@ -109,7 +110,7 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
     and an fp16 autocast region.
 
     Args:
-        precision: one of :data:`PRECISIONS`.
+        precision: one of :data:`~mpguide.hardware.PRECISIONS`.
         accelerator: ``"cpu"`` or ``"cuda"``.
         plugin_class: a precision plugin class called as ``plugin_class(precision, accelerator)`` and
             passed in ``plugins=[...]`` for every precision (for example

@@ -1,6 +1,6 @@
 """A small model shared by the examples that are not about the model itself.
 
-:class:`DigitsClassifier` is an MLP on the bundled digits (see :mod:`mpguide.data`) with the
+:class:`~mpguide.models.DigitsClassifier` is an MLP on the bundled digits (see :mod:`mpguide.data`) with the
 optimizer, learning rate and loss reduction as arguments. Examples subclass it and write only the
 ``training_step`` they teach; the measuring helpers record what an optimizer step really did.
 """

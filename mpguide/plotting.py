@@ -85,7 +85,7 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
 
     Each pair ``(candidate, reference)`` becomes one line of
     :func:`mpguide.claims.relative_gap`; curves that are bitwise identical have no difference to
-    draw on a log axis and are drawn at :data:`GAP_FLOOR` with "(identical)" in the legend.
+    draw on a log axis and are drawn at :data:`~mpguide.plotting.GAP_FLOOR` with "(identical)" in the legend.
 
     Args:
         ax: a matplotlib Axes.
@@ -128,7 +128,7 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
         key: name of the list in each run's ``extra``.
         title: axes title.
         ylabel: y-axis label (with unit).
-        colors: optional run id -> colour (default: :data:`EXTRA_COLORS` in order).
+        colors: optional run id -> colour (default: :data:`~mpguide.plotting.EXTRA_COLORS` in order).
         log_base: draw the y axis in this log base (e.g. 2 for factors of two).
     """
     colors = colors or {}

@@ -42,7 +42,7 @@ class ManualMixedPrecision(MixedPrecision):
 
     1. **Stepping an optimizer whose parameters have no gradient is a no-op**, exactly as in
        fp32 (``torch.optim`` skips parameters whose ``.grad`` is ``None``), with one
-       :class:`NoGradientStepWarning` per optimizer naming it. Stock 16-mixed raises
+       :class:`~mpguide.precision.NoGradientStepWarning` per optimizer naming it. Stock 16-mixed raises
        ``AssertionError: No inf checks were recorded for this optimizer`` from
        ``GradScaler.step`` (Lightning issues #20116 and #4524); stock fp32 and bf16-mixed stay
        silent, which hides a training bug, so they warn here too. ``on_before_optimizer_step``

@@ -67,7 +67,7 @@ def reference_dir() -> Path:
 
 
 def record_path(example: str, directory: Path | None = None) -> Path:
-    """Path of the record of ``example`` (a file stem) inside ``directory`` (default :func:`results_dir`)."""
+    """Path of the record of ``example`` (a file stem) inside ``directory`` (default :func:`~mpguide.records.results_dir`)."""
     return Path(directory or results_dir()) / f"{example}.json"
 
 

@@ -26,7 +26,7 @@ def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) ->
             "runs": " vs ".join(v.runs),
             "metric": v.metric,
             "value": "-" if v.value is None else f"{v.value:.3g}",
-            "threshold": v.threshold,
+            "threshold": v.threshold if len(v.threshold) <= 60 else v.threshold[:57] + "...",
             "verdict": "pass" if v.passed else "FAIL",
             "hardware": v.hardware,
         })

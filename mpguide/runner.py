@@ -1,14 +1,14 @@
 """Run a matrix of real Lightning ``Trainer`` fits and turn them into a results record.
 
-An example names its recipes (LightningModule classes), its runs (:class:`RunSpec`: recipe x
-precision x seed) and its claims, then calls :func:`run_example`. Every run trains on the same
+An example names its recipes (LightningModule classes), its runs (:class:`~mpguide.runner.RunSpec`: recipe x
+precision x seed) and its claims, then calls :func:`~mpguide.runner.run_example`. Every run trains on the same
 data in the same order from the same initial weights; the per-step loss, learning rate and loss
 scale, the wall time, warnings and any exception are captured into the record.
 
 Environment variables (besides those of :mod:`mpguide.hardware`):
 
 ``MPGUIDE_SWAP_RECIPE``
-    ``"run_id=recipe[,run_id=recipe...]"``: train run ``run_id`` with another recipe. Used by the
+    ``"example:run_id=recipe[,...]"``: train run ``run_id`` of ``example`` with another recipe. Used by the
     test suite to prove that the docs build fails when a correct run is replaced by a broken one.
 """
 
@@ -87,7 +87,7 @@ def quiet_lightning() -> None:
     """Silence Lightning's banners and info logs (GPU available, model summary, ...).
 
     They carry absolute paths and machine details that do not belong on a rendered page; warnings
-    raised during a run are still captured into the record by :func:`train_run`.
+    raised during a run are still captured into the record by :func:`~mpguide.runner.train_run`.
     """
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -150,18 +150,21 @@ def parameter_digest(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def parse_swaps(value: str | None) -> dict[str, str]:
-    """Parse ``MPGUIDE_SWAP_RECIPE`` (``"run=recipe,run=recipe"``) into ``{run: recipe}``.
+def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
+    """Parse ``MPGUIDE_SWAP_RECIPE`` (``"example:run_id=recipe,..."``) into ``{(example, run_id): recipe}``.
 
     Raises:
-        hardware.ConfigurationError: an entry without ``=``.
+        hardware.ConfigurationError: an entry not of the form ``example:run_id=recipe``.
     """
-    swaps: dict[str, str] = {}
+    swaps: dict[tuple[str, str], str] = {}
     for item in filter(None, (s.strip() for s in (value or "").split(","))):
-        run, sep, recipe = item.partition("=")
-        if not sep or not run or not recipe:
-            raise hardware.ConfigurationError(f"{SWAP_ENV} entry {item!r} is not of the form run_id=recipe")
-        swaps[run.strip()] = recipe.strip()
+        target, sep, recipe = item.partition("=")
+        example, colon, run = target.partition(":")
+        if not sep or not colon or not example.strip() or not run.strip() or not recipe.strip():
+            raise hardware.ConfigurationError(
+                f"{SWAP_ENV} entry {item!r} is not of the form example:run_id=recipe "
+                f"(e.g. plot_01_porting_to_manual:manual-bf16=scheduler every batch)")
+        swaps[(example.strip(), run.strip())] = recipe.strip()
     return swaps
 
 
@@ -186,7 +189,7 @@ def train_run(
         preset: size (epochs, batch size).
 
     Returns:
-        The :class:`RunResult`; ``steps`` is the number of training batches the run was meant to
+        The :class:`~mpguide.runner.RunResult`; ``steps`` is the number of training batches the run was meant to
         see (epochs x batches per epoch).
     """
     import lightning.pytorch as pl
@@ -276,7 +279,10 @@ def run_example(
     """
     accelerator = hardware.select_accelerator()
     preset = hardware.select_preset()
-    swaps = parse_swaps(os.environ.get(SWAP_ENV))
+    swaps = {run: recipe for (ex, run), recipe in parse_swaps(os.environ.get(SWAP_ENV)).items() if ex == example}
+    unknown = set(swaps) - {spec.id for spec in runs}
+    if unknown:
+        raise hardware.ConfigurationError(f"{SWAP_ENV} names run(s) {sorted(unknown)} that {example} does not have")
     for spec in runs:
         name = swaps.get(spec.id, spec.recipe)
         if name not in recipes:

@@ -36,10 +36,11 @@ from . import gate
 from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
 logger = logging.getLogger(__name__)
+#: File in the results folder holding the :func:`~mpguide.sphinx_ext.library_hash` of the last build.
 STAMP = ".library-hash"
 
 
-#: Environment variables that change what an example trains; part of :func:`library_hash`.
+#: Environment variables that change what an example trains; part of :func:`~mpguide.sphinx_ext.library_hash`.
 RUN_ENV = ("MPGUIDE_PRESET", "MPGUIDE_DEVICE", "MPGUIDE_SWAP_RECIPE")
 
 
@@ -47,7 +48,7 @@ def library_hash() -> str:
     """SHA-256 (hex) of what examples depend on besides their own file.
 
     Covers the helper library's Python sources (names and contents) and the values of
-    :data:`RUN_ENV`, so that switching preset or device, or swapping a recipe, reruns the examples.
+    :data:`~mpguide.sphinx_ext.RUN_ENV`, so that switching preset or device, or swapping a recipe, reruns the examples.
     """
     digest = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):

@@ -6,7 +6,7 @@ Lightning's :class:`~lightning.pytorch.plugins.precision.MixedPrecision` calls `
 after every ``opt.step()`` (``plugins/precision/amp.py``), so a lower scale after the step means
 that step was skipped. A learning-rate scheduler stepped unconditionally advances on skipped steps
 (and torch warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`" when the very
-first steps are skipped); :func:`step_skip_aware` steps it only after real updates.
+first steps are skipped); :func:`~mpguide.steps.step_skip_aware` steps it only after real updates.
 """
 
 from __future__ import annotations

@@ -42,3 +42,39 @@ def good_record() -> dict:
          claims.match("bf16", "auto", "mixed-vs-fp32", "bf16"),
          claims.diverge("broken", "auto", title="pitfall")],
     )
+
+
+def copy_site(dest: Path) -> Path:
+    """A private copy of conf.py, docs/, examples/ and results/reference (a build writes into docs/)."""
+    import shutil
+
+    shutil.copy(ROOT / "conf.py", dest / "conf.py")
+    ignore = shutil.ignore_patterns("auto_examples", "jupyter_execute", "_build", "sg_execution_times.rst")
+    shutil.copytree(ROOT / "docs", dest / "docs", ignore=ignore)
+    shutil.copytree(ROOT / "examples", dest / "examples")
+    if (ROOT / "results" / "reference").is_dir():
+        shutil.copytree(ROOT / "results" / "reference", dest / "results" / "reference")
+    return dest
+
+
+def sphinx_build(site: Path, out: Path, **env: str):
+    """Run the strict build of ``site`` into ``out/html`` at the test preset; returns the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
+    full_env.update(MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(out / "results"), **env)
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-c", str(site),
+           str(site / "docs"), str(out / "html"), "-d", str(out / "doctrees")]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory):
+    """One passing strict build of a copy of the site (test preset), shared by the tests that read it."""
+    site = copy_site(tmp_path_factory.mktemp("site"))
+    out = tmp_path_factory.mktemp("build")
+    proc = sphinx_build(site, out)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return out, proc

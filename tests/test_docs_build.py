@@ -1,53 +1,34 @@
 """Real Sphinx builds of a copy of the site: one passes and renders this build's verdicts, one fails
 through a real divergence (a correct run swapped for a broken recipe)."""
 
-import os
-import shutil
-import subprocess
-import sys
+import json
 
 import pytest
 
-from conftest import ROOT
+from conftest import copy_site, sphinx_build
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """A private copy of conf.py, docs/, examples/ and results/reference (the build writes into docs/)."""
-    dest = tmp_path_factory.mktemp("site")
-    shutil.copy(ROOT / "conf.py", dest / "conf.py")
-    ignore = shutil.ignore_patterns("auto_examples", "jupyter_execute", "_build", "sg_execution_times.rst")
-    shutil.copytree(ROOT / "docs", dest / "docs", ignore=ignore)
-    shutil.copytree(ROOT / "examples", dest / "examples")
-    if (ROOT / "results" / "reference").is_dir():
-        shutil.copytree(ROOT / "results" / "reference", dest / "results" / "reference")
-    return dest
-
-
-def build(site, out, **env):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
-    full_env.update(MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(out / "results"), **env)
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-c", str(site),
-           str(site / "docs"), str(out / "html"), "-d", str(out / "doctrees")]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=900)
-
-
-def test_strict_build_passes_and_renders_this_builds_results(site, tmp_path):
-    proc = build(site, tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+def test_strict_build_passes_and_renders_this_builds_results(built_site):
+    out, proc = built_site
     assert "[mpguide] claim gate:" in proc.stdout and "passed" in proc.stdout
-    page = (tmp_path / "html" / "model" / "manual_optimization.html").read_text()
-    record = (tmp_path / "results" / "plot_01_porting_to_manual.json").read_text()
-    created = record.split('"created": "')[1].split('"')[0]
-    assert created in page, "the page shows the record of this very build"
+    page = (out / "html" / "model" / "manual_optimization.html").read_text()
+    record = json.loads((out / "results" / "plot_01_porting_to_manual.json").read_text())
+    assert record["created"] in page, "the page shows the record of this very build"
     assert "manual port = automatic (bf16)" in page and "<img" in page
-    assert (tmp_path / "html" / "auto_examples" / "plot_01_porting_to_manual.html").is_file()
+    for example in ("plot_01_porting_to_manual", "plot_04_gradient_clipping", "plot_08_autocast_cache"):
+        assert (out / "html" / "auto_examples" / f"{example}.html").is_file()
+    crash = json.loads((out / "results" / "plot_02_two_optimizers.json").read_text())
+    assert "No inf checks were recorded for this optimizer" in page  # the captured error is on the page
+    assert any(r["error"] for r in crash["runs"])
 
 
-def test_strict_build_fails_when_a_match_claim_diverges(site, tmp_path):
-    proc = build(site, tmp_path, MPGUIDE_SWAP_RECIPE="manual-bf16=scheduler every batch")
+def test_strict_build_fails_when_a_match_claim_diverges(tmp_path):
+    (tmp_path / "site").mkdir()
+    site = copy_site(tmp_path / "site")
+    proc = sphinx_build(site, tmp_path / "out",
+                        MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch")
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "claim gate: 1 failed claim(s)" in out, out[-4000:]

@@ -43,7 +43,8 @@ def test_env_selection(monkeypatch):
 
 
 def test_parse_swaps():
-    assert runner.parse_swaps("a=b, c = d") == {"a": "b", "c": "d"}
+    assert runner.parse_swaps("ex:a=b, ex2 : c = d") == {("ex", "a"): "b", ("ex2", "c"): "d"}
     assert runner.parse_swaps("") == {}
-    with pytest.raises(ConfigurationError, match="run_id=recipe"):
-        runner.parse_swaps("justaname")
+    for bad in ("justaname", "a=b", "ex:=b", ":a=b"):
+        with pytest.raises(ConfigurationError, match="example:run_id=recipe"):
+            runner.parse_swaps(bad)
