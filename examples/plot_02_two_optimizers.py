@@ -65,19 +65,28 @@ class DigitsGAN(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
-        opt_d, opt_g = self.optimizers()
         fake = self.generate(len(real), batch_idx)
+        loss_d = self.discriminator_step(real, fake)
+        loss_g = self.generator_step(fake, batch_idx)
+        return (loss_d + loss_g).detach()
+
+    def discriminator_step(self, real, fake):
+        opt_d, _ = self.optimizers()
         with self.toggled_optimizer(opt_d):
             loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             opt_d.step()
+        return loss_d
+
+    def generator_step(self, fake, batch_idx):
+        _, opt_g = self.optimizers()
         with self.toggled_optimizer(opt_g):
             loss_g = self.judge(fake, True)  # flows back through the discriminator into the generator
             opt_g.zero_grad()
             self.manual_backward(loss_g)
             opt_g.step()
-        return (loss_d + loss_g).detach()
+        return loss_g
 
     def configure_optimizers(self):
         opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=(0.5, 0.999))
@@ -124,22 +133,15 @@ class DetachedOnce(DigitsGAN):
 class WindowedGAN(DigitsGAN):
     window = 2
 
-    def training_step(self, batch, batch_idx):
-        real, _ = batch
-        opt_d, opt_g = self.optimizers()
-        fake = self.generate(len(real), batch_idx)
-        with self.toggled_optimizer(opt_d):
-            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
-            opt_d.zero_grad()
-            self.manual_backward(loss_d)
-            opt_d.step()
+    def generator_step(self, fake, batch_idx):
+        _, opt_g = self.optimizers()
         with self.toggled_optimizer(opt_g):
             loss_g = self.judge(fake, True)
             self.manual_backward(loss_g / self.window)
             if (batch_idx + 1) % self.window == 0:
                 opt_g.step()
                 opt_g.zero_grad()
-        return (loss_d + loss_g).detach()
+        return loss_g
 
 
 # %%
