@@ -4,7 +4,7 @@ Pass it instead of the ``precision=`` flag::
 
     trainer = Trainer(plugins=[ManualMixedPrecision("16-mixed", "cuda")])   # or "bf16-mixed", "32-true"
 
-Tested with Lightning 2.6.6 and torch 2.11 / 2.13.
+Tested with Lightning 2.6.6 and torch 2.13.0 (CPU build; 16-mixed through a CPU GradScaler).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Callable, Generator, Literal
 
 import torch
 from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.optim import LBFGS, Optimizer
@@ -198,6 +198,9 @@ class ManualMixedPrecision(MixedPrecision):
         ``self.optimizers()`` returns or the torch optimizer inside it.
         """
         optimizer = getattr(optimizer, "optimizer", optimizer)
+        if self.precision == "32-true":  # exactly fp32's clipping, fused optimizers included
+            Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+            return
         if (clip_val and self.scaler is not None and not _optimizer_handles_unscaling(optimizer)
                 and id(optimizer) not in self._unscaled and id(optimizer) in self._holding
                 and has_gradients(optimizer)):

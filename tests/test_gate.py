@@ -59,3 +59,27 @@ def test_hidden_temp_files_are_ignored(tmp_path, good_record):
     (tmp_path / ".plot_99_fake.json.abc.tmp").write_text("{half")
     (tmp_path / ".library-hash").write_text("x")
     assert gate.judge(gate.find_records([tmp_path])).ok
+
+
+def test_reference_records_are_judged_and_listed_for_pages(tmp_path, good_record, monkeypatch):
+    """A committed GPU reference is read next to this build's record and can fail the gate on its own."""
+    from mpguide import report
+
+    build, reference = tmp_path / "build", tmp_path / "reference" / "nvidia-h200"
+    monkeypatch.setenv(records.RESULTS_ENV, str(build))
+    monkeypatch.setenv(records.REFERENCE_ENV, str(tmp_path / "reference"))
+    write(build, good_record)
+    gpu = json.loads(json.dumps(good_record))
+    gpu["env"].update(device="NVIDIA H200", cuda="13.0", accelerator="cuda")
+    write(reference, gpu)
+    found = report.page_records("plot_99_fake")
+    assert [source for source, _ in found] == ["this build", "reference: nvidia-h200"]
+    assert found[1][1]["env"]["device"] == "NVIDIA H200"
+    assert gate.judge(gate.find_records([build, tmp_path / "reference"])).ok
+
+    gpu["runs"][1]["loss"] = [v * 2 for v in gpu["runs"][1]["loss"]]  # a later threshold change breaks it
+    write(reference, gpu)
+    report_ = gate.judge(gate.find_records([build, tmp_path / "reference"]))
+    assert not report_.ok
+    assert "NVIDIA H200, CUDA 13.0" in report_.failure_message()
+    assert "reference/nvidia-h200/plot_99_fake.json" in report_.failure_message()

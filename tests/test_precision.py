@@ -232,3 +232,22 @@ def test_helpers_and_errors():
         ManualMixedPrecision("32-true", "cpu", scaler=torch.amp.GradScaler("cpu"))
     with pytest.raises(ValueError):
         ManualMixedPrecision("64-true", "cpu")
+
+
+def test_automatic_optimization_is_unchanged():
+    class Auto(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            pl.seed_everything(0, verbose=False)
+            self.net = torch.nn.Linear(6, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    stock, fixed = Auto(), Auto()
+    fit(stock, amp(MixedPrecision))
+    _, caught = fit(fixed, amp(ManualMixedPrecision))
+    assert parameter_digest(stock) == parameter_digest(fixed) and not caught
