@@ -91,7 +91,7 @@ html_title = "Manual optimization under mixed precision"
 html_short_title = "mpguide"
 html_sidebars = {"index": [], "model/manual_optimization": [], "api": []}  # one-page sections: no left nav
 html_theme_options = {
-    "logo": {"text": "Mixed precision, manual optimization: verified"},
+    "logo": {"text": "mpguide"},
     "header_links_before_dropdown": 3,
     "navigation_with_keys": False,
     "show_toc_level": 2,
