@@ -359,23 +359,25 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
     if kind == "raises":
         run = runs[ids[0]]
         error = run.get("error") or {}
-        want = f"{claim['exception']}: ...{claim['message']}..."
+        want = f"raises {claim['exception']}"
         got = f"{error.get('type')}: {error.get('message')}" if error else "no exception"
         ok = bool(error) and error.get("type") == claim["exception"] and claim["message"] in (error.get("message") or "")
         return verdict(**base, metric="exception", value=None, threshold=want, passed=ok,
-                       detail=f"got {got}" if not ok else f"raised {got}")
+                       detail=(f"expected {claim['exception']} containing {claim['message']!r}, got {got}"
+                               if not ok else f"raised {got}"))
 
     if kind in ("warns", "no_warning"):
         seen = runs[ids[0]].get("warnings") or []
         if kind == "warns":
-            want = f"{claim['category']}: ...{claim['message']}..."
+            want = f"warns {claim['category']}"
             hits = [w for w in seen if w.startswith(claim["category"] + ":") and claim["message"] in w]
         else:
-            want = f"no warning containing {claim['message']!r}"
+            want = "no such warning"
             hits = [w for w in seen if claim["message"] in w]
         ok = bool(hits) == (kind == "warns")
         return verdict(**base, metric="warnings", value=float(len(hits)), threshold=want, passed=ok,
-                       detail=hits[0][:200] if hits else "no such warning")
+                       detail=(hits[0][:200] if hits else f"no {claim.get('category', '')} warning containing "
+                               f"{claim['message']!r}").strip())
 
     if kind in ("expect", "same"):
         key = claim["key"]
@@ -385,7 +387,7 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
                            detail=f"run(s) {[r for r, v in zip(ids, values) if v is _MISSING]} did not record {key!r}")
         expected = claim["expected"] if kind == "expect" else values[1]
         ok = values[0] == expected
-        return verdict(**base, metric=key, value=None, threshold=f"== {_short(expected)}", passed=ok,
+        return verdict(**base, metric=key, value=None, threshold=f"== {_short(expected, 24)}", passed=ok,
                        detail=f"recorded {_short(values[0])}")
 
     name = claim.get("tolerance", "")

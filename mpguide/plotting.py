@@ -39,6 +39,7 @@ def plot_loss_curves(
     Each curve is the exponential moving average the claims use (:func:`mpguide.claims.smooth`),
     drawn over the raw per-step loss in a faint line. Colour follows precision unless ``colors``
     gives one per run id; line style follows the optimization mode (solid automatic, dashed manual).
+    A curve bitwise identical to one drawn before hides it; its legend entry says so.
     Runs that raised are listed in the legend as "(raised ...)" without a curve.
 
     Args:
@@ -49,11 +50,17 @@ def plot_loss_curves(
         colors: optional run id -> colour.
     """
     colors = colors or {}
+    drawn: dict[tuple[float, ...], str] = {}  # curves already drawn -> their label
     for run_id in run_ids:
         run = run_by_id(record, run_id)
         color = colors.get(run_id, PRECISION_COLORS.get(run["precision"], "#444444"))
         style = MODE_STYLES.get(run["mode"], "-")
         label = run.get("label") or run_id
+        twin = drawn.get(tuple(run["loss"])) if run["loss"] else None
+        if twin:
+            label = f"{label} (identical to {twin}, drawn on top)"
+        elif run["loss"]:
+            drawn[tuple(run["loss"])] = run.get("label") or run_id
         if run.get("error") or not run["loss"]:
             ax.plot([], [], color=color, linestyle=style, label=f"{label} (raised {run['error']['type']})"
                     if run.get("error") else f"{label} (no steps)")

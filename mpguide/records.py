@@ -115,6 +115,7 @@ def write_record(record: dict[str, Any], path: Path) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=1)
             handle.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; records are meant to be read by others
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -6,7 +6,11 @@ from typing import Any, Sequence
 
 from .claims import Verdict, evaluate_record
 
-COLUMNS = ("claim", "runs", "metric", "value", "threshold", "verdict")
+COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
+#: Columns of the narrower tables printed by the examples and shown per section on the guide.
+SHORT_COLUMNS = ("verdict", "claim", "value", "threshold")
+#: Longest threshold text shown in a table cell (longer ones are cut, ending in "...").
+MAX_THRESHOLD = 40
 
 
 def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) -> list[dict[str, str]]:
@@ -26,7 +30,7 @@ def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) ->
             "runs": " vs ".join(v.runs),
             "metric": v.metric,
             "value": "-" if v.value is None else f"{v.value:.3g}",
-            "threshold": v.threshold if len(v.threshold) <= 60 else v.threshold[:57] + "...",
+            "threshold": v.threshold if len(v.threshold) <= MAX_THRESHOLD else v.threshold[:MAX_THRESHOLD - 3] + "...",
             "verdict": "pass" if v.passed else "FAIL",
             "hardware": v.hardware,
         })
@@ -46,15 +50,15 @@ def summary(record: dict[str, Any], path: str = "") -> str:
     """Verdict table of one record plus a closing line ``N passed, M failed`` (claims and checks)."""
     verdicts = evaluate_record(record, path)
     failed = sum(not v.passed for v in verdicts)
-    table = format_table(verdict_rows(verdicts))
+    table = format_table(verdict_rows(verdicts), SHORT_COLUMNS)
     return (f"{table}\n\n{record['example']} on {verdicts[0].hardware if verdicts else '?'}: "
             f"{len(verdicts) - failed} checks passed, {failed} failed")
 
 
 def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
     """GitHub-flavoured Markdown table of ``rows`` (cells have ``|`` escaped)."""
-    def cell(value: Any) -> str:
-        return str(value).replace("|", "\\|").replace("\n", " ")
+    def cell(value: Any) -> str:  # escape what Markdown would read as table syntax or code
+        return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("\n", " ")
 
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     out += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]

@@ -298,7 +298,7 @@ def run_example(
         res = train_run(run_spec, recipes[recipe], accelerator, preset)
         status = (f"raised {res.error['type']}" if res.error else
                   f"final loss {res.loss[-1]:.4f}" if res.loss else "no steps")
-        progress(f"  [{i:2d}/{len(runs)}] {spec.id:<28} {res.mode:<9} {res.precision:<10} "
+        progress(f"  [{i:2d}/{len(runs)}] {spec.id:<20} {res.mode:<9} {res.precision:<10} "
                  f"{len(res.loss):4d} steps {res.seconds:6.2f} s  {status}")
         results.append(res)
     record = build_record(example, results, claims, accelerator, preset)
