@@ -296,11 +296,24 @@ def hardware_label(env: dict[str, Any]) -> str:
             f"Lightning {env.get('lightning', '?')}")
 
 
+def planned_steps(preset: str) -> int | None:
+    """Optimizer steps (batches) every training run of a record made with ``preset`` must have.
+
+    Returns ``None`` for an unknown preset name, which then fails every run's ``finite`` check.
+    """
+    from .data import steps_per_epoch
+    from .hardware import PRESETS
+
+    size = PRESETS.get(preset)
+    return None if size is None else size.epochs * steps_per_epoch(size.batch_size)
+
+
 def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
     """Judge every declared claim of a record, plus the implicit checks on every run.
 
     Implicit checks: a run that is not the subject of a ``raises`` claim must complete without an
-    exception (``completes``) and have only finite losses, one per step (``finite``).
+    exception (``completes``) and have only finite losses, one per step, as many steps as the
+    record's preset plans (``finite``; see :func:`~mpguide.claims.planned_steps`).
 
     Args:
         record: a record as validated by :func:`mpguide.records.validate_record`.
@@ -314,6 +327,7 @@ def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
     hardware = hardware_label(record.get("env", {}))
     verdicts: list[Verdict] = []
     expected_errors = {c["runs"][0] for c in record["claims"] if c.get("kind") == "raises" and c.get("runs")}
+    planned = planned_steps(record.get("preset", ""))
 
     def verdict(**kw: Any) -> Verdict:
         return Verdict(example=example, record=str(path), hardware=hardware, **kw)
@@ -332,12 +346,13 @@ def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
             continue
         loss = run["loss"]
         bad = [i for i, v in enumerate(loss) if not math.isfinite(v)]
-        short = len(loss) != run["steps"] or not loss
+        short = len(loss) != run["steps"] or not loss or run["steps"] != planned
         detail = ""
         if bad:
             detail = f"non-finite loss at step {bad[0]} ({len(bad)} of {len(loss)} steps)"
         elif short:
-            detail = f"{len(loss)} losses recorded for {run['steps']} steps"
+            detail = (f"{len(loss)} losses recorded for {run['steps']} steps; preset "
+                      f"{record.get('preset')!r} plans {planned}")
         verdicts.append(verdict(kind="finite", runs=[run_id], title=f"{run_id} has a finite loss at every step",
                                 metric="non-finite steps", value=float(len(bad)), threshold="== 0",
                                 passed=not bad and not short, detail=detail))
@@ -395,6 +410,10 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
     if tol is None:
         return verdict(**base, metric="?", value=None, threshold="?", passed=False,
                        detail=f"unknown tolerance {name!r}; known: {sorted(TOLERANCES)}")
+    bound = "min" if kind == "diverge" else "max"
+    if tol.bound != bound:  # the declaration helpers refuse this; a record must not slip it in
+        return verdict(**base, metric="?", value=None, threshold=f"{tol.value:g}", passed=False, tolerance=name,
+                       detail=f"tolerance {name!r} is a {tol.bound!r} bound, a {kind} claim needs a {bound!r} one")
     cand, ref = runs[ids[0]], runs[ids[1]]
     if kind == "ratio":
         return _evaluate_ratio(claim, cand, ref, tol, base, verdict)

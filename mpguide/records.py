@@ -134,14 +134,20 @@ def load_record(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RecordError(f"{path}: results record not found; run the example that writes it "
                           f"(python examples/{path.stem}.py) or build the docs with `nox -s docs`")
-    text = path.read_text(encoding="utf-8")
+    fix = (f"delete it and rerun python examples/{path.stem}.py (or rebuild the docs, which reruns "
+           f"examples whose record is missing)")
     try:
-        record = json.loads(text)
+        record = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
-                          f"the file is truncated or corrupt: delete it and rerun python examples/{path.stem}.py"
-                          ) from None
+                          f"the file is truncated or corrupt: {fix}") from None
+    except UnicodeDecodeError as err:
+        raise RecordError(f"{path}: not UTF-8 text (byte {err.start}); the file is corrupt: {fix}") from None
+    except RecursionError:
+        raise RecordError(f"{path}: JSON nested too deeply to be a results record: {fix}") from None
     validate_record(record, path)
+    if record["example"] != path.stem:
+        raise RecordError(f"{path}: holds the record of {record['example']!r}, not of {path.stem!r}; {fix}")
     return record
 
 
@@ -164,10 +170,40 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
         if run["id"] in seen:
             raise RecordError(f"{path}: run id {run['id']!r} appears twice; {fix}")
         seen.add(run["id"])
-        if not all(isinstance(v, (int, float)) for v in run["loss"]):
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in run["loss"]):
             raise RecordError(f"{path}: runs[{i}] ({run['id']}) has a non-numeric loss value; {fix}")
+        error = run.get("error")
+        if error is not None and not (isinstance(error, dict) and isinstance(error.get("type"), str)
+                                      and error["type"] and isinstance(error.get("message"), str)):
+            raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'error' must be null or an object with "
+                              f"string 'type' and 'message'; {fix}")
+        if not isinstance(run.get("extra", {}), dict) or not isinstance(run.get("warnings", []), list):
+            raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'extra' must be an object and 'warnings' a list; {fix}")
+    if not record["claims"]:
+        raise RecordError(f"{path}: declares no claims, so it verifies nothing; {fix}")
     for i, claim in enumerate(record["claims"]):
-        _check_fields(claim, _REQUIRED_CLAIM, f"{path}: claims[{i}]", fix)
+        where = f"{path}: claims[{i}]"
+        _check_fields(claim, _REQUIRED_CLAIM, where, fix)
+        kind, ids = claim["kind"], claim["runs"]
+        needs = _CLAIM_FIELDS.get(kind)
+        if needs is None:
+            continue  # an unknown kind is judged (and failed) by the gate, naming the kind
+        count, fields = needs
+        if len(ids) != count or not all(isinstance(r, str) and r for r in ids) or len(set(ids)) != len(ids):
+            raise RecordError(f"{where}: a {kind!r} claim needs {count} distinct run id(s), found {ids!r}; {fix}")
+        for name in fields:
+            if not isinstance(claim.get(name), str) or not claim[name]:
+                raise RecordError(f"{where}: a {kind!r} claim needs a non-empty string {name!r}; {fix}")
+        if kind in ("expect", "ratio") and "expected" not in claim:
+            raise RecordError(f"{where}: a {kind!r} claim needs 'expected'; {fix}")
+
+
+#: Per claim kind: number of runs and the string fields it needs.
+_CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "match": (2, ("tolerance",)), "diverge": (2, ("tolerance",)), "ratio": (2, ("tolerance", "key")),
+    "raises": (1, ("exception", "message")), "warns": (1, ("category", "message")),
+    "no_warning": (1, ("message",)), "expect": (1, ("key",)), "same": (2, ("key",)),
+}
 
 
 def _check_fields(obj: Any, required: dict[str, type], where: str, fix: str) -> None:

@@ -279,7 +279,11 @@ def run_example(
     """
     accelerator = hardware.select_accelerator()
     preset = hardware.select_preset()
-    swaps = {run: recipe for (ex, run), recipe in parse_swaps(os.environ.get(SWAP_ENV)).items() if ex == example}
+    all_swaps = parse_swaps(os.environ.get(SWAP_ENV))
+    swaps = {run: recipe for (ex, run), recipe in all_swaps.items() if ex == example}
+    others = sorted({ex for ex, _ in all_swaps} - {example})
+    if others:
+        progress(f"  note: {SWAP_ENV} entries for {others} do not apply to {example} (check the spelling)")
     unknown = set(swaps) - {spec.id for spec in runs}
     if unknown:
         raise hardware.ConfigurationError(f"{SWAP_ENV} names run(s) {sorted(unknown)} that {example} does not have")

@@ -6,7 +6,9 @@ What it does, in build order:
    ``MPGUIDE_RESULTS_DIR`` so examples (run in-process by sphinx-gallery, which sets no
    ``__file__`` and changes directory) and the MyST-NB page kernel agree on it; then forces a
    re-run of every example whose record is missing, or of all examples when the helper library's
-   source changed since the last build (sphinx-gallery only looks at the example file's own md5).
+   source changed since the last build (sphinx-gallery only looks at the example file's own md5);
+   removes what earlier builds left for deleted examples; and refuses an ``MPGUIDE_SWAP_RECIPE``
+   that names an example that does not exist (a typo must not let a build pass unswapped).
 2. ``env-before-read-docs``: loads every record the pages will read and stops the build with
    the record's own message (file, problem, fix) if one is missing or corrupt.
 3. ``source-read``: registers every record file as a dependency of the pages that read records,
@@ -34,6 +36,7 @@ from sphinx.util import logging
 
 from . import gate
 from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
+from .runner import SWAP_ENV, parse_swaps
 
 logger = logging.getLogger(__name__)
 #: File in the results folder holding the :func:`~mpguide.sphinx_ext.library_hash` of the last build.
@@ -62,6 +65,29 @@ def library_hash() -> str:
 def example_names(examples_dir: Path) -> list[str]:
     """Stems of the gallery examples that train (``plot_*.py``) in ``examples_dir``, sorted."""
     return sorted(p.stem for p in Path(examples_dir).glob("plot_*.py"))
+
+
+def remove_deleted_examples(examples_dir: Path, gallery_dir: Path, results_dir: Path) -> list[str]:
+    """Delete what earlier builds generated for examples that no longer exist in ``examples_dir``.
+
+    sphinx-gallery keeps its copy of a deleted script (and expects its notebook) in the gallery
+    folder, which breaks the next incremental build; and the deleted example's record would still be
+    judged by the gate and shown on the pages. Both go: the gallery's files for that example
+    (script copy, notebook, page, stamps, figures) and its record and figures in ``results_dir``.
+
+    Returns:
+        Names of the examples whose leftovers were removed.
+    """
+    present = set(example_names(examples_dir))
+    gallery_dir, results_dir = Path(gallery_dir), Path(results_dir)
+    gone = sorted({p.name.split(".")[0] for p in gallery_dir.glob("plot_*.py*")} - present) if gallery_dir.is_dir() else []
+    for name in gone:
+        patterns = [f"{name}.*", f"images/sphx_glr_{name}_*", f"images/thumb/sphx_glr_{name}_*"]
+        for path in [p for pattern in patterns for p in gallery_dir.glob(pattern)]:
+            path.unlink(missing_ok=True)
+        for path in results_dir.glob(f"{name}*"):
+            path.unlink(missing_ok=True)
+    return gone
 
 
 def invalidate_stale_examples(examples_dir: Path, gallery_dir: Path, results_dir: Path) -> list[str]:
@@ -94,7 +120,19 @@ def _on_builder_inited(app: Sphinx) -> None:
     if not cfg.mpguide_gate:
         logger.info("[mpguide] preview build: examples are not run and the claim gate is off")
         return
-    stale = invalidate_stale_examples(Path(cfg.mpguide_examples_dir), Path(cfg.mpguide_gallery_dir), results)
+    examples = Path(cfg.mpguide_examples_dir)
+    try:
+        swaps = parse_swaps(os.environ.get(SWAP_ENV))
+    except ValueError as err:
+        raise ExtensionError(f"[mpguide] {err}") from None
+    unknown = sorted({ex for ex, _ in swaps} - set(example_names(examples)))
+    if unknown:
+        raise ExtensionError(f"[mpguide] {SWAP_ENV} names example(s) {unknown} that {examples} does not have; "
+                             f"examples: {example_names(examples)}")
+    gone = remove_deleted_examples(examples, Path(cfg.mpguide_gallery_dir), results)
+    if gone:
+        logger.info(f"[mpguide] removed the generated files and records of deleted examples: {', '.join(gone)}")
+    stale = invalidate_stale_examples(examples, Path(cfg.mpguide_gallery_dir), results)
     if stale:
         logger.info(f"[mpguide] examples to (re)run: {', '.join(stale)}")
 

@@ -12,8 +12,8 @@ from mpguide import claims, records
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def curve(n: int = 60, scale: float = 1.0, floor: float = 0.2) -> list[float]:
-    """A decaying loss curve with a deterministic wiggle."""
+def curve(n: int = 140, scale: float = 1.0, floor: float = 0.2) -> list[float]:
+    """A decaying loss curve with a deterministic wiggle; 140 steps is what the "test" preset plans."""
     return [scale * (floor + math.exp(-i / 15)) + 0.01 * math.sin(i) for i in range(n)]
 
 

@@ -186,3 +186,21 @@ def test_ratio_with_numbers_predictions_and_skipped_steps():
     assert "not recorded per step" in evaluate_record(rec)[0].detail
     del ref["extra"]["u"]
     assert "not recorded by fp32" in evaluate_record(rec)[1].detail
+
+
+def test_tolerance_bound_is_rechecked_when_judging(good_record):
+    good_record["claims"][0]["tolerance"] = "pitfall-gap"  # a min bound on a match claim
+    good_record["claims"][2]["tolerance"] = "same-precision"  # a max bound on a diverge claim
+    verdicts = evaluate_record(good_record)
+    assert not verdicts[0].passed and "needs a 'max' one" in verdicts[0].detail
+    assert not verdicts[2].passed and "needs a 'min' one" in verdicts[2].detail
+
+
+def test_runs_shorter_than_the_preset_plans_fail(good_record):
+    for run in good_record["runs"]:
+        run["loss"], run["steps"] = run["loss"][:40], 40  # consistently truncated
+    finite = by_kind(evaluate_record(good_record), "finite")
+    assert finite and not any(v.passed for v in finite)
+    assert "preset 'test' plans 140" in finite[0].detail
+    good_record["preset"] = "gigantic"
+    assert not any(v.passed for v in by_kind(evaluate_record(good_record), "finite"))

@@ -81,3 +81,35 @@ def test_wrong_types_and_duplicates(tmp_path, good_record):
 def test_results_dir_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv(records.RESULTS_ENV, str(tmp_path))
     assert records.record_path("plot_x") == tmp_path / "plot_x.json"
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.update(claims=[]), "declares no claims"),
+    (lambda r: r["claims"][0].update(runs=["auto", "auto"]), "2 distinct run id"),
+    (lambda r: r["claims"][0].update(runs=["auto"]), "2 distinct run id"),
+    (lambda r: r["claims"][0].update(runs=[["auto"], "manual"]), "2 distinct run id"),
+    (lambda r: r["claims"][0].pop("tolerance"), "non-empty string 'tolerance'"),
+    (lambda r: r["runs"][0].update(error="boom"), "'error' must be null or an object"),
+    (lambda r: r["runs"][0].update(error={}), "'error' must be null or an object"),
+    (lambda r: r["runs"][0]["loss"].__setitem__(3, True), "non-numeric loss"),
+    (lambda r: r["runs"][0].update(extra=[]), "'extra' must be an object"),
+])
+def test_claim_and_run_fields_are_validated(good_record, mutate, message):
+    mutate(good_record)
+    with pytest.raises(RecordError, match=message):
+        records.validate_record(good_record, "r.json")
+
+
+def test_non_utf8_and_deep_nesting_are_clean_errors(tmp_path):
+    (tmp_path / "a.json").write_bytes(b'{"example": "\xff\xfe"}')
+    with pytest.raises(RecordError, match=r"a\.json: not UTF-8"):
+        load_record(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(RecordError, match=r"b\.json: JSON nested too deeply"):
+        load_record(tmp_path / "b.json")
+
+
+def test_record_under_another_examples_name(tmp_path, good_record):
+    path = write_record(good_record, tmp_path / "plot_02_two_optimizers.json")
+    with pytest.raises(RecordError, match="holds the record of 'plot_99_fake', not of 'plot_02_two_optimizers'"):
+        load_record(path)
