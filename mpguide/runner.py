@@ -101,8 +101,8 @@ class StepRecorder(Callback):
     * ``scale``: the GradScaler's loss scale at batch start (what the backward multiplies the loss
       by); stays empty when the precision plugin has no scaler (fp32, bf16-mixed).
     * ``loss``: the value ``training_step`` returned (a tensor or ``{"loss": tensor}``), as float.
-    * ``skipped``: batches after which the scale went down (GradScaler halves it when it finds
-      inf/NaN gradients and skips that optimizer step; ``torch/amp/grad_scaler.py``).
+    * ``skipped`` / ``skipped_per_step``: batches after which the scale went down (GradScaler halves
+      it when it finds inf/NaN gradients and skips that optimizer step; ``torch/amp/grad_scaler.py``).
     """
 
     def __init__(self) -> None:
@@ -110,6 +110,7 @@ class StepRecorder(Callback):
         self.lr: list[float] = []
         self.scale: list[float] = []
         self.skipped = 0
+        self.skipped_per_step: list[bool] = []
 
     @staticmethod
     def _scaler(trainer: Any) -> Any:
@@ -131,8 +132,10 @@ class StepRecorder(Callback):
             loss = loss * trainer.accumulate_grad_batches
         self.loss.append(float(loss))
         scaler = self._scaler(trainer)
-        if scaler is not None and self.scale and float(scaler.get_scale()) < self.scale[-1]:
-            self.skipped += 1
+        if scaler is not None and self.scale:
+            skipped = float(scaler.get_scale()) < self.scale[-1]
+            self.skipped_per_step.append(skipped)
+            self.skipped += skipped
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -244,6 +247,8 @@ def train_run(
     result.loss_scale = recorder.scale or None
     result.extra["global_step"] = trainer.global_step
     result.extra["batches"] = len(result.loss)
+    if recorder.skipped_per_step:
+        result.extra["skipped_per_step"] = recorder.skipped_per_step
     result.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
     extra = getattr(module, "record_extra", None)
     if callable(extra):
