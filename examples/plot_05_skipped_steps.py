@@ -24,6 +24,7 @@ skipped, and the learning rate used, with and without skip-aware stepping.
 # multiplies the learning rate by 0.97 per **step** (a warm schedule that users step by hand).
 
 import matplotlib.pyplot as plt
+
 from mpguide import claims, plotting, report, runner, steps
 from mpguide.models import DigitsClassifier
 

@@ -1,14 +1,16 @@
 """Claims: what an example's runs must show, and the one place their thresholds live.
 
-An example declares claims with :func:`~mpguide.claims.match`, :func:`~mpguide.claims.diverge` and :func:`~mpguide.claims.raises`; they are stored
-in its results record (by tolerance *name*, not by number) and judged by :func:`~mpguide.claims.evaluate_record`,
-which the example itself, the claim gate (:mod:`mpguide.gate`) and the Sphinx extension all call.
-Because thresholds are looked up in :data:`~mpguide.claims.TOLERANCES` at judgement time, a committed record
+An example declares claims with :func:`~mpguide.claims.match`, :func:`~mpguide.claims.diverge`,
+:func:`~mpguide.claims.raises` and the other helpers below; they are stored in its results record
+(by tolerance *name*, not by number) and judged by :func:`~mpguide.claims.evaluate_record`, which
+the example itself, the claim gate (:mod:`mpguide.gate`) and the Sphinx extension all call. Because
+thresholds are looked up in :data:`~mpguide.claims.TOLERANCES` at judgement time, a committed record
 (a GPU reference, say) is re-judged against today's thresholds.
 
 Curve metrics (see ``DESIGN.md`` section 3): both curves are smoothed with an exponential moving
-average (:data:`~mpguide.claims.EMA_ALPHA`), the first :data:`~mpguide.claims.WARMUP_FRACTION` of the steps is dropped, and the
-candidate is compared with the reference step by step, relative to the reference:
+average (:data:`~mpguide.claims.EMA_ALPHA`), the first :data:`~mpguide.claims.WARMUP_FRACTION` of
+the steps is dropped, and the candidate is compared with the reference step by step, relative to
+the reference:
 
 * ``match``: the **maximum** relative difference must stay at or below the tolerance;
 * ``diverge``: the **mean** relative gap must reach at least the tolerance (a mean, so one spike

@@ -197,8 +197,8 @@ def test_tolerance_bound_is_rechecked_when_judging(good_record):
 
 
 def test_runs_shorter_than_the_preset_plans_fail(good_record):
-    for run in good_record["runs"]:
-        run["loss"], run["steps"] = run["loss"][:40], 40  # consistently truncated
+    for entry in good_record["runs"]:
+        entry["loss"], entry["steps"] = entry["loss"][:40], 40  # consistently truncated
     finite = by_kind(evaluate_record(good_record), "finite")
     assert finite and not any(v.passed for v in finite)
     assert "preset 'test' plans 140" in finite[0].detail

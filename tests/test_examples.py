@@ -45,7 +45,8 @@ def test_swapping_in_a_broken_recipe_fails_the_gate(tmp_path):
 
 
 def test_unknown_recipe_in_swap_is_a_clear_error(tmp_path):
-    proc = run_example("plot_01_porting_to_manual.py", tmp_path, MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=nonsense")
+    proc = run_example("plot_01_porting_to_manual.py", tmp_path,
+                       MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=nonsense")
     assert proc.returncode != 0
     assert "run 'manual-bf16' names unknown recipe 'nonsense'" in proc.stderr
     assert not (tmp_path / "plot_01_porting_to_manual.json").exists()

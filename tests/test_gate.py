@@ -19,7 +19,7 @@ def test_cli_fails_on_diverged_curve_with_precise_message(tmp_path, good_record,
     assert gate.main([str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "1 failed claim(s)" in err
-    assert f"plot_99_fake: match(manual, auto) FAILED [port]: max rel. diff = 0.5, threshold <= 0.001" in err
+    assert "plot_99_fake: match(manual, auto) FAILED [port]: max rel. diff = 0.5, threshold <= 0.001" in err
     assert str(path) in err
 
 
