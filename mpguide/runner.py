@@ -101,7 +101,7 @@ class StepRecorder(Callback):
     * ``scale``: the GradScaler's loss scale at batch start (what the backward multiplies the loss
       by); stays empty when the precision plugin has no scaler (fp32, bf16-mixed).
     * ``loss``: the value ``training_step`` returned (a tensor or ``{"loss": tensor}``), as float.
-    * ``skipped`` / ``skipped_per_step``: batches after which the scale went down (GradScaler halves
+    * ``skipped_per_step``: whether the scale went down after each batch (GradScaler halves
       it when it finds inf/NaN gradients and skips that optimizer step; ``torch/amp/grad_scaler.py``).
     """
 
@@ -109,7 +109,6 @@ class StepRecorder(Callback):
         self.loss: list[float] = []
         self.lr: list[float] = []
         self.scale: list[float] = []
-        self.skipped = 0
         self.skipped_per_step: list[bool] = []
 
     @staticmethod
@@ -133,9 +132,7 @@ class StepRecorder(Callback):
         self.loss.append(float(loss))
         scaler = self._scaler(trainer)
         if scaler is not None and self.scale:
-            skipped = float(scaler.get_scale()) < self.scale[-1]
-            self.skipped_per_step.append(skipped)
-            self.skipped += skipped
+            self.skipped_per_step.append(float(scaler.get_scale()) < self.scale[-1])
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -243,7 +240,7 @@ def train_run(
     if accelerator == "cuda":
         torch.cuda.synchronize()
     result.seconds = round(time.perf_counter() - start, 3)
-    result.loss, result.lr, result.skipped_steps = recorder.loss, recorder.lr, recorder.skipped
+    result.loss, result.lr, result.skipped_steps = recorder.loss, recorder.lr, sum(recorder.skipped_per_step)
     result.loss_scale = recorder.scale or None
     result.extra["global_step"] = trainer.global_step
     result.extra["batches"] = len(result.loss)
