@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide import claims, plotting, report, runner
+from mpguide import claims, plotting, report, runner, steps
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 from mpguide.precision import ManualMixedPrecision
 
@@ -64,15 +64,12 @@ class BodyAndHead(pl.LightningModule):
         for p in self.body.parameters():
             p.register_hook(self.maybe_overflow)
 
-    def scaler(self):
-        return getattr(self.trainer.precision_plugin, "scaler", None)
-
     def scale(self):
-        return float(self.scaler().get_scale()) if self.scaler() is not None else 1.0
+        return steps.loss_scale(self.trainer) or 1.0  # 1.0: no GradScaler (fp32)
 
     def maybe_overflow(self, grad):
         # global_step counts the steps of both optimizers: two per batch
-        if self.scaler() is not None and self.global_step // 2 in OVERFLOW_STEPS:
+        if steps.loss_scale(self.trainer) is not None and self.global_step // 2 in OVERFLOW_STEPS:
             return grad * float("inf")
         return grad
 

@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from . import claims as claims_mod
 from . import hardware, records
 from .data import digits_loader
+from .steps import loss_scale
 
 SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
 
@@ -111,15 +112,11 @@ class StepRecorder(Callback):
         self.scale: list[float] = []
         self.skipped_per_step: list[bool] = []
 
-    @staticmethod
-    def _scaler(trainer: Any) -> Any:
-        return getattr(trainer.precision_plugin, "scaler", None)
-
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.lr.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
-        scaler = self._scaler(trainer)
-        if scaler is not None:
-            self.scale.append(float(scaler.get_scale()))
+        scale = loss_scale(trainer)
+        if scale is not None:
+            self.scale.append(scale)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -130,9 +127,9 @@ class StepRecorder(Callback):
             # (ClosureResult in lightning/pytorch/loops/optimization/automatic.py); record the batch loss
             loss = loss * trainer.accumulate_grad_batches
         self.loss.append(float(loss))
-        scaler = self._scaler(trainer)
-        if scaler is not None and self.scale:
-            self.skipped_per_step.append(float(scaler.get_scale()) < self.scale[-1])
+        scale = loss_scale(trainer)
+        if scale is not None and self.scale:
+            self.skipped_per_step.append(scale < self.scale[-1])
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
