@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import claims, plotting, report, runner
+from mpguide import plotting, report, runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
 
 # sphinx_gallery_start_ignore
@@ -217,25 +217,34 @@ recipes = {
     "scheduler every batch": SchedulerEveryBatch,
     "teacher update in hook": TeacherUpdateInHook,
 }
-P = {"32-true": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16"}
-runs = [runner.RunSpec(f"{mode}-{P[prec]}", recipe, prec, label=f"{recipe}, {prec}")
-        for mode, recipe in (("auto", "automatic"), ("manual", "manual port"))
-        for prec in P]
-runs += [runner.RunSpec(f"reporter-{P[p]}", "reporter", p, label=f"reporter, {p}")
-         for p in ("32-true", "bf16-mixed")]
-runs += [runner.RunSpec(f"{short}-{P[p]}", recipe, p, label=f"{recipe}, {p}")
-         for short, recipe in (("sched", "scheduler every batch"), ("teacher", "teacher update in hook"))
-         for p in ("32-true", "bf16-mixed")]
-
-checks = [claims.match(f"manual-{p}", f"auto-{p}", "same-precision", f"manual port = automatic ({p})")
-          for p in P.values()]
-checks += [claims.match(f"auto-{p}", "auto-fp32", "mixed-vs-fp32", f"automatic {p} = automatic fp32")
-           for p in ("bf16", "fp16")]
-checks += [claims.match("reporter-bf16", "reporter-fp32", "mixed-vs-fp32",
-                        "reporter's recipe: bf16-mixed = fp32 on the installed versions")]
-checks += [claims.diverge(f"{short}-{p}", f"auto-{p}", title=f"{what} diverges ({p})")
-           for short, what in (("sched", "scheduler every batch"), ("teacher", "teacher update in hook"))
-           for p in ("fp32", "bf16")]
+RUNS = [
+    # run id          recipe                     precision
+    ("auto-fp32", "automatic", "32-true", {"label": "automatic, 32-true"}),
+    ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
+    ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
+    ("manual-fp32", "manual port", "32-true", {"label": "manual port, 32-true"}),
+    ("manual-bf16", "manual port", "bf16-mixed", {"label": "manual port, bf16-mixed"}),
+    ("manual-fp16", "manual port", "16-mixed", {"label": "manual port, 16-mixed"}),
+    ("reporter-fp32", "reporter", "32-true", {"label": "reporter, 32-true"}),
+    ("reporter-bf16", "reporter", "bf16-mixed", {"label": "reporter, bf16-mixed"}),
+    ("sched-fp32", "scheduler every batch", "32-true", {"label": "scheduler every batch, 32-true"}),
+    ("sched-bf16", "scheduler every batch", "bf16-mixed", {"label": "scheduler every batch, bf16-mixed"}),
+    ("teacher-fp32", "teacher update in hook", "32-true", {"label": "teacher update in hook, 32-true"}),
+    ("teacher-bf16", "teacher update in hook", "bf16-mixed", {"label": "teacher update in hook, bf16-mixed"}),
+]
+CLAIMS = [
+    ("match", "manual-fp32", "auto-fp32", "same-precision", "manual port = automatic (fp32)"),
+    ("match", "manual-bf16", "auto-bf16", "same-precision", "manual port = automatic (bf16)"),
+    ("match", "manual-fp16", "auto-fp16", "same-precision", "manual port = automatic (fp16)"),
+    ("match", "auto-bf16", "auto-fp32", "mixed-vs-fp32", "automatic bf16 = automatic fp32"),
+    ("match", "auto-fp16", "auto-fp32", "mixed-vs-fp32", "automatic fp16 = automatic fp32"),
+    ("match", "reporter-bf16", "reporter-fp32", "mixed-vs-fp32",
+     "reporter's recipe: bf16-mixed = fp32 on the installed versions"),
+    ("diverge", "sched-fp32", "auto-fp32", "pitfall-gap", "scheduler every batch diverges (fp32)"),
+    ("diverge", "sched-bf16", "auto-bf16", "pitfall-gap", "scheduler every batch diverges (bf16)"),
+    ("diverge", "teacher-fp32", "auto-fp32", "pitfall-gap", "teacher update in hook diverges (fp32)"),
+    ("diverge", "teacher-bf16", "auto-bf16", "pitfall-gap", "teacher update in hook diverges (bf16)"),
+]
 
 # %%
 # Train
@@ -244,7 +253,7 @@ checks += [claims.diverge(f"{short}-{p}", f"auto-{p}", title=f"{what} diverges (
 # 16-mixed goes through ``plugins=[MixedPrecision("16-mixed", "cpu")]`` so that a real
 # GradScaler runs), prints one line per run and writes the results record.
 
-record = runner.run_example("plot_01_porting_to_manual", recipes, runs, checks)
+record = runner.run_example("plot_01_porting_to_manual", recipes, RUNS, CLAIMS)
 
 # %%
 # Manual equals automatic, and mixed precision follows fp32
@@ -255,8 +264,8 @@ record = runner.run_example("plot_01_porting_to_manual", recipes, runs, checks)
 # fraction of a percent of fp32.
 
 fig, (curves, gaps) = plt.subplots(1, 2, figsize=(11, 4))
-plotting.plot_loss_curves(curves, record, [r.id for r in runs[:6]], "Automatic (solid) vs manual port (dashed)")
-pairs = [(f"manual-{p}", f"auto-{p}") for p in P.values()]
+plotting.plot_loss_curves(curves, record, [r[0] for r in RUNS[:6]], "Automatic (solid) vs manual port (dashed)")
+pairs = [(f"manual-{p}", f"auto-{p}") for p in ("fp32", "bf16", "fp16")]
 pairs += [("auto-bf16", "auto-fp32"), ("auto-fp16", "auto-fp32")]
 plotting.plot_relative_gaps(gaps, record, pairs, "Relative difference judged by the claims")
 plotting.save_figure(fig, record["example"], "port")

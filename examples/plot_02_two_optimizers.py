@@ -33,9 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import claims, plotting, report, runner
+from mpguide import plotting, report, runner
 from mpguide.data import NUM_FEATURES
-from mpguide.precision import ManualMixedPrecision
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -159,37 +158,45 @@ class WindowedGAN(DigitsGAN):
 #   generator and its mixed-precision curves follow fp32.
 
 recipes = {"healthy": DigitsGAN, "detached once": DetachedOnce, "windowed": WindowedGAN}
-P = {"32-true": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16"}
-runs = [runner.RunSpec(f"healthy-{s}", "healthy", p, label=f"healthy, {p}") for p, s in P.items()]
-runs += [runner.RunSpec(f"window-{s}", "windowed", p, label=f"every 2nd batch, {p}")
-         for p, s in P.items() if s != "bf16"]
-runs += [runner.RunSpec(f"bug-{s}", "detached once", p, label=f"bug, {p}") for p, s in P.items()]
-runs += [runner.RunSpec(f"bug-{s}-plugin", "detached once", p, plugin_class=ManualMixedPrecision,
-                        label=f"bug + plugin, {p}") for p, s in P.items()]
-
-NO_INF = "No inf checks were recorded for this optimizer"
-NO_GRAD = "was stepped but none of its parameters has a gradient"
-checks = [
-    claims.raises("bug-fp16", "AssertionError", NO_INF, "the bug crashes under 16-mixed"),
-    claims.expect("bug-fp32", "generator_changed", False, "the bug is silent in fp32: generator never changes"),
-    claims.expect("bug-bf16", "generator_changed", False, "the bug is silent in bf16-mixed too"),
-    claims.expect("healthy-fp32", "generator_changed", True, "the healthy GAN trains its generator"),
-    claims.match("healthy-bf16", "healthy-fp32", "mixed-vs-fp32", "healthy: bf16-mixed = fp32"),
-    claims.match("healthy-fp16", "healthy-fp32", "mixed-vs-fp32", "healthy: 16-mixed = fp32"),
-    claims.match("window-fp16", "window-fp32", "mixed-vs-fp32", "every 2nd batch: 16-mixed = fp32"),
-    claims.match("bug-fp16-plugin", "bug-fp32", "mixed-vs-fp32", "plugin: 16-mixed completes and = fp32"),
-    claims.expect("bug-fp16-plugin", "generator_changed", False, "plugin: the empty step is a no-op"),
-    claims.warns("bug-fp16-plugin", "NoGradientStepWarning", NO_GRAD, "plugin warns under 16-mixed"),
-    claims.warns("bug-fp32-plugin", "NoGradientStepWarning", NO_GRAD, "plugin warns in fp32 as well"),
-    claims.same("bug-fp32-plugin", "bug-fp32", "weights", "plugin leaves fp32 bitwise unchanged"),
-    claims.same("bug-bf16-plugin", "bug-bf16", "weights", "plugin leaves bf16-mixed bitwise unchanged"),
+RUNS = [
+    # run id            recipe            precision     options
+    ("healthy-fp32", "healthy", "32-true", {"label": "healthy, 32-true"}),
+    ("healthy-bf16", "healthy", "bf16-mixed", {"label": "healthy, bf16-mixed"}),
+    ("healthy-fp16", "healthy", "16-mixed", {"label": "healthy, 16-mixed"}),
+    ("window-fp32", "windowed", "32-true", {"label": "every 2nd batch, 32-true"}),
+    ("window-fp16", "windowed", "16-mixed", {"label": "every 2nd batch, 16-mixed"}),
+    ("bug-fp32", "detached once", "32-true", {"label": "bug, 32-true"}),
+    ("bug-bf16", "detached once", "bf16-mixed", {"label": "bug, bf16-mixed"}),
+    ("bug-fp16", "detached once", "16-mixed", {"label": "bug, 16-mixed"}),
+    ("bug-fp32-plugin", "detached once", "32-true", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 32-true"}),
+    ("bug-bf16-plugin", "detached once", "bf16-mixed",
+     {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"}),
+    ("bug-fp16-plugin", "detached once", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"}),
+]
+CLAIMS = [
+    ("raises", "bug-fp16", "AssertionError", "No inf checks were recorded for this optimizer",
+     "the bug crashes under 16-mixed"),
+    ("expect", "bug-fp32", "generator_changed", False, "the bug is silent in fp32: generator never changes"),
+    ("expect", "bug-bf16", "generator_changed", False, "the bug is silent in bf16-mixed too"),
+    ("expect", "healthy-fp32", "generator_changed", True, "the healthy GAN trains its generator"),
+    ("match", "healthy-bf16", "healthy-fp32", "mixed-vs-fp32", "healthy: bf16-mixed = fp32"),
+    ("match", "healthy-fp16", "healthy-fp32", "mixed-vs-fp32", "healthy: 16-mixed = fp32"),
+    ("match", "window-fp16", "window-fp32", "mixed-vs-fp32", "every 2nd batch: 16-mixed = fp32"),
+    ("match", "bug-fp16-plugin", "bug-fp32", "mixed-vs-fp32", "plugin: 16-mixed completes and = fp32"),
+    ("expect", "bug-fp16-plugin", "generator_changed", False, "plugin: the empty step is a no-op"),
+    ("warns", "bug-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient",
+     "plugin warns under 16-mixed"),
+    ("warns", "bug-fp32-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient",
+     "plugin warns in fp32 as well"),
+    ("same", "bug-fp32-plugin", "bug-fp32", "weights", "plugin leaves fp32 bitwise unchanged"),
+    ("same", "bug-bf16-plugin", "bug-bf16", "weights", "plugin leaves bf16-mixed bitwise unchanged"),
 ]
 
 # %%
 # Train
 # -----
 
-record = runner.run_example("plot_02_two_optimizers", recipes, runs, checks)
+record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS)
 
 # %%
 # The captured error

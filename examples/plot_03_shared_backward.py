@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide import claims, plotting, report, runner, steps
+from mpguide import plotting, report, runner, steps
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 from mpguide.precision import ManualMixedPrecision
 
@@ -123,35 +123,34 @@ def with_growth_interval(plugin_class, precision, device):
 stock_growth = functools.partial(with_growth_interval, MixedPrecision)
 fixed_growth = functools.partial(with_growth_interval, ManualMixedPrecision)
 
-runs = [
-    runner.RunSpec("fp32", "body+head", "32-true", label="fp32"),
-    runner.RunSpec("fp16-stock", "body+head", "16-mixed", label="16-mixed, Lightning's plugin"),
-    runner.RunSpec("fp16-plugin", "body+head", "16-mixed", plugin_class=ManualMixedPrecision,
-                   label="16-mixed, ManualMixedPrecision"),
-    runner.RunSpec("fp16-growth-stock", "body+head", "16-mixed", plugin_class=stock_growth,
-                   label="16-mixed, growth_interval=20, Lightning's plugin"),
-    runner.RunSpec("fp16-growth-plugin", "body+head", "16-mixed", plugin_class=fixed_growth,
-                   label="16-mixed, growth_interval=20, ManualMixedPrecision"),
+PLUGINS = {"MixedPrecision, growth_interval=20": stock_growth,
+           "ManualMixedPrecision, growth_interval=20": fixed_growth}
+RUNS = [
+    # run id                recipe       precision   options
+    ("fp32", "body+head", "32-true", {"label": "fp32"}),
+    ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Lightning's plugin"}),
+    ("fp16-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision",
+                                              "label": "16-mixed, ManualMixedPrecision"}),
+    ("fp16-growth-stock", "body+head", "16-mixed", {"plugin": "MixedPrecision, growth_interval=20",
+                                                    "label": "16-mixed, growth_interval=20, Lightning's plugin"}),
+    ("fp16-growth-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision, growth_interval=20",
+                                                     "label": "16-mixed, growth_interval=20, ManualMixedPrecision"}),
 ]
-checks = [
-    claims.ratio("fp16-stock", "fp32", "head_update_factor", "predicted_factor",
-                 title="stock: head update = fp32 update x (scale of backward / scale at head step)"),
-    claims.expect("fp16-stock", "predicted_at_overflow", 2.0, "stock: the head update doubles after an overflow"),
-    claims.ratio("fp16-plugin", "fp32", "head_update_factor", 1.0, title="plugin: head update = fp32 update"),
-    claims.ratio("fp16-growth-stock", "fp32", "head_update_factor", "predicted_factor",
-                 title="stock, growth: update follows the predicted factor"),
-    claims.expect("fp16-growth-stock", "smallest_scale_change", 0.5, "stock, growth: a growth step halves the update"),
-    claims.ratio("fp16-growth-plugin", "fp32", "head_update_factor", "predicted_factor",
-                 title="plugin, growth: = fp32 update, or no update where the head overflowed"),
-    claims.expect("fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
-    claims.match("fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
+CLAIMS = [
+    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
+     "stock: head update = fp32 update x (scale of backward / scale at head step)"),
+    ("expect", "fp16-stock", "predicted_at_overflow", 2.0, "stock: the head update doubles after an overflow"),
+    ("ratio", "fp16-plugin", "fp32", "head_update_factor", 1.0, "update-ratio", "plugin: head update = fp32 update"),
+    ("ratio", "fp16-growth-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
+     "stock, growth: update follows the predicted factor"),
+    ("expect", "fp16-growth-stock", "smallest_scale_change", 0.5, "stock, growth: a growth step halves the update"),
+    ("ratio", "fp16-growth-plugin", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
+     "plugin, growth: = fp32 update, or no update where the head overflowed"),
+    ("expect", "fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
+    ("match", "fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
 ]
 
-# %%
-# Train
-# -----
-
-record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead}, runs, checks)
+record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead}, RUNS, CLAIMS, plugins=PLUGINS)
 
 # %%
 # The update factor, step by step

@@ -26,9 +26,8 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide import claims, plotting, report, runner
+from mpguide import plotting, report, runner
 from mpguide.models import DigitsClassifier
-from mpguide.precision import ManualMixedPrecision
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -97,38 +96,35 @@ recipes = {
     "clip in hook, fused AdamW": functools.partial(ClipInHook, optimizer="adamw-fused", lr=3e-3),
     "no clipping, SGD": functools.partial(DigitsClassifier, **sgd),
 }
-runs = [
-    runner.RunSpec("sgd-fp32", "clip before step, SGD", "32-true", label="SGD, fp32, clip before step"),
-    runner.RunSpec("sgd-fp16", "clip before step, SGD", "16-mixed", label="SGD, 16-mixed, clip before step"),
-    runner.RunSpec("sgd-fp16-hook", "clip in hook, SGD", "16-mixed", label="SGD, 16-mixed, clip in hook"),
-    runner.RunSpec("sgd-fp16-plugin", "clip before step, SGD", "16-mixed", plugin_class=ManualMixedPrecision,
-                   label="SGD, 16-mixed, clip before step + ManualMixedPrecision"),
-    runner.RunSpec("adamw-fp32", "clip before step, AdamW", "32-true", label="AdamW, fp32, clip before step"),
-    runner.RunSpec("adamw-fp16", "clip before step, AdamW", "16-mixed", label="AdamW, 16-mixed, clip before step"),
-    runner.RunSpec("unscale-fp16", "unscale yourself, SGD", "16-mixed", label="unscale_ by hand"),
-    runner.RunSpec("fused-bf16", "clip in hook, fused AdamW", "bf16-mixed", label="fused AdamW, bf16-mixed"),
-    runner.RunSpec("trainer-flag", "no clipping, SGD", "32-true", trainer_kwargs={"gradient_clip_val": MAX_NORM},
-                   label="Trainer(gradient_clip_val=0.5)"),
+RUNS = [
+    # run id          recipe                        precision     options
+    ("sgd-fp32", "clip before step, SGD", "32-true", {"label": "SGD, fp32, clip before step"}),
+    ("sgd-fp16", "clip before step, SGD", "16-mixed", {"label": "SGD, 16-mixed, clip before step"}),
+    ("sgd-fp16-hook", "clip in hook, SGD", "16-mixed", {"label": "SGD, 16-mixed, clip in hook"}),
+    ("sgd-fp16-plugin", "clip before step, SGD", "16-mixed",
+     {"plugin": "ManualMixedPrecision", "label": "SGD, 16-mixed, clip before step + ManualMixedPrecision"}),
+    ("adamw-fp32", "clip before step, AdamW", "32-true", {"label": "AdamW, fp32, clip before step"}),
+    ("adamw-fp16", "clip before step, AdamW", "16-mixed", {"label": "AdamW, 16-mixed, clip before step"}),
+    ("unscale-fp16", "unscale yourself, SGD", "16-mixed", {"label": "unscale_ by hand"}),
+    ("fused-bf16", "clip in hook, fused AdamW", "bf16-mixed", {"label": "fused AdamW, bf16-mixed"}),
+    ("trainer-flag", "no clipping, SGD", "32-true",
+     {"trainer": {"gradient_clip_val": 0.5}, "label": "Trainer(gradient_clip_val=0.5)"}),
 ]
-checks = [
-    claims.diverge("sgd-fp16", "sgd-fp32", title="SGD: clipping scaled gradients stalls training"),
-    claims.match("sgd-fp16-hook", "sgd-fp32", "mixed-vs-fp32", "SGD: clipping in on_before_optimizer_step = fp32"),
-    claims.match("sgd-fp16-plugin", "sgd-fp32", "mixed-vs-fp32", "SGD: clip before step with the plugin = fp32"),
-    claims.match("adamw-fp16", "adamw-fp32", "adam-scaled-clip", "AdamW: the same mistake does not show as a stall"),
-    claims.raises("unscale-fp16", "RuntimeError", "unscale_() has already been called on this optimizer",
-                  "unscale_ by hand, then opt.step(), raises"),
-    claims.raises("fused-bf16", "RuntimeError", "does not allow for gradient clipping",
-                  "a fused optimizer cannot be clipped under mixed precision (bf16 too)"),
-    claims.raises("trainer-flag", "MisconfigurationException",
-                  "Automatic gradient clipping is not supported for manual optimization",
-                  "Trainer(gradient_clip_val) is rejected in manual optimization"),
+CLAIMS = [
+    ("diverge", "sgd-fp16", "sgd-fp32", "pitfall-gap", "SGD: clipping scaled gradients stalls training"),
+    ("match", "sgd-fp16-hook", "sgd-fp32", "mixed-vs-fp32", "SGD: clipping in on_before_optimizer_step = fp32"),
+    ("match", "sgd-fp16-plugin", "sgd-fp32", "mixed-vs-fp32", "SGD: clip before step with the plugin = fp32"),
+    ("match", "adamw-fp16", "adamw-fp32", "adam-scaled-clip", "AdamW: the same mistake does not show as a stall"),
+    ("raises", "unscale-fp16", "RuntimeError", "unscale_() has already been called on this optimizer",
+     "unscale_ by hand, then opt.step(), raises"),
+    ("raises", "fused-bf16", "RuntimeError", "does not allow for gradient clipping",
+     "a fused optimizer cannot be clipped under mixed precision (bf16 too)"),
+    ("raises", "trainer-flag", "MisconfigurationException",
+     "Automatic gradient clipping is not supported for manual optimization",
+     "Trainer(gradient_clip_val) is rejected in manual optimization"),
 ]
 
-# %%
-# Train
-# -----
-
-record = runner.run_example("plot_04_gradient_clipping", recipes, runs, checks)
+record = runner.run_example("plot_04_gradient_clipping", recipes, RUNS, CLAIMS)
 
 # %%
 # What the clip saw, and what the optimizer did

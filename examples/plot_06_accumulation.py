@@ -24,7 +24,7 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide import claims, plotting, report, runner, steps
+from mpguide import plotting, report, runner, steps
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -97,36 +97,36 @@ recipes = {
     "no division": functools.partial(NoDivision, **sgd),
     "zero_grad every batch": functools.partial(ZeroGradEveryBatch, **sgd),
 }
-P = {"32-true": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16"}
-accumulate = {"accumulate_grad_batches": N}
-runs = [runner.RunSpec(f"auto-{s}", "automatic", p, trainer_kwargs=accumulate, label=f"automatic, {p}")
-        for p, s in P.items()]
-runs += [runner.RunSpec(f"manual-{s}", "manual", p, label=f"manual, {p}") for p, s in P.items()]
-runs += [
-    runner.RunSpec("no-division", "no division", "32-true", label="no division, fp32"),
-    runner.RunSpec("zero-grad", "zero_grad every batch", "32-true", label="zero_grad every batch, fp32"),
-    runner.RunSpec("overflow-fp16", "manual, overflow", "16-mixed", label="16-mixed, overflow in window 5"),
-    runner.RunSpec("trainer-flag", "manual", "32-true", trainer_kwargs=accumulate, label="Trainer(accumulate_grad_batches=4)"),
+RUNS = [
+    # run id           recipe                   precision     options
+    ("auto-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"}),
+    ("auto-bf16", "automatic", "bf16-mixed",
+     {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"}),
+    ("auto-fp16", "automatic", "16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"}),
+    ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
+    ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
+    ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
+    ("no-division", "no division", "32-true", {"label": "no division, fp32"}),
+    ("zero-grad", "zero_grad every batch", "32-true", {"label": "zero_grad every batch, fp32"}),
+    ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
+    ("trainer-flag", "manual", "32-true",
+     {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),
 ]
-checks = [claims.match(f"manual-{s}", f"auto-{s}", "same-precision", f"manual accumulation = automatic ({s})")
-          for s in P.values()]
-checks += [
-    claims.diverge("no-division", "manual-fp32", title="not dividing the loss diverges"),
-    claims.diverge("zero-grad", "manual-fp32", title="zero_grad every batch diverges"),
-    claims.expect("overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
-    claims.expect("overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
-    claims.expect("overflow-fp16", "other_windows_moved", True, "every other window is applied"),
-    claims.raises("trainer-flag", "MisconfigurationException",
-                  "Automatic gradient accumulation is not supported for manual optimization",
-                  "Trainer(accumulate_grad_batches) is rejected in manual optimization"),
+CLAIMS = [
+    ("match", "manual-fp32", "auto-fp32", "same-precision", "manual accumulation = automatic (fp32)"),
+    ("match", "manual-bf16", "auto-bf16", "same-precision", "manual accumulation = automatic (bf16)"),
+    ("match", "manual-fp16", "auto-fp16", "same-precision", "manual accumulation = automatic (fp16)"),
+    ("diverge", "no-division", "manual-fp32", "pitfall-gap", "not dividing the loss diverges"),
+    ("diverge", "zero-grad", "manual-fp32", "pitfall-gap", "zero_grad every batch diverges"),
+    ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
+    ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
+    ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
+    ("raises", "trainer-flag", "MisconfigurationException",
+     "Automatic gradient accumulation is not supported for manual optimization",
+     "Trainer(accumulate_grad_batches) is rejected in manual optimization"),
 ]
 
-
-# %%
-# Train
-# -----
-
-record = runner.run_example("plot_06_accumulation", recipes, runs, checks)
+record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS)
 
 # %%
 # Curves
@@ -135,7 +135,7 @@ record = runner.run_example("plot_06_accumulation", recipes, runs, checks)
 # Right: the two mistakes against the correct manual run in fp32.
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-plotting.plot_loss_curves(left, record, [r.id for r in runs[:6]], "Automatic (solid) vs manual (dashed), N = 4")
+plotting.plot_loss_curves(left, record, [r[0] for r in RUNS[:6]], "Automatic (solid) vs manual (dashed), N = 4")
 plotting.plot_loss_curves(right, record, ["manual-fp32", "no-division", "zero-grad"], "Accumulation mistakes",
                           {"no-division": "#D55E00", "zero-grad": "#CC79A7"})
 plotting.save_figure(fig, record["example"], "curves")

@@ -23,7 +23,7 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide import claims, hardware, plotting, report, runner, steps
+from mpguide import plotting, report, runner, steps
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -65,37 +65,29 @@ recipes = {
 # On a CPU, the plain flag run and the explicit-plugin run show the fallback; on a GPU both get
 # a real GradScaler, and the claims say so instead.
 
-on_cpu = hardware.select_accelerator() == "cpu"
-runs = [
-    runner.RunSpec("fp16-manual-backward", "manual_backward", "16-mixed", label="16-mixed, manual_backward"),
-    runner.RunSpec("fp16-loss-backward", "loss.backward()", "16-mixed", label="16-mixed, loss.backward()"),
-    runner.RunSpec("bf16-manual-backward", "manual_backward", "bf16-mixed", label="bf16-mixed, manual_backward"),
-    runner.RunSpec("bf16-loss-backward", "loss.backward()", "bf16-mixed", label="bf16-mixed, loss.backward()"),
-    runner.RunSpec("flag-16-mixed", "manual_backward", "16-mixed", plain_flag=True,
-                   label='Trainer(precision="16-mixed")'),
+RUNS = [
+    # run id                  recipe             precision     options
+    ("fp16-manual-backward", "manual_backward", "16-mixed", {"label": "16-mixed, manual_backward"}),
+    ("fp16-loss-backward", "loss.backward()", "16-mixed", {"label": "16-mixed, loss.backward()"}),
+    ("bf16-manual-backward", "manual_backward", "bf16-mixed", {"label": "bf16-mixed, manual_backward"}),
+    ("bf16-loss-backward", "loss.backward()", "bf16-mixed", {"label": "bf16-mixed, loss.backward()"}),
+    ("flag-16-mixed", "manual_backward", "16-mixed", {"plain_flag": True, "label": 'Trainer(precision="16-mixed")'}),
 ]
-checks = [
-    claims.raises("fp16-loss-backward", "AssertionError", "Attempted unscale_ but _scale is None",
-                  "16-mixed: loss.backward() fails at the first step"),
-    claims.match("bf16-loss-backward", "bf16-manual-backward", "same-precision",
-                 "bf16-mixed: loss.backward() silently equals manual_backward"),
-    claims.expect("fp16-manual-backward", "has_scaler", True, "16-mixed as this site runs it has a GradScaler"),
+CLAIMS = [
+    ("raises", "fp16-loss-backward", "AssertionError", "Attempted unscale_ but _scale is None",
+     "16-mixed: loss.backward() fails at the first step"),
+    ("match", "bf16-loss-backward", "bf16-manual-backward", "same-precision",
+     "bf16-mixed: loss.backward() silently equals manual_backward"),
+    ("expect", "fp16-manual-backward", "has_scaler", True, "16-mixed as this site runs it has a GradScaler"),
+    ("warns", "flag-16-mixed", "UserWarning", "AMP with fp16 is not supported on CPU",
+     "CPU: the plain flag warns and falls back", {"only_on": "cpu"}),
+    ("expect", "flag-16-mixed", "trainer_precision", "bf16-mixed", "CPU: the plain flag trains in bf16-mixed",
+     {"only_on": "cpu"}),
+    ("expect", "flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all", {"only_on": "cpu"}),
+    ("expect", "flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler", {"only_on": "cuda"}),
 ]
-if on_cpu:
-    checks += [
-        claims.warns("flag-16-mixed", "UserWarning", "AMP with fp16 is not supported on CPU",
-                     "CPU: the plain flag warns and falls back"),
-        claims.expect("flag-16-mixed", "trainer_precision", "bf16-mixed", "CPU: the plain flag trains in bf16-mixed"),
-        claims.expect("flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all"),
-    ]
-else:
-    checks += [claims.expect("flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler")]
 
-# %%
-# Train
-# -----
-
-record = runner.run_example("plot_07_backward_and_flags", recipes, runs, checks)
+record = runner.run_example("plot_07_backward_and_flags", recipes, RUNS, CLAIMS)
 
 # %%
 # What happened

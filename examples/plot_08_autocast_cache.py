@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from mpguide import claims, plotting, report, runner
+from mpguide import plotting, report, runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -85,24 +85,21 @@ class CachingAutocast(SelfDistillation):
 adamw = {"optimizer": "adamw", "lr": 3e-3}
 recipes = {"Lightning's autocast only": functools.partial(SelfDistillation, **adamw),
            "own caching autocast": functools.partial(CachingAutocast, **adamw)}
-runs = [
-    runner.RunSpec("lightning-bf16", "Lightning's autocast only", "bf16-mixed", label="bf16-mixed, Lightning's autocast"),
-    runner.RunSpec("caching-bf16", "own caching autocast", "bf16-mixed", label="bf16-mixed, own caching autocast"),
-    runner.RunSpec("fp32", "Lightning's autocast only", "32-true", label="fp32"),
+RUNS = [
+    # run id            recipe                        precision     options
+    ("lightning-bf16", "Lightning's autocast only", "bf16-mixed", {"label": "bf16-mixed, Lightning's autocast"}),
+    ("caching-bf16", "own caching autocast", "bf16-mixed", {"label": "bf16-mixed, own caching autocast"}),
+    ("fp32", "Lightning's autocast only", "32-true", {"label": "fp32"}),
 ]
-checks = [
-    claims.match("caching-bf16", "lightning-bf16", "same-precision",
-                 "no_grad then graded forward in a caching autocast trains normally (installed torch)"),
-    claims.match("lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
-    claims.expect("caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
-    claims.expect("lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
+CLAIMS = [
+    ("match", "caching-bf16", "lightning-bf16", "same-precision",
+     "no_grad then graded forward in a caching autocast trains normally (installed torch)"),
+    ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
+    ("expect", "caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
+    ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
 ]
 
-# %%
-# Train
-# -----
-
-record = runner.run_example("plot_08_autocast_cache", recipes, runs, checks)
+record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS)
 
 fig, ax = plt.subplots(figsize=(8, 3.8))
 plotting.plot_loss_curves(ax, record, ["fp32", "lightning-bf16", "caching-bf16"], "Self-distillation",

@@ -232,18 +232,29 @@ def warmup_steps(n: int) -> int:
 def relative_gap(candidate: Sequence[float], reference: Sequence[float]) -> np.ndarray:
     """Per-step relative difference ``|ema(c) - ema(r)| / |ema(r)|`` after the warm-up.
 
+    Element ``i`` belongs to step ``i + warmup_steps(len(reference))`` of the run (steps counted
+    from 0 at the start of the run).
+
     Raises:
         ValueError: the curves have different lengths or are too short to leave any step after
             the warm-up.
     """
     if len(candidate) != len(reference):
-        raise ValueError(f"curves have different lengths ({len(candidate)} vs {len(reference)} steps)")
+        raise ValueError(f"curves have different lengths: {len(candidate)} steps vs {len(reference)} steps")
     skip = warmup_steps(len(reference))
     if len(reference) <= skip:
         raise ValueError(f"curves of {len(reference)} steps leave nothing after a {skip}-step warm-up")
     c, r = smooth(candidate)[skip:], smooth(reference)[skip:]
     with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN curves yield NaN gaps, judged by callers
         return np.abs(c - r) / np.maximum(np.abs(r), 1e-12)
+
+
+def first_non_finite(values: Sequence[float]) -> tuple[int, float] | None:
+    """``(step, value)`` of the first NaN or infinite value (steps counted from 0), or ``None``."""
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            return i, v
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,6 +277,10 @@ class Verdict:
         detail: one sentence explaining a failure (or the evidence of a pass).
         record: path of the record file, when known.
         hardware: device and versions, e.g. ``"CPU (2 cores), torch 2.13.0+cpu, Lightning 2.6.6"``.
+        observed: what was seen, as text, for claims without a numeric value (the exception type
+            and first message line, the recorded value, the number of matching warnings).
+        judged: ``False`` for a claim that could not be judged on this record (a stale reference
+            record made before the claim existed); it neither passes nor fails.
     """
 
     example: str
@@ -280,12 +295,35 @@ class Verdict:
     record: str = ""
     hardware: str = ""
     tolerance: str = ""
+    observed: str = ""
+    judged: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """``"pass"``, ``"FAIL"`` or ``"not judged"``."""
+        return "not judged" if not self.judged else "pass" if self.passed else "FAIL"
+
+    @property
+    def failed(self) -> bool:
+        """A judged claim that did not pass (what fails the gate)."""
+        return self.judged and not self.passed
+
+    def shown_value(self) -> str:
+        """The observed value as table text: the number (4 significant digits) or the observed text."""
+        if self.value is not None and not self.observed:
+            return "NaN" if math.isnan(self.value) else f"{self.value:.3g}"
+        return self.observed or "n/a"
 
     def message(self) -> str:
         """One line naming example, claim, runs, metric vs threshold, record and hardware."""
+        if self.kind in ("declaration", "stale"):
+            return (f"{self.example}: {self.kind} {self.status.upper()} [{self.title}]: {self.detail}"
+                    f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
         value = "n/a" if self.value is None else f"{self.value:.4g}"
-        return (f"{self.example}: {self.kind}({', '.join(self.runs)}) {'passed' if self.passed else 'FAILED'}"
+        if self.observed:
+            value = self.observed
+        return (f"{self.example}: {self.kind}({', '.join(self.runs)}) {self.status.upper()}"
                 f" [{self.title}]: {self.metric} = {value}, threshold {self.threshold}. {self.detail}"
                 f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
 
@@ -310,8 +348,19 @@ def planned_steps(preset: str) -> int | None:
     return None if size is None else size.epochs * steps_per_epoch(size.batch_size)
 
 
-def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
-    """Judge every declared claim of a record, plus the implicit checks on every run.
+def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = None,
+                    stale: bool = False) -> list[Verdict]:
+    """Judge a record: its example's declared claims, plus the implicit checks on every run.
+
+    With ``declaration`` (a :class:`mpguide.declarations.Declaration`, what the gate and the pages
+    pass), the record is first compared with it (:func:`~mpguide.claims.compare_with_declaration`)
+    and the **declared** claims are judged, never the record's own copy: a record cannot loosen a
+    tolerance, flip an expected value or drop a claim. Without it (a record just built in memory
+    by :func:`mpguide.runner.run_example` from the same tables) the record's claims are judged.
+
+    ``stale=True`` (a committed reference made from an older version of the example) judges only
+    the declared claims the record already held, on runs whose recipe and precision are unchanged;
+    the other declared claims come back ``judged=False`` with the reason.
 
     Implicit checks: a run that is not the subject of a ``raises`` claim must complete without an
     exception (``completes``) and have only finite losses, one per step, as many steps as the
@@ -320,30 +369,46 @@ def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
     Args:
         record: a record as validated by :func:`mpguide.records.validate_record`.
         path: where it was read from, for messages.
+        declaration: the example's declaration, or ``None`` to trust the record's claims.
+        stale: judge as a stale reference (see above).
 
     Returns:
-        One :class:`~mpguide.claims.Verdict` per claim and per implicit check, in declaration order.
+        One :class:`~mpguide.claims.Verdict` per declaration problem, claim and implicit check.
     """
     runs = {run["id"]: run for run in record["runs"]}
     example = record["example"]
     hardware = hardware_label(record.get("env", {}))
-    verdicts: list[Verdict] = []
-    expected_errors = {c["runs"][0] for c in record["claims"] if c.get("kind") == "raises" and c.get("runs")}
     planned = planned_steps(record.get("preset", ""))
 
     def verdict(**kw: Any) -> Verdict:
         return Verdict(example=example, record=str(path), hardware=hardware, **kw)
 
-    for claim in record["claims"]:
-        verdicts.append(_evaluate_claim(claim, runs, verdict))
+    verdicts: list[Verdict] = []
+    judged_runs = set(runs)
+    if declaration is None:
+        to_judge = [(c, "") for c in record["claims"]]
+    else:
+        problems, to_judge, judged_runs = compare_with_declaration(record, declaration, stale)
+        verdicts += [verdict(**p) for p in problems]
+    expected_errors = {c["runs"][0] for c, _ in to_judge if c.get("kind") == "raises" and c.get("runs")}
+
+    for claim, not_judged in to_judge:
+        if not_judged:
+            verdicts.append(verdict(kind=claim["kind"], runs=list(claim["runs"]), title=claim.get("title") or
+                                    claim["kind"], metric="-", value=None, threshold="-", passed=False,
+                                    judged=False, observed="not judged", detail=not_judged))
+        else:
+            verdicts.append(_evaluate_claim(claim, runs, verdict))
 
     for run_id, run in runs.items():
-        if run_id in expected_errors:
+        if run_id in expected_errors or run_id not in judged_runs:
             continue
         error = run.get("error")
         if error:
+            first = (error.get("message") or "").splitlines()[:1]
             verdicts.append(verdict(kind="completes", runs=[run_id], title=f"{run_id} trains to the end",
                                     metric="exception", value=None, threshold="none", passed=False,
+                                    observed=f"{error.get('type')}: {first[0] if first else ''}",
                                     detail=f"unexpected {error.get('type')}: {error.get('message')}"))
             continue
         loss = run["loss"]
@@ -351,14 +416,121 @@ def evaluate_record(record: dict[str, Any], path: str = "") -> list[Verdict]:
         short = len(loss) != run["steps"] or not loss or run["steps"] != planned
         detail = ""
         if bad:
-            detail = f"non-finite loss at step {bad[0]} ({len(bad)} of {len(loss)} steps)"
+            detail = (f"the loss is {loss[bad[0]]} at step {bad[0]} (counted from 0); {len(bad)} of {len(loss)} "
+                      f"steps are not finite")
         elif short:
-            detail = (f"{len(loss)} losses recorded for {run['steps']} steps; preset "
-                      f"{record.get('preset')!r} plans {planned}")
+            detail = (f"run too short: {len(loss)} losses recorded for {run['steps']} steps; preset "
+                      f"{record.get('preset')!r} plans {planned} steps")
         verdicts.append(verdict(kind="finite", runs=[run_id], title=f"{run_id} has a finite loss at every step",
                                 metric="non-finite steps", value=float(len(bad)), threshold="== 0",
                                 passed=not bad and not short, detail=detail))
     return verdicts
+
+
+#: Claim fields compared between a record and its declaration (titles are compared for fresh records).
+_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "only_on")
+
+
+def _claim_label(claim: dict[str, Any]) -> str:
+    return f"{claim.get('title') or claim['kind']!r} ({claim['kind']} of {', '.join(claim['runs'])})"
+
+
+def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
+    return (claim.get("kind"), tuple(claim.get("runs") or ()), claim.get("key"), claim.get("category"))
+
+
+def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bool = False
+                             ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
+    """Compare a record with the example's declaration (see :mod:`mpguide.declarations`).
+
+    A fresh record must hold exactly the declared runs (same recipe, precision, seed, plugin,
+    Trainer arguments) and exactly the declared claims (same kind, runs, tolerance, expected
+    value, message, title). Every difference is one failed ``declaration`` verdict naming the
+    example, the claim or run, what differs and the fix (rerun the example).
+
+    Args:
+        record: the record.
+        declaration: its example's :class:`mpguide.declarations.Declaration`.
+        stale: the record is a reference made from an older version of the example: differences
+            are expected, so none is a failure; declared claims the record did not hold, or whose
+            runs changed, are returned as not judged.
+
+    Returns:
+        ``(problems, claims, runs)``: keyword arguments of failed verdicts; the declared claims
+        that apply to the record's accelerator, each with ``""`` or the reason it is not judged;
+        the ids of the runs whose implicit checks apply.
+    """
+    from .declarations import claim_identity
+
+    where = f"examples/{declaration.example}.py"
+    fix = f"rerun the example (python {where}, or rebuild the docs) to write a record that matches it"
+    problems: list[dict[str, Any]] = []
+
+    def problem(title: str, runs: list[str], detail: str) -> None:
+        problems.append(dict(kind="declaration", runs=runs, title=title, metric="declaration", value=None,
+                             threshold=f"as declared in {where}", passed=False, observed="differs",
+                             detail=f"{detail}; {fix}"))
+
+    recorded = {run["id"]: run for run in record["runs"]}
+    matching: set[str] = set()
+    for decl in declaration.runs:
+        run = recorded.get(decl.id)
+        if run is None:
+            if not stale:
+                problem(f"run {decl.id} is missing", [decl.id],
+                        f"{where} declares run {decl.id!r} but the record has no such run")
+            continue
+        spec = dict(run)
+        if run.get("swapped_from"):
+            problem(f"run {decl.id} trained another recipe", [decl.id],
+                    f"run {decl.id!r} trained recipe {run['recipe']!r} instead of the declared "
+                    f"{run['swapped_from']!r} (MPGUIDE_SWAP_RECIPE)")
+            spec["recipe"] = run["swapped_from"]
+        keys = [k for k in decl.spec() if k != "id" and (not stale or k in spec)]
+        diffs = [f"{k} is {spec.get(k)!r} in the record, {decl.spec()[k]!r} in {where}" for k in keys
+                 if spec.get(k) != decl.spec()[k]]
+        if diffs and not stale:
+            problem(f"run {decl.id} differs", [decl.id], f"run {decl.id!r}: " + "; ".join(diffs))
+        if not diffs:
+            matching.add(decl.id)
+    extra_runs = sorted(set(recorded) - {r.id for r in declaration.runs})
+    if extra_runs and not stale:
+        problem("runs not declared", extra_runs, f"the record holds run(s) {extra_runs} that {where} does not declare")
+
+    accelerator = record.get("env", {}).get("accelerator", "cpu")
+    declared = declaration.claims_for(accelerator)
+    held = [dict(c) for c in record["claims"]]
+    remaining = list(held)
+    to_judge: list[tuple[dict[str, Any], str]] = []
+    for claim in declared:
+        twin = next((c for c in remaining if _pair_key(c) == _pair_key(claim)), None)
+        if twin is not None:
+            remaining.remove(twin)
+        if stale:
+            reason = ""
+            if twin is None or any(twin.get(k) != claim.get(k) for k in _DEFINING):
+                reason = ("not judged: this stale record was made before the example declared this claim "
+                          "(or with another definition of it)")
+            elif any(r not in matching for r in claim["runs"]):
+                reason = "not judged: this stale record's runs were made with another recipe, precision or seed"
+            to_judge.append((claim, reason))
+            continue
+        to_judge.append((claim, ""))
+        if twin is None:
+            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
+                    f"claim {_claim_label(claim)} is declared in {where} but missing from the record")
+            continue
+        diffs = [f"{k} is {twin.get(k)!r} in the record, {claim.get(k)!r} in {where}"
+                 for k in _DEFINING + ("title",) if twin.get(k) != claim.get(k)]
+        if diffs:
+            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
+                    f"claim {_claim_label(claim)} was altered: " + "; ".join(diffs))
+    if not stale:
+        for claim in remaining:
+            identity = claim_identity(claim)
+            problem(claim.get("title") or str(claim.get("kind")), list(claim.get("runs") or []),
+                    f"the record holds a claim {where} does not declare: {identity}")
+    return problems, to_judge, (matching if stale else set(recorded))
 
 
 def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -> Verdict:
@@ -370,16 +542,18 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
         return verdict(**base, metric="?", value=None, threshold="?", passed=False,
                        detail=f"unknown claim kind {kind!r}")
     if missing:
-        return verdict(**base, metric="?", value=None, threshold="?", passed=False,
+        return verdict(**base, metric="?", value=None, threshold="?", passed=False, observed="run missing",
                        detail=f"run(s) {missing} missing from the record")
 
     if kind == "raises":
         run = runs[ids[0]]
         error = run.get("error") or {}
         want = f"raises {claim['exception']}"
-        got = f"{error.get('type')}: {error.get('message')}" if error else "no exception"
+        first = (error.get("message") or "").splitlines()[:1]
+        got = f"{error.get('type')}: {first[0] if first else ''}" if error else "no exception"
         ok = bool(error) and error.get("type") == claim["exception"] and claim["message"] in (error.get("message") or "")
         return verdict(**base, metric="exception", value=None, threshold=want, passed=ok,
+                       observed=got[:80] + ("..." if len(got) > 80 else ""),
                        detail=(f"expected {claim['exception']} containing {claim['message']!r}, got {got}"
                                if not ok else f"raised {got}"))
 
@@ -393,6 +567,7 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
             hits = [w for w in seen if claim["message"] in w]
         ok = bool(hits) == (kind == "warns")
         return verdict(**base, metric="warnings", value=float(len(hits)), threshold=want, passed=ok,
+                       observed=f"{len(hits)} matching warning{'s' if len(hits) != 1 else ''}",
                        detail=(hits[0][:200] if hits else f"no {claim.get('category', '')} warning containing "
                                f"{claim['message']!r}").strip())
 
@@ -401,11 +576,17 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
         values = [runs[r].get("extra", {}).get(key, _MISSING) for r in ids]
         if any(v is _MISSING for v in values):
             return verdict(**base, metric=key, value=None, threshold="recorded", passed=False,
+                           observed="not recorded",
                            detail=f"run(s) {[r for r, v in zip(ids, values) if v is _MISSING]} did not record {key!r}")
         expected = claim["expected"] if kind == "expect" else values[1]
         ok = values[0] == expected
-        return verdict(**base, metric=key, value=None, threshold=f"== {_short(expected, 24)}", passed=ok,
-                       detail=f"recorded {_short(values[0])}")
+        if kind == "same":
+            observed = "identical" if ok else f"differ: {_short(values[0], 20)} vs {_short(values[1], 20)}"
+            threshold = f"{key} identical"
+        else:
+            observed, threshold = f"{key} = {_short(values[0], 40)}", f"== {_short(expected, 24)}"
+        return verdict(**base, metric=key, value=None, threshold=threshold, passed=ok, observed=observed,
+                       detail=f"recorded {_short(values[0])}" + ("" if ok else f", expected {_short(expected)}"))
 
     name = claim.get("tolerance", "")
     tol = TOLERANCES.get(name)
@@ -419,26 +600,45 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
     cand, ref = runs[ids[0]], runs[ids[1]]
     if kind == "ratio":
         return _evaluate_ratio(claim, cand, ref, tol, base, verdict)
+    threshold = f"<= {tol.value:g}" if kind == "match" else f">= {tol.value:g}"
+    metric = "max rel. diff" if kind == "match" else "mean rel. gap"
     for run in (cand, ref):
         if run.get("error"):
-            return verdict(**base, metric="?", value=None, threshold=f"{tol.value:g}", passed=False,
-                           tolerance=name, detail=f"run {run['id']} raised {run['error'].get('type')}, no curve")
+            return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False, tolerance=name,
+                           observed=f"{run['id']} raised", detail=f"run {run['id']} raised {run['error'].get('type')}, "
+                                                                 f"so there is no curve to compare")
+    if len(cand["loss"]) != len(ref["loss"]):
+        short_run, long_run = sorted((cand, ref), key=lambda r: len(r["loss"]))
+        return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False, tolerance=name,
+                       observed="curve too short",
+                       detail=f"run {short_run['id']} is too short: {len(short_run['loss'])} steps recorded, "
+                              f"run {long_run['id']} has {len(long_run['loss'])}")
+    for run in (cand, ref):
+        bad = first_non_finite(run["loss"])
+        if bad:
+            return verdict(**base, metric=metric, value=math.nan, threshold=threshold, passed=False, tolerance=name,
+                           observed=f"{bad[1]} loss",
+                           detail=f"run {run['id']} has a loss of {bad[1]} at step {bad[0]} (counted from the start "
+                                  f"of the run), so the curves cannot be compared")
     try:
         gap = relative_gap(cand["loss"], ref["loss"])
     except ValueError as err:
-        return verdict(**base, metric="?", value=None, threshold=f"{tol.value:g}", passed=False,
-                       tolerance=name, detail=str(err))
+        return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False,
+                       tolerance=name, observed="not comparable", detail=str(err))
+    skip = warmup_steps(len(ref["loss"]))
     if kind == "match":
-        value = float(np.max(gap)) if np.all(np.isfinite(gap)) else math.inf
+        value = float(np.max(gap))
         ok = value <= tol.value
-        return verdict(**base, metric="max rel. diff", value=value, threshold=f"<= {tol.value:g}", passed=ok,
-                       tolerance=name, detail="" if ok else
-                       f"smoothed curves differ by up to {value:.2%} (step {int(np.argmax(gap))} after warm-up)")
-    value = float(np.mean(gap)) if np.all(np.isfinite(gap)) else math.nan
+        return verdict(**base, metric=metric, value=value, threshold=threshold, passed=ok, tolerance=name,
+                       detail="" if ok else
+                       f"smoothed curves differ by up to {value:.2%} at step {int(np.argmax(gap)) + skip} (counted "
+                       f"from the start of the run; steps 0-{skip - 1} are warm-up)")
+    value = float(np.mean(gap))
     ok = value >= tol.value
-    return verdict(**base, metric="mean rel. gap", value=value, threshold=f">= {tol.value:g}", passed=ok,
-                   tolerance=name, detail="" if ok else
-                   f"the pitfall no longer reproduces: curves only {value:.2%} apart on average")
+    return verdict(**base, metric=metric, value=value, threshold=threshold, passed=ok, tolerance=name,
+                   detail="" if ok else
+                   f"the pitfall no longer reproduces: curves only {value:.2%} apart on average over steps "
+                   f"{skip}-{len(ref['loss']) - 1}")
 
 
 _MISSING = object()

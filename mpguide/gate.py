@@ -1,10 +1,19 @@
-"""The claim gate: judge every results record of a build and fail loudly when a claim fails.
+"""The claim gate: judge every results record against what its example declares, and fail loudly.
 
-Used three ways, always through :func:`~mpguide.gate.check`:
+Each record is compared with the ``RUNS`` and ``CLAIMS`` tables of the example it names, read
+from the example's source without running it (:mod:`mpguide.declarations`); the declared claims
+are judged, never the record's own copy (:func:`mpguide.claims.evaluate_record`). Two kinds of
+records:
 
-* ``python -m mpguide.gate [PATH ...] [--expect EXAMPLE ...]`` (also installed as ``mpguide-gate``):
-  exit status 0 when every claim passes, 1 when a claim fails, 2 when a record is missing or
-  unreadable;
+* **this build's records** (``_build/results`` by default) must be current: produced from the
+  example and library sources as they are now, with exactly the declared runs and claims;
+* **committed references** (``results/reference/<device>/``, from a GPU) may be **stale**: made
+  from an older version of the example. A stale reference is labelled as such, and only the
+  declared claims it already held, on unchanged runs, are judged; the others are "not judged".
+
+Used three ways, always through :func:`~mpguide.gate.judge`:
+
+* ``python -m mpguide.gate`` (also installed as ``mpguide-gate``; see ``--help`` for exit codes);
 * the Sphinx extension :mod:`mpguide.sphinx_ext` at ``build-finished``;
 * the test suite.
 """
@@ -15,11 +24,20 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from .claims import Verdict, evaluate_record
-from .records import RecordError, load_record, record_path
+from . import declarations
+from .claims import Verdict, evaluate_record, hardware_label
+from .records import REPO_ROOT, RecordError, file_digest, library_digest, load_record, record_path, reference_dir
 from .report import format_table, verdict_rows
+
+#: Where ``python -m mpguide.gate`` looks without arguments (what ``nox -s docs`` writes).
+DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"
+
+EXIT_CODES = """exit status:
+  0  every judged claim passed (stale references are reported, not failed)
+  1  a claim failed, or a record differs from its example's declaration, or a build record is stale
+  2  a record is missing, unreadable or of another schema, or no record was found"""
 
 
 class GateFailure(Exception):
@@ -38,26 +56,39 @@ class GateReport:
         verdicts: every verdict of every readable record.
         record_errors: one message per missing or unreadable record.
         records: paths judged, in order.
+        stale: path -> why that reference is stale (what changed since it was recorded).
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
     record_errors: list[str] = field(default_factory=list)
     records: list[Path] = field(default_factory=list)
+    stale: dict[str, str] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[Verdict]:
-        return [v for v in self.verdicts if not v.passed]
+        """Judged verdicts that did not pass."""
+        return [v for v in self.verdicts if v.failed]
 
     @property
     def ok(self) -> bool:
+        """No failure, no record error, and at least one record judged."""
         return not self.failures and not self.record_errors and bool(self.records)
 
     def failure_message(self) -> str:
+        """Every failure and record error, one per line, under a count."""
         lines = [f"claim gate: {len(self.failures)} failed claim(s), {len(self.record_errors)} record error(s)"]
         lines += [f"  - {v.message()}" for v in self.failures]
         lines += [f"  - {e}" for e in self.record_errors]
         if not self.records and not self.record_errors:
             lines.append("  - no results records were found: nothing was verified")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One line: checks passed, not judged, failed; plus a line per stale reference."""
+        judged = [v for v in self.verdicts if v.judged]
+        lines = [f"claim gate: {sum(v.passed for v in judged)} checks passed, {len(self.failures)} failed, "
+                 f"{len(self.verdicts) - len(judged)} not judged, in {len(self.records)} record(s)"]
+        lines += [f"  stale reference {path}: {why}" for path, why in self.stale.items()]
         return "\n".join(lines)
 
 
@@ -72,14 +103,70 @@ def find_records(locations: Iterable[Path]) -> list[Path]:
     return found
 
 
-def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None) -> GateReport:
-    """Judge the records at ``paths``; never raises for bad records, collects them instead.
+def staleness(record: dict[str, Any], examples: Path | None = None, include_library: bool = False) -> str:
+    """Why ``record`` no longer describes the current sources, or ``""`` when it does.
 
     Args:
-        paths: record files.
+        record: a schema-2 record.
+        examples: folder of the examples (default :func:`mpguide.declarations.examples_dir`).
+        include_library: also call it stale when the helper library changed (this build's records
+            must come from the current library; a GPU reference only from the current example).
+    """
+    source = record.get("source") or {}
+    reasons = []
+    current = file_digest(declarations.example_file(record["example"], examples))
+    if source.get("example_sha256") != current:
+        reasons.append(f"examples/{record['example']}.py changed since the record was made"
+                       + (f" at commit {source['commit'][:7]}" if source.get("commit") else ""))
+    if include_library and source.get("library_sha256") != library_digest():
+        reasons.append("the mpguide library changed since the record was made")
+    return "; ".join(reasons)
+
+
+def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = False,
+             examples: Path | None = None) -> tuple[list[Verdict], str]:
+    """Judge one record against its example's declaration.
+
+    Args:
+        record: a validated record.
+        path: where it was read from (for messages).
+        reference: a committed reference (may be stale) rather than this build's record.
+        examples: folder of the examples.
+
+    Returns:
+        ``(verdicts, stale)``: the verdicts, and why a reference is stale (``""`` when current).
+        A stale record of this build is one failed verdict instead.
+    """
+    hardware = hardware_label(record.get("env", {}))
+    try:
+        declaration = declarations.read(declarations.example_file(record["example"], examples))
+    except declarations.DeclarationError as err:
+        gone = not declarations.example_file(record["example"], examples).is_file()
+        detail = (f"the record is of example {record['example']!r}, which no longer exists; delete the record"
+                  if gone else f"{err}; fix the example's tables")
+        return [Verdict(record["example"], "declaration", [], "the example declares these claims", "declaration",
+                        None, "example exists", False, detail=detail, record=str(path), hardware=hardware,
+                        observed="no declaration")], ""
+    stale = staleness(record, examples, include_library=not reference)
+    if stale and not reference:
+        verdict = Verdict(record["example"], "stale", [], "the record is current", "source", None,
+                          "made from the current sources", False, record=str(path), hardware=hardware,
+                          observed="stale", detail=f"{stale}; rerun the example (or rebuild the docs)")
+        return [verdict] + evaluate_record(record, str(path), declaration), ""
+    return evaluate_record(record, str(path), declaration, stale=bool(stale)), stale
+
+
+def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None,
+          references: Sequence[Path] = (), examples: Path | None = None) -> GateReport:
+    """Judge this build's records at ``paths`` and the committed ``references``; never raises for bad records.
+
+    Args:
+        paths: this build's record files.
         expected: example names whose records must exist in ``expected_dir`` (a missing one is a
             record error: an example that wrote nothing verified nothing).
         expected_dir: folder of this build's records.
+        references: committed reference record files (may be stale).
+        examples: folder of the examples whose declarations are compared.
     """
     report = GateReport()
     paths = list(paths)
@@ -87,44 +174,59 @@ def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Pat
         path = record_path(name, expected_dir)
         if path not in paths:
             paths.append(path)
-    for path in paths:
+    for path, reference in [(p, False) for p in paths] + [(p, True) for p in references]:
         try:
             record = load_record(path)
         except RecordError as err:
             report.record_errors.append(str(err))
             continue
         report.records.append(Path(path))
-        report.verdicts += evaluate_record(record, str(path))
+        verdicts, stale = evaluate(record, path, reference, examples)
+        report.verdicts += verdicts
+        if stale:
+            report.stale[str(path)] = stale
     return report
 
 
-def check(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None) -> GateReport:
+def check(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None,
+          references: Sequence[Path] = ()) -> GateReport:
     """Like :func:`~mpguide.gate.judge`, but raise when anything failed.
 
     Raises:
-        GateFailure: a claim failed, a record is missing or unreadable, or no record was given.
+        GateFailure: a claim failed, a record is missing, unreadable or differs from its
+            declaration, or no record was given.
     """
-    report = judge(paths, expected, expected_dir)
+    report = judge(paths, expected, expected_dir, references)
     if not report.ok:
         raise GateFailure(report)
     return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry; returns the exit status (0 pass, 1 claim failed, 2 record error)."""
-    parser = argparse.ArgumentParser(prog="python -m mpguide.gate", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="*", type=Path, default=[Path("results")],
-                        help="record files or folders (searched recursively); default: results/")
+    """Command-line entry; returns the exit status (see :data:`~mpguide.gate.EXIT_CODES`)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mpguide.gate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Judge results records against the claims their examples declare.\n\nWithout arguments: "
+                    "this build's records in _build/results and the committed references in results/reference "
+                    "(what `nox -s gate` does).", epilog=EXIT_CODES)
+    parser.add_argument("paths", nargs="*", type=Path,
+                        help="this build's record files or folders (searched recursively)")
+    parser.add_argument("--reference", action="append", default=None, type=Path, metavar="PATH",
+                        help="committed reference records (file or folder; repeatable); these may be stale")
     parser.add_argument("--expect", action="append", default=[], metavar="EXAMPLE",
                         help="example whose record must exist in --expect-dir (repeatable)")
     parser.add_argument("--expect-dir", type=Path, default=None, help="folder of the expected records")
     args = parser.parse_args(argv)
-    report = judge(find_records(args.paths), args.expect, args.expect_dir)
+    paths = args.paths
+    refs = args.reference
+    if not paths and refs is None:
+        paths, refs = [DEFAULT_BUILD_RESULTS], [reference_dir()]
+    report = judge(find_records(paths), args.expect, args.expect_dir, find_records(r for r in refs or [] if r.exists()))
     if report.verdicts:
-        print(format_table(verdict_rows(report.verdicts), ("claim", "runs", "metric", "value", "threshold",
-                                                           "verdict", "hardware")))
+        print(format_table(verdict_rows(report.verdicts), ("verdict", "claim", "runs", "value", "threshold",
+                                                           "hardware")))
+    print(report.summary())
     if report.ok:
-        print(f"claim gate: {len(report.verdicts)} checks in {len(report.records)} record(s) passed")
         return 0
     print(report.failure_message(), file=sys.stderr)
     return 2 if report.record_errors or not report.records else 1

@@ -1,20 +1,30 @@
 """Results records: one versioned JSON file per example, written atomically.
 
 A record is the only thing that travels from a training example to the guide page and to the
-claim gate (see ``DESIGN.md`` section 4). Layout (``schema_version`` 1)::
+claim gate. Layout (``schema_version`` 2)::
 
     {
       "example": "plot_01_porting_to_manual",   # file stem of the example
-      "schema_version": 1,
+      "schema_version": 2,
       "created": "2026-11-29T20:00:00Z",        # UTC, ISO 8601
       "preset": "quick",                        # size preset, see mpguide.hardware
       "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"},
+      "source": {"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty",
+                 "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}},
       "runs": [{"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps",
+                "plugin", "trainer_kwargs", "plain_flag", "swapped_from"?,
                 "loss": [float] * steps, "lr": [float] * steps, "loss_scale": [float] * steps | null,
                 "skipped_steps": int, "seconds": float, "error": null | {"type", "message", "traceback"},
                 "warnings": [str], "extra": {}}],
       "claims": [{"kind", "runs", "tolerance", "threshold", "value", "verdict", "detail", ...}]
     }
+
+``source`` says what the record was produced from: SHA-256 digests of the example file, of the
+helper library's sources (:func:`~mpguide.records.library_digest`) and of the example's declared
+runs and claims, the git commit when known (``dirty`` when the example or library differed from
+it), and the environment variables that steer a run. The claim gate compares the record with the
+example's declaration (:mod:`mpguide.declarations`) and calls a record **stale** when the example
+file changed since it was written.
 
 Non-finite losses are stored as JSON's ``NaN``/``Infinity`` tokens (Python's :mod:`json` reads them
 back), so a NaN curve stays visible to the gate instead of being dropped.
@@ -23,21 +33,23 @@ back), so a NaN curve stays visible to the gate instead of being dropped.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 #: Bump when the layout above changes incompatibly; the gate refuses other versions.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Environment variable naming the folder where examples write records (the docs build sets it).
 RESULTS_ENV = "MPGUIDE_RESULTS_DIR"
 
 _REQUIRED_TOP = {"example": str, "schema_version": int, "created": str, "preset": str, "env": dict,
-                 "runs": list, "claims": list}
+                 "source": dict, "runs": list, "claims": list}
 _REQUIRED_RUN = {"id": str, "mode": str, "precision": str, "recipe": str, "loss": list, "steps": int}
 _REQUIRED_CLAIM = {"kind": str, "runs": list}
 
@@ -91,6 +103,41 @@ def environment(accelerator: str) -> dict[str, str]:
         "cuda": (torch.version.cuda or "unknown") if accelerator == "cuda" else "cpu",
         "platform": platform.platform(terse=True),
     }
+
+
+#: The repository this library lives in (its ``examples/`` and ``mpguide/`` are hashed for ``source``).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def file_digest(path: Path) -> str | None:
+    """SHA-256 (hex) of a file's bytes, or ``None`` when it does not exist."""
+    path = Path(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def library_digest() -> str:
+    """SHA-256 (hex) over the names and bytes of the helper library's Python sources, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def git_state(paths: list[Path]) -> tuple[str | None, bool | None]:
+    """The commit checked out in :data:`~mpguide.records.REPO_ROOT` and whether ``paths`` differ from it.
+
+    Returns:
+        ``(commit, dirty)``; ``(None, None)`` outside a git checkout or without git.
+    """
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--", *map(str, paths)], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit or None, bool(status)
 
 
 def utc_now() -> str:
@@ -162,7 +209,9 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
         raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
     version = record.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}")
+        raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
+                          + (" (a committed reference of version 1 can be converted with "
+                             "`python -m mpguide.records upgrade PATH --commit SHA`)" if version == 1 else ""))
     _check_fields(record, _REQUIRED_TOP, f"{path}", fix)
     seen = set()
     for i, run in enumerate(record["runs"]):
@@ -214,3 +263,75 @@ def _check_fields(obj: Any, required: dict[str, type], where: str, fix: str) -> 
             raise RecordError(f"{where}: missing field {key!r}; {fix}")
         if not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool)):
             raise RecordError(f"{where}: field {key!r} should be {kind.__name__}, found {type(obj[key]).__name__}; {fix}")
+
+
+def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, library_sources: dict[str, bytes]) -> dict[str, Any]:
+    """Convert a schema-1 record to schema 2 without changing any measured value.
+
+    Schema 1 did not say what a record was produced from. The caller states it: the commit the
+    record was made at and the example's and library's sources at that commit (for example from
+    ``git show COMMIT:examples/NAME.py``); their digests become ``source``. Runs keep every field;
+    the run options schema 1 did not store (``plugin``, ``trainer_kwargs``, ``plain_flag``) stay
+    absent, and the gate then compares only what is present (see :mod:`mpguide.claims`).
+
+    Args:
+        record: a parsed schema-1 record.
+        commit: the git commit it was produced at (40 hex digits).
+        example_source: bytes of ``examples/<example>.py`` at that commit.
+        library_sources: file name -> bytes of every ``mpguide/*.py`` at that commit.
+
+    Returns:
+        A new schema-2 record (validated).
+
+    Raises:
+        RecordError: the input is not a schema-1 record.
+    """
+    if not isinstance(record, dict) or record.get("schema_version") != 1:
+        raise RecordError(f"upgrade_v1 needs a schema_version 1 record, found {record.get('schema_version')!r}")
+    library = hashlib.sha256()
+    for name in sorted(library_sources):
+        library.update(name.encode())
+        library.update(library_sources[name])
+    out = dict(record, schema_version=SCHEMA_VERSION)
+    out["source"] = {"example_sha256": hashlib.sha256(example_source).hexdigest(),
+                     "library_sha256": library.hexdigest(), "declaration_sha256": None, "commit": commit,
+                     "dirty": False, "run_env": {"MPGUIDE_PRESET": record.get("preset"), "MPGUIDE_DEVICE": None,
+                                                 "swaps": {}},
+                     "upgraded_from_schema": 1}
+    validate_record(out, f"<{record.get('example')} upgraded>")
+    return out
+
+
+def _upgrade_cli(argv: list[str] | None = None) -> int:
+    """``python -m mpguide.records upgrade PATH... --commit SHA``: rewrite schema-1 records in place."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mpguide.records",
+                                     description="Convert schema-1 records to schema 2, reading the example and "
+                                                 "library sources at COMMIT from git.")
+    parser.add_argument("command", choices=["upgrade"])
+    parser.add_argument("paths", nargs="+", type=Path)
+    parser.add_argument("--commit", required=True, help="the commit the records were produced at")
+    args = parser.parse_args(argv)
+
+    def show(rel: str) -> bytes:
+        return subprocess.run(["git", "show", f"{args.commit}:{rel}"], cwd=REPO_ROOT, capture_output=True,
+                              check=True).stdout
+
+    commit = subprocess.run(["git", "rev-parse", args.commit], cwd=REPO_ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    names = subprocess.run(["git", "ls-tree", "--name-only", commit, "mpguide/"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    library = {Path(n).name: show(n) for n in names if n.endswith(".py")}
+    for path in args.paths:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+        upgraded = upgrade_v1(record, commit, show(f"examples/{record['example']}.py"), library)
+        write_record(upgraded, path)
+        print(f"{path}: schema 1 -> {SCHEMA_VERSION}, source at {commit[:7]}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_upgrade_cli())

@@ -29,9 +29,9 @@ def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) ->
             "claim": v.title,
             "runs": " vs ".join(v.runs),
             "metric": v.metric,
-            "value": "-" if v.value is None else f"{v.value:.3g}",
+            "value": v.shown_value(),
             "threshold": v.threshold if len(v.threshold) <= MAX_THRESHOLD else v.threshold[:MAX_THRESHOLD - 3] + "...",
-            "verdict": "pass" if v.passed else "FAIL",
+            "verdict": v.status,
             "hardware": v.hardware,
         })
     return rows

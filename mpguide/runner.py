@@ -1,9 +1,10 @@
 """Run a matrix of real Lightning ``Trainer`` fits and turn them into a results record.
 
-An example names its recipes (LightningModule classes), its runs (:class:`~mpguide.runner.RunSpec`: recipe x
-precision x seed) and its claims, then calls :func:`~mpguide.runner.run_example`. Every run trains on the same
-data in the same order from the same initial weights; the per-step loss, learning rate and loss
-scale, the wall time, warnings and any exception are captured into the record.
+An example names its recipes (LightningModule factories) and declares its runs and claims in the
+literal ``RUNS`` and ``CLAIMS`` tables (:mod:`mpguide.declarations`), then calls
+:func:`~mpguide.runner.run_example`. Every run trains on the same data in the same order from the
+same initial weights; the per-step loss, learning rate and loss scale, the wall time, warnings and
+any exception are captured into the record.
 
 Environment variables (besides those of :mod:`mpguide.hardware`):
 
@@ -21,45 +22,19 @@ import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from . import claims as claims_mod
-from . import hardware, records
+from . import declarations, hardware, records
+from .declarations import RunDecl
 from .data import digits_loader
 from .steps import loss_scale
 
 SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One training run of an example.
-
-    Attributes:
-        id: unique id within the example, used by claims and legends (e.g. ``"manual-bf16-mixed"``).
-        recipe: key of the example's recipe table (a LightningModule class).
-        precision: one of :data:`mpguide.hardware.PRECISIONS`.
-        seed: seeds weights, data order and any randomness in the recipe.
-        plugin_class: optional precision plugin factory, called as ``plugin_class(precision, device)``.
-        label: legend text; defaults to ``id``.
-        trainer_kwargs: extra :class:`~lightning.pytorch.Trainer` arguments (e.g.
-            ``accumulate_grad_batches``), applied last.
-        plain_flag: pass ``Trainer(precision=...)`` as a user would, even on CPU where
-            ``"16-mixed"`` then silently becomes bf16-mixed (see
-            :func:`mpguide.hardware.trainer_precision_kwargs`).
-    """
-
-    id: str
-    recipe: str
-    precision: str
-    seed: int = 0
-    plugin_class: Callable[..., Any] | None = None
-    label: str = ""
-    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
-    plain_flag: bool = False
 
 
 @dataclass
@@ -73,6 +48,10 @@ class RunResult:
     recipe: str
     seed: int
     steps: int
+    plugin: str | None = None
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    plain_flag: bool = False
+    swapped_from: str | None = None
     label: str = ""
     loss: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
@@ -166,10 +145,11 @@ def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
 
 
 def train_run(
-    spec: RunSpec,
+    spec: RunDecl,
     module_factory: Callable[[], Any],
     accelerator: str,
     preset: hardware.Preset,
+    plugin_factory: Callable[..., Any] | None = None,
 ) -> RunResult:
     """Fit one LightningModule with a real :class:`lightning.pytorch.Trainer` and record it.
 
@@ -180,10 +160,12 @@ def train_run(
     claims to judge.
 
     Args:
-        spec: the run.
+        spec: the declared run.
         module_factory: builds the LightningModule (called once, after seeding).
         accelerator: ``"cpu"`` or ``"cuda"``.
         preset: size (epochs, batch size).
+        plugin_factory: the precision plugin named by ``spec.plugin``, called as
+            ``plugin_factory(precision, accelerator)``; ``None`` for Lightning's own handling.
 
     Returns:
         The :class:`~mpguide.runner.RunResult`; ``steps`` is the number of training batches the run was meant to
@@ -211,7 +193,7 @@ def train_run(
             num_sanity_val_steps=0,
             callbacks=[recorder],
             **({"precision": spec.precision} if spec.plain_flag else
-               hardware.trainer_precision_kwargs(spec.precision, accelerator, spec.plugin_class)),
+               hardware.trainer_precision_kwargs(spec.precision, accelerator, plugin_factory)),
             **spec.trainer_kwargs,
         )
         result = RunResult(
@@ -222,6 +204,9 @@ def train_run(
             recipe=spec.recipe,
             seed=spec.seed,
             steps=preset.epochs * len(loader),
+            plugin=spec.plugin,
+            trainer_kwargs=dict(spec.trainer_kwargs),
+            plain_flag=spec.plain_flag,
             label=spec.label or spec.id,
         )
         start = time.perf_counter()
@@ -253,13 +238,14 @@ def train_run(
 def run_example(
     example: str,
     recipes: dict[str, Callable[[], Any]],
-    runs: list[RunSpec],
-    claims: list[dict[str, Any]],
+    runs: list[tuple[Any, ...]],
+    claims: list[tuple[Any, ...]],
     *,
+    plugins: dict[str, Callable[..., Any]] | None = None,
     results_dir: Any = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Train every run of an example, judge its claims and write its results record.
+    """Train every declared run of an example, judge its claims and write its results record.
 
     Prints one progress line per run and returns the record (also written to
     ``<results_dir>/<example>.json`` atomically; see :mod:`mpguide.records`).
@@ -267,15 +253,28 @@ def run_example(
     Args:
         example: the example's file stem, e.g. ``"plot_01_porting_to_manual"``.
         recipes: recipe name -> zero-argument factory of a LightningModule.
-        runs: the runs, in display order.
-        claims: declarations made with :mod:`mpguide.claims`.
+        runs: the example's literal ``RUNS`` table (see :mod:`mpguide.declarations`).
+        claims: the example's literal ``CLAIMS`` table.
+        plugins: plugin name -> factory ``(precision, accelerator) -> plugin`` for runs with a
+            ``"plugin"`` option; :class:`mpguide.precision.ManualMixedPrecision` is known by name.
         results_dir: folder for the record (default :func:`mpguide.records.results_dir`).
         progress: called with each progress line.
 
     Raises:
-        hardware.ConfigurationError: unknown preset/device/precision, or a run naming a recipe the
-            table does not have (including through ``MPGUIDE_SWAP_RECIPE``).
+        mpguide.declarations.DeclarationError: the tables are malformed, or differ from what the
+            example file (when it is found) declares at module level.
+        hardware.ConfigurationError: unknown preset/device/precision, or a run naming a recipe or
+            plugin the tables do not have (including through ``MPGUIDE_SWAP_RECIPE``).
     """
+    from .precision import ManualMixedPrecision
+
+    declaration = declarations.from_tables(example, runs, claims)
+    source_file = declarations.example_file(example)
+    if source_file.is_file() and declarations.read(source_file) != declaration:
+        raise declarations.DeclarationError(
+            f"{source_file}: the RUNS/CLAIMS passed to run_example differ from the module-level tables the gate "
+            f"reads; pass the tables themselves, unmodified")
+    plugins = {"ManualMixedPrecision": ManualMixedPrecision, **(plugins or {})}
     accelerator = hardware.select_accelerator()
     preset = hardware.select_preset()
     all_swaps = parse_swaps(os.environ.get(SWAP_ENV))
@@ -283,35 +282,71 @@ def run_example(
     others = sorted({ex for ex, _ in all_swaps} - {example})
     if others:
         progress(f"  note: {SWAP_ENV} entries for {others} do not apply to {example} (check the spelling)")
-    unknown = set(swaps) - {spec.id for spec in runs}
+    unknown = set(swaps) - {spec.id for spec in declaration.runs}
     if unknown:
         raise hardware.ConfigurationError(f"{SWAP_ENV} names run(s) {sorted(unknown)} that {example} does not have")
-    for spec in runs:
+    for spec in declaration.runs:
         name = swaps.get(spec.id, spec.recipe)
         if name not in recipes:
             raise hardware.ConfigurationError(f"{example}: run {spec.id!r} names unknown recipe {name!r}; "
                                               f"known: {sorted(recipes)}")
-    progress(f"{example}: {len(runs)} runs on {hardware.device_name(accelerator)}, preset {preset.name!r}")
+        if spec.plugin is not None and spec.plugin not in plugins:
+            raise hardware.ConfigurationError(f"{example}: run {spec.id!r} names unknown plugin {spec.plugin!r}; "
+                                              f"known: {sorted(plugins)}")
+    progress(f"{example}: {len(declaration.runs)} runs on {hardware.device_name(accelerator)}, "
+             f"preset {preset.name!r}")
     results = []
-    for i, spec in enumerate(runs, 1):
+    for i, spec in enumerate(declaration.runs, 1):
         recipe = swaps.get(spec.id, spec.recipe)
         if recipe != spec.recipe:
             progress(f"  note: {SWAP_ENV} trains run {spec.id!r} with recipe {recipe!r}")
         run_spec = dataclasses.replace(spec, recipe=recipe)
-        res = train_run(run_spec, recipes[recipe], accelerator, preset)
+        res = train_run(run_spec, recipes[recipe], accelerator, preset,
+                        plugins[spec.plugin] if spec.plugin else None)
+        if recipe != spec.recipe:
+            res.swapped_from = spec.recipe
         status = (f"raised {res.error['type']}" if res.error else
                   f"final loss {res.loss[-1]:.4f}" if res.loss else "no steps")
-        progress(f"  [{i:2d}/{len(runs)}] {spec.id:<20} {res.mode:<9} {res.precision:<10} "
+        progress(f"  [{i:2d}/{len(declaration.runs)}] {spec.id:<20} {res.mode:<9} {res.precision:<10} "
                  f"{len(res.loss):4d} steps {res.seconds:6.2f} s  {status}")
         results.append(res)
-    record = build_record(example, results, claims, accelerator, preset)
+    record = build_record(example, results, declaration, accelerator, preset, swaps)
     path = records.write_record(record, records.record_path(example, results_dir))
-    progress(f"{example}: record written to {path}")
+    progress(f"{example}: record written to {_shown_path(path)}")
     return record
 
 
-def build_record(example: str, results: list[RunResult], claims: list[dict[str, Any]], accelerator: str,
-                 preset: hardware.Preset) -> dict[str, Any]:
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the current folder when inside it, else its file name (no machine paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return f"<results folder>/{Path(path).name}"
+
+
+def source_info(example: str, declaration: declarations.Declaration, swaps: dict[str, str]) -> dict[str, Any]:
+    """The ``source`` field of a record: what it is produced from (see :mod:`mpguide.records`)."""
+    example_path = declarations.example_file(example)
+    commit, dirty = records.git_state([example_path, Path(records.__file__).parent])
+    return {
+        "example_sha256": records.file_digest(example_path),
+        "library_sha256": records.library_digest(),
+        "declaration_sha256": declaration.digest(),
+        "commit": commit,
+        "dirty": dirty,
+        "run_env": run_env(swaps),
+    }
+
+
+def run_env(swaps: dict[str, str]) -> dict[str, Any]:
+    """Environment variables that change what an example trains, as a record stores them."""
+    return {"MPGUIDE_PRESET": hardware.select_preset().name,
+            "MPGUIDE_DEVICE": os.environ.get("MPGUIDE_DEVICE", "auto").lower(),
+            "swaps": dict(sorted(swaps.items()))}
+
+
+def build_record(example: str, results: list[RunResult], declaration: declarations.Declaration, accelerator: str,
+                 preset: hardware.Preset, swaps: dict[str, str] | None = None) -> dict[str, Any]:
     """Assemble a schema-valid record and fill in each claim's value and verdict as judged now."""
     record = {
         "example": example,
@@ -319,11 +354,12 @@ def build_record(example: str, results: list[RunResult], claims: list[dict[str, 
         "created": records.utc_now(),
         "preset": preset.name,
         "env": records.environment(accelerator),
-        "runs": [r.__dict__ for r in results],
-        "claims": [dict(c) for c in claims],
+        "source": source_info(example, declaration, swaps or {}),
+        "runs": [dict(r.__dict__) for r in results],
+        "claims": [dict(c) for c in declaration.claims_for(accelerator)],
     }
-    judged = claims_mod.evaluate_record(record)
+    judged = [v for v in claims_mod.evaluate_record(record) if v.kind not in ("finite", "completes")]
     for claim, verdict in zip(record["claims"], judged):
-        claim.update(value=verdict.value, threshold=verdict.threshold, verdict="pass" if verdict.passed else "fail",
-                     metric=verdict.metric, detail=verdict.detail)
+        claim.update(value=verdict.value, threshold=verdict.threshold, verdict=verdict.status,
+                     metric=verdict.metric, detail=verdict.detail, observed=verdict.shown_value())
     return record

@@ -3,18 +3,21 @@
 What it does, in build order:
 
 1. ``builder-inited`` (before sphinx-gallery runs the examples): exports the records folder as
-   ``MPGUIDE_RESULTS_DIR`` so examples (run in-process by sphinx-gallery, which sets no
-   ``__file__`` and changes directory) and the MyST-NB page kernel agree on it; then forces a
-   re-run of every example whose record is missing, or of all examples when the helper library's
-   source changed since the last build (sphinx-gallery only looks at the example file's own md5);
-   removes what earlier builds left for deleted examples; and refuses an ``MPGUIDE_SWAP_RECIPE``
-   that names an example that does not exist (a typo must not let a build pass unswapped).
+   ``MPGUIDE_RESULTS_DIR`` (and the examples folder as ``MPGUIDE_EXAMPLES_DIR``) so examples (run
+   in-process by sphinx-gallery, which sets no ``__file__`` and changes directory) and the MyST-NB
+   page kernel agree on them; then forces a re-run of exactly the examples whose record does not
+   match the current inputs (:func:`~mpguide.sphinx_ext.examples_to_rerun`: a missing or unreadable
+   record, or one made from another example file, library, preset, device or recipe swap;
+   sphinx-gallery alone only looks at the example file's md5); removes what earlier builds left
+   for deleted examples; and refuses an ``MPGUIDE_SWAP_RECIPE`` that names an example that does
+   not exist (a typo must not let a build pass unswapped).
 2. ``env-before-read-docs``: loads every record the pages will read and stops the build with
    the record's own message (file, problem, fix) if one is missing or corrupt.
 3. ``source-read``: registers every record file as a dependency of the pages that read records,
    so those pages are re-read (and re-executed) when a record changes.
-4. ``build-finished``: runs the claim gate (:func:`mpguide.gate.check`) over this build's records
-   and the committed reference records; any failed claim or unreadable record raises
+4. ``build-finished``: runs the claim gate (:func:`mpguide.gate.judge`) over this build's records
+   and the committed reference records, each compared with its example's declared runs and
+   claims; any failed claim, altered or stale record, or unreadable record raises
    :class:`sphinx.errors.ExtensionError`, so ``sphinx-build`` exits non-zero with one line per
    failure naming example, claim, runs, metric, threshold, record and hardware.
 
@@ -25,7 +28,6 @@ Configuration values (``conf.py``): ``mpguide_results_dir``, ``mpguide_reference
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -35,31 +37,11 @@ from sphinx.errors import ExtensionError
 from sphinx.util import logging
 
 from . import gate
+from .declarations import EXAMPLES_ENV
 from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 from .runner import SWAP_ENV, parse_swaps
 
 logger = logging.getLogger(__name__)
-#: File in the results folder holding the :func:`~mpguide.sphinx_ext.library_hash` of the last build.
-STAMP = ".library-hash"
-
-
-#: Environment variables that change what an example trains; part of :func:`~mpguide.sphinx_ext.library_hash`.
-RUN_ENV = ("MPGUIDE_PRESET", "MPGUIDE_DEVICE", "MPGUIDE_SWAP_RECIPE")
-
-
-def library_hash() -> str:
-    """SHA-256 (hex) of what examples depend on besides their own file.
-
-    Covers the helper library's Python sources (names and contents) and the values of
-    :data:`~mpguide.sphinx_ext.RUN_ENV`, so that switching preset or device, or swapping a recipe, reruns the examples.
-    """
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    for name in RUN_ENV:
-        digest.update(f"{name}={os.environ.get(name, '')}".encode())
-    return digest.hexdigest()
 
 
 def example_names(examples_dir: Path) -> list[str]:
@@ -90,24 +72,47 @@ def remove_deleted_examples(examples_dir: Path, gallery_dir: Path, results_dir: 
     return gone
 
 
-def invalidate_stale_examples(examples_dir: Path, gallery_dir: Path, results_dir: Path) -> list[str]:
-    """Delete sphinx-gallery's md5 stamps of examples that must run again.
+def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
+    """Examples whose record in ``results_dir`` does not match their current inputs, with the reason.
 
-    An example must run again when its record is missing from ``results_dir`` or when the helper
-    library changed since the stamp in ``results_dir`` was written.
+    Inputs are what a record's ``source`` stores (:mod:`mpguide.records`): the example file's
+    digest, the library's digest, and the preset, device and recipe swaps that apply to that
+    example (:func:`mpguide.runner.run_env`). An example is rerun when its record is missing or
+    unreadable or when any input differs, so a recipe swap for one example reruns that one only.
 
     Returns:
-        Names of the examples invalidated.
+        example name -> reason, in name order.
     """
-    results_dir.mkdir(parents=True, exist_ok=True)
-    stamp = results_dir / STAMP
-    current = library_hash()
-    library_changed = not stamp.is_file() or stamp.read_text().strip() != current
-    stale = [name for name in example_names(examples_dir)
-             if library_changed or not record_path(name, results_dir).is_file()]
+    from .records import file_digest, library_digest
+    from .runner import SWAP_ENV, parse_swaps, run_env
+
+    swaps = parse_swaps(os.environ.get(SWAP_ENV))
+    library = library_digest()
+    rerun: dict[str, str] = {}
+    for name in example_names(examples_dir):
+        try:
+            source = load_record(record_path(name, results_dir))["source"]
+        except RecordError:
+            rerun[name] = "no readable record"
+            continue
+        current = {"example_sha256": file_digest(Path(examples_dir) / f"{name}.py"), "library_sha256": library,
+                   "run_env": run_env({run: r for (ex, run), r in swaps.items() if ex == name})}
+        changed = [key for key, value in current.items() if source.get(key) != value]
+        if changed:
+            rerun[name] = ", ".join(changed) + " changed"
+    return rerun
+
+
+def invalidate_stale_examples(examples_dir: Path, gallery_dir: Path, results_dir: Path) -> dict[str, str]:
+    """Delete sphinx-gallery's md5 stamps of :func:`~mpguide.sphinx_ext.examples_to_rerun`, so those run again.
+
+    Returns:
+        example name -> why it reruns.
+    """
+    Path(results_dir).mkdir(parents=True, exist_ok=True)
+    stale = examples_to_rerun(examples_dir, results_dir)
     for name in stale:
         (Path(gallery_dir) / f"{name}.py.md5").unlink(missing_ok=True)
-    stamp.write_text(current + "\n")
     return stale
 
 
@@ -115,6 +120,7 @@ def _on_builder_inited(app: Sphinx) -> None:
     cfg = app.config
     results = Path(cfg.mpguide_results_dir)
     os.environ[RESULTS_ENV] = str(results)
+    os.environ[EXAMPLES_ENV] = str(cfg.mpguide_examples_dir)
     if cfg.mpguide_reference_dir:
         os.environ[REFERENCE_ENV] = str(cfg.mpguide_reference_dir)
     if not cfg.mpguide_gate:
@@ -133,14 +139,15 @@ def _on_builder_inited(app: Sphinx) -> None:
     if gone:
         logger.info(f"[mpguide] removed the generated files and records of deleted examples: {', '.join(gone)}")
     stale = invalidate_stale_examples(examples, Path(cfg.mpguide_gallery_dir), results)
-    if stale:
-        logger.info(f"[mpguide] examples to (re)run: {', '.join(stale)}")
+    for name, why in stale.items():
+        logger.info(f"[mpguide] {name} runs: {why}")
 
 
-def _record_files(app: Sphinx) -> list[Path]:
+def _record_files(app: Sphinx, references: bool | None = None) -> list[Path]:
+    """This build's records (``references=False``), the committed references (``True``), or both."""
     cfg = app.config
-    locations = [Path(cfg.mpguide_results_dir)]
-    if cfg.mpguide_reference_dir and Path(cfg.mpguide_reference_dir).is_dir():
+    locations = [] if references else [Path(cfg.mpguide_results_dir)]
+    if references is not False and cfg.mpguide_reference_dir and Path(cfg.mpguide_reference_dir).is_dir():
         locations.append(Path(cfg.mpguide_reference_dir))
     return gate.find_records(p for p in locations if p.exists())
 
@@ -173,10 +180,12 @@ def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or not cfg.mpguide_gate:
         return
     results = Path(cfg.mpguide_results_dir)
-    report = gate.judge(_record_files(app), example_names(Path(cfg.mpguide_examples_dir)), results)
+    report = gate.judge(_record_files(app, references=False), example_names(Path(cfg.mpguide_examples_dir)),
+                        results, references=_record_files(app, references=True),
+                        examples=Path(cfg.mpguide_examples_dir))
     if not report.ok:
         raise ExtensionError(report.failure_message())
-    logger.info(f"[mpguide] claim gate: {len(report.verdicts)} checks in {len(report.records)} records passed")
+    logger.info(f"[mpguide] {report.summary()}")
 
 
 def setup(app: Sphinx) -> dict[str, Any]:

@@ -1,0 +1,250 @@
+"""What each example promises, read from its source without training: the ``RUNS`` and ``CLAIMS`` tables.
+
+Every example ends with a section "How this page is verified" holding two literal tables::
+
+    RUNS = [
+        # run id        recipe       precision      options (optional)
+        ("auto-fp32", "automatic", "32-true"),
+        ("bug-fp16-plugin", "detached once", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "..."}),
+    ]
+    CLAIMS = [
+        # kind, then the arguments of the helper of that name in mpguide.claims, in order
+        ("match", "manual-fp32", "auto-fp32", "same-precision", "manual port = automatic (fp32)"),
+        ("expect", "flag-16-mixed", "has_scaler", False, "CPU: no GradScaler", {"only_on": "cpu"}),
+    ]
+
+and passes them to :func:`mpguide.runner.run_example`. Because both tables are Python literals
+(strings, numbers, booleans, ``None``, tuples, lists and dicts only), :func:`~mpguide.declarations.read`
+gets them with :func:`ast.literal_eval` from the file itself: the claim gate knows what an example
+declares without importing torch or running anything, and compares every record with it
+(:func:`mpguide.claims.compare_with_declaration`). A record can therefore not decide what it verifies.
+
+Run options: ``label`` (legend text), ``plugin`` (a key of the plugin table passed to
+``run_example``), ``trainer`` (extra ``Trainer`` keyword arguments), ``plain_flag`` (pass
+``Trainer(precision=...)`` even on CPU), ``seed`` (default 0). Claim options: ``only_on``
+(``"cpu"`` or ``"cuda"``: the claim applies to records made on that accelerator only).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import claims as claims_mod
+
+#: Environment variable naming the folder of the examples (the docs build sets it).
+EXAMPLES_ENV = "MPGUIDE_EXAMPLES_DIR"
+#: Names of the two module-level tables an example must assign exactly once.
+TABLES = ("RUNS", "CLAIMS")
+#: Precision names a run may use (Lightning's spelling; the same as :data:`mpguide.hardware.PRECISIONS`).
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+_RUN_OPTIONS = {"label": str, "plugin": str, "trainer": dict, "plain_flag": bool, "seed": int}
+_CLAIM_OPTIONS = {"only_on": ("cpu", "cuda")}
+#: Keys of a claim that define it (what the gate compares); judged values and titles are not among them.
+CLAIM_KEYS = ("kind", "runs", "tolerance", "exception", "message", "category", "key", "expected", "only_on")
+#: Keys of a run that define it (what the gate compares); ``label`` is presentation only.
+RUN_KEYS = ("id", "recipe", "precision", "seed", "plugin", "trainer_kwargs", "plain_flag")
+
+
+class DeclarationError(ValueError):
+    """An example's ``RUNS``/``CLAIMS`` tables are missing, not literal, or malformed.
+
+    The message names the example file, the table and the entry.
+    """
+
+
+@dataclass(frozen=True)
+class RunDecl:
+    """One declared training run.
+
+    Attributes:
+        id: unique run id within the example (e.g. ``"manual-bf16"``).
+        recipe: key of the example's recipe table (a LightningModule factory).
+        precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        seed: seeds weights, data order and recipe randomness.
+        plugin: key of the example's plugin table, or ``None`` for Lightning's own precision handling.
+        trainer_kwargs: extra :class:`~lightning.pytorch.Trainer` keyword arguments.
+        plain_flag: pass ``Trainer(precision=...)`` as a user would, even on CPU.
+        label: legend text.
+    """
+
+    id: str
+    recipe: str
+    precision: str
+    seed: int = 0
+    plugin: str | None = None
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    plain_flag: bool = False
+    label: str = ""
+
+    def spec(self) -> dict[str, Any]:
+        """The defining fields (:data:`~mpguide.declarations.RUN_KEYS`) as a JSON-ready dict."""
+        return {k: v for k, v in asdict(self).items() if k in RUN_KEYS}
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """An example's declared runs and claims.
+
+    Attributes:
+        example: the example's file stem.
+        runs: declared runs in display order.
+        claims: claim dicts as built by the helpers of :mod:`mpguide.claims` (plus ``only_on``).
+    """
+
+    example: str
+    runs: tuple[RunDecl, ...]
+    claims: tuple[dict[str, Any], ...]
+
+    def run(self, run_id: str) -> RunDecl:
+        """The declared run ``run_id``. Raises ``KeyError`` naming the example when absent."""
+        for run in self.runs:
+            if run.id == run_id:
+                return run
+        raise KeyError(f"{self.example} declares no run {run_id!r}")
+
+    def claims_for(self, accelerator: str) -> list[dict[str, Any]]:
+        """Claims that apply to a record made on ``accelerator`` (``"cpu"`` or ``"cuda"``)."""
+        return [c for c in self.claims if c.get("only_on") in (None, accelerator)]
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the canonical JSON of every run spec and claim definition."""
+        payload = {"runs": [r.spec() for r in self.runs], "claims": [claim_identity(c) for c in self.claims]}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
+    """The defining keys of a claim (:data:`~mpguide.declarations.CLAIM_KEYS`), as compared by the gate."""
+    return {k: claim[k] for k in CLAIM_KEYS if k in claim}
+
+
+def examples_dir() -> Path:
+    """Folder of the examples: ``$MPGUIDE_EXAMPLES_DIR``, else ``examples/`` of this library's repository."""
+    return Path(os.environ.get(EXAMPLES_ENV) or Path(__file__).resolve().parent.parent / "examples")
+
+
+def example_file(example: str, directory: Path | None = None) -> Path:
+    """Path of the example ``example`` (a file stem such as ``"plot_01_porting_to_manual"``)."""
+    return Path(directory or examples_dir()) / f"{example}.py"
+
+
+def from_tables(example: str, runs: Any, claims: Any, where: str = "") -> Declaration:
+    """Build a :class:`~mpguide.declarations.Declaration` from the literal ``RUNS`` and ``CLAIMS`` tables.
+
+    Args:
+        example: file stem of the example.
+        runs: list of ``(id, recipe, precision)`` or ``(id, recipe, precision, options)`` tuples.
+        claims: list of ``(kind, *arguments)`` tuples, optionally ending with an options dict;
+            the arguments are those of the helper ``mpguide.claims.<kind>``, in order.
+        where: file name used in messages (default ``examples/<example>.py``).
+
+    Raises:
+        DeclarationError: naming the file, table and entry: a malformed entry, a duplicate run
+            id, an unknown precision, option, claim kind or tolerance, or a claim naming a run
+            that is not declared.
+    """
+    where = where or f"examples/{example}.py"
+    if not isinstance(runs, (list, tuple)) or not runs:
+        raise DeclarationError(f"{where}: RUNS must be a non-empty list of (id, recipe, precision[, options])")
+    if not isinstance(claims, (list, tuple)) or not claims:
+        raise DeclarationError(f"{where}: CLAIMS must be a non-empty list: an example that claims nothing "
+                               f"verifies nothing")
+    decl_runs = tuple(_run_entry(entry, i, where) for i, entry in enumerate(runs))
+    ids = [r.id for r in decl_runs]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise DeclarationError(f"{where}: RUNS declares run id(s) {dupes} more than once")
+    decl_claims = tuple(_claim_entry(entry, i, where, set(ids)) for i, entry in enumerate(claims))
+    return Declaration(example, decl_runs, decl_claims)
+
+
+def _run_entry(entry: Any, i: int, where: str) -> RunDecl:
+    at = f"{where}: RUNS[{i}]"
+    if not isinstance(entry, tuple) or len(entry) not in (3, 4) or not all(isinstance(x, str) and x for x in entry[:3]):
+        raise DeclarationError(f"{at}: expected (id, recipe, precision[, options]) with non-empty strings, "
+                               f"found {entry!r}")
+    run_id, recipe, precision = entry[:3]
+    if precision not in PRECISIONS:
+        raise DeclarationError(f"{at} ({run_id}): unknown precision {precision!r}; use one of {list(PRECISIONS)}")
+    options = entry[3] if len(entry) == 4 else {}
+    if not isinstance(options, dict):
+        raise DeclarationError(f"{at} ({run_id}): options must be a dict, found {options!r}")
+    for key, value in options.items():
+        kind = _RUN_OPTIONS.get(key)
+        if kind is None:
+            raise DeclarationError(f"{at} ({run_id}): unknown option {key!r}; known: {sorted(_RUN_OPTIONS)}")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise DeclarationError(f"{at} ({run_id}): option {key!r} must be {kind.__name__}, found {value!r}")
+    return RunDecl(run_id, recipe, precision, seed=options.get("seed", 0), plugin=options.get("plugin"),
+                   trainer_kwargs=dict(options.get("trainer", {})), plain_flag=options.get("plain_flag", False),
+                   label=options.get("label", run_id))
+
+
+def _claim_entry(entry: Any, i: int, where: str, run_ids: set[str]) -> dict[str, Any]:
+    at = f"{where}: CLAIMS[{i}]"
+    if not isinstance(entry, tuple) or len(entry) < 2 or entry[0] not in claims_mod.KINDS:
+        raise DeclarationError(f"{at}: expected (kind, arguments...) with kind one of {list(claims_mod.KINDS)}, "
+                               f"found {entry!r}")
+    args, options = list(entry[1:]), {}
+    if args and isinstance(args[-1], dict):
+        options = args.pop()
+    for key, value in options.items():
+        if key not in _CLAIM_OPTIONS or value not in _CLAIM_OPTIONS[key]:
+            raise DeclarationError(f"{at}: unknown claim option {key}={value!r}; known: {_CLAIM_OPTIONS}")
+    try:
+        claim = getattr(claims_mod, entry[0])(*args)
+    except (TypeError, claims_mod.ClaimSpecError) as err:
+        raise DeclarationError(f"{at} ({entry[0]}): {err}") from None
+    missing = [r for r in claim["runs"] if r not in run_ids]
+    if missing:
+        raise DeclarationError(f"{at} ({claim.get('title') or entry[0]}): names run(s) {missing} that RUNS "
+                               f"does not declare")
+    claim.update(options)
+    return claim
+
+
+def read(path: Path) -> Declaration:
+    """Read the ``RUNS`` and ``CLAIMS`` tables of an example file without running it.
+
+    Each table must be assigned exactly once at module level to a literal (no names, calls or
+    comprehensions) and never modified with ``+=``, so that what this function reads is what the
+    example trains.
+
+    Raises:
+        DeclarationError: the file is missing or has no parseable tables; names the file and the fix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DeclarationError(f"{path}: example not found; a record can only be judged against the example "
+                               f"that declares its claims")
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError) as err:
+        raise DeclarationError(f"{path}: cannot be parsed ({err})") from None
+    found: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id in TABLES:
+            raise DeclarationError(f"{path}:{node.lineno}: {node.target.id} is modified with an augmented "
+                                   f"assignment; write the whole table as one literal")
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in TABLES and node.value is not None:
+                if target.id in found:
+                    raise DeclarationError(f"{path}:{node.lineno}: {target.id} is assigned twice; assign it once")
+                found[target.id] = node.value
+    tables = {}
+    for name in TABLES:
+        if name not in found:
+            raise DeclarationError(f"{path}: no module-level `{name} = [...]` table; every example declares its "
+                                   f"runs and claims as literal RUNS and CLAIMS tables (see mpguide.declarations)")
+        try:
+            tables[name] = ast.literal_eval(found[name])
+        except ValueError:
+            raise DeclarationError(f"{path}:{found[name].lineno}: {name} is not a literal (it uses names, calls "
+                                   f"or comprehensions); write it out with strings, numbers and dicts only") from None
+    return from_tables(path.stem, tables["RUNS"], tables["CLAIMS"], where=str(path))
