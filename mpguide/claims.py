@@ -312,18 +312,21 @@ class Verdict:
     def shown_value(self) -> str:
         """The observed value as table text: the number (4 significant digits) or the observed text."""
         if self.value is not None and not self.observed:
-            return "NaN" if math.isnan(self.value) else f"{self.value:.3g}"
+            prefix = {"max rel. diff": "max ", "mean rel. gap": "mean ", "max |ratio/expected - 1|": "max dev. ",
+                      "non-finite steps": "non-finite: "}.get(self.metric, "")
+            return prefix + ("NaN" if math.isnan(self.value) else f"{self.value:.3g}")
         return self.observed or "n/a"
 
     def message(self) -> str:
         """One line naming example, claim, runs, metric vs threshold, record and hardware."""
         if self.kind in ("declaration", "stale"):
-            return (f"{self.example}: {self.kind} {self.status.upper()} [{self.title}]: {self.detail}"
+            return (f"{self.example}: {self.kind} FAILED [{self.title}]: {self.detail}"
                     f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
         value = "n/a" if self.value is None else f"{self.value:.4g}"
         if self.observed:
             value = self.observed
-        return (f"{self.example}: {self.kind}({', '.join(self.runs)}) {self.status.upper()}"
+        word = {"pass": "passed", "FAIL": "FAILED"}.get(self.status, self.status)
+        return (f"{self.example}: {self.kind}({', '.join(self.runs)}) {word}"
                 f" [{self.title}]: {self.metric} = {value}, threshold {self.threshold}. {self.detail}"
                 f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
 

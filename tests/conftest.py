@@ -7,9 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from mpguide import claims, records
+from mpguide import declarations, records
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: The declaration tables of the fake example the hand-made records belong to.
+FAKE_EXAMPLE = '''"""A fake example for the tests: only its declaration tables matter."""
+RUNS = [
+    ("auto", "auto", "32-true"),
+    ("manual", "manual", "32-true"),
+    ("bf16", "bf16", "bf16-mixed"),
+    ("broken", "broken", "32-true"),
+]
+CLAIMS = [
+    ("match", "manual", "auto", "same-precision", "port"),
+    ("match", "bf16", "auto", "mixed-vs-fp32", "bf16"),
+    ("diverge", "broken", "auto", "pitfall-gap", "pitfall"),
+    ("expect", "broken", "stalled", True, "the broken recipe stalls"),
+]
+'''
 
 
 def curve(n: int = 140, scale: float = 1.0, floor: float = 0.2) -> list[float]:
@@ -19,28 +35,44 @@ def curve(n: int = 140, scale: float = 1.0, floor: float = 0.2) -> list[float]:
 
 def run(run_id: str, loss: list[float], precision: str = "32-true", mode: str = "manual", error=None) -> dict:
     return {"id": run_id, "mode": mode, "precision": precision, "precision_plugin": "Precision",
-            "recipe": run_id, "seed": 0, "steps": len(loss), "label": run_id, "loss": loss,
+            "recipe": run_id, "seed": 0, "steps": len(loss), "plugin": None, "trainer_kwargs": {},
+            "plain_flag": False, "swapped_from": None, "label": run_id, "loss": loss,
             "lr": [1e-3] * len(loss), "loss_scale": None, "skipped_steps": 0, "seconds": 0.1,
             "error": error, "warnings": [], "extra": {}}
 
 
 def make_record(runs: list[dict], declared: list[dict], example: str = "plot_99_fake") -> dict:
+    """A schema-valid record whose ``source`` names the current example file (if any) and library."""
     return {"example": example, "schema_version": records.SCHEMA_VERSION, "created": records.utc_now(),
             "preset": "test", "env": {"python": "3", "torch": "t", "lightning": "l", "accelerator": "cpu",
                                        "device": "CPU (2 cores)", "cuda": "cpu", "platform": "x"},
+            "source": {"example_sha256": records.file_digest(declarations.example_file(example)),
+                       "library_sha256": records.library_digest(), "declaration_sha256": None, "commit": None,
+                       "dirty": None, "run_env": {}},
             "runs": runs, "claims": declared}
 
 
 @pytest.fixture
-def good_record() -> dict:
-    """Reference, a faithful copy, a close mixed-precision run and a clearly broken recipe."""
+def fake_examples(tmp_path_factory, monkeypatch) -> Path:
+    """A folder holding the fake example ``plot_99_fake.py``, exported as ``MPGUIDE_EXAMPLES_DIR``."""
+    folder = tmp_path_factory.mktemp("examples")
+    (folder / "plot_99_fake.py").write_text(FAKE_EXAMPLE)
+    monkeypatch.setenv(declarations.EXAMPLES_ENV, str(folder))
+    return folder
+
+
+@pytest.fixture
+def good_record(fake_examples) -> dict:
+    """Reference, a faithful copy, a close mixed-precision run and a clearly broken recipe, with the
+    claims ``plot_99_fake.py`` declares."""
     ref = curve()
+    declared = declarations.read(fake_examples / "plot_99_fake.py").claims
+    broken = run("broken", curve(scale=2.0))
+    broken["extra"] = {"stalled": True}
     return make_record(
         [run("auto", ref, mode="automatic"), run("manual", list(ref)),
-         run("bf16", [v * 1.002 for v in ref], "bf16-mixed"), run("broken", curve(scale=2.0))],
-        [claims.match("manual", "auto", "same-precision", "port"),
-         claims.match("bf16", "auto", "mixed-vs-fp32", "bf16"),
-         claims.diverge("broken", "auto", title="pitfall")],
+         run("bf16", [v * 1.002 for v in ref], "bf16-mixed"), broken],
+        [dict(c) for c in declared],
     )
 
 

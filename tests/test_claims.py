@@ -67,7 +67,8 @@ def test_nan_fails_finite_and_match(good_record):
     verdicts = evaluate_record(good_record)
     assert not verdicts[0].passed  # the match cannot pass with a NaN in the curve
     finite = [v for v in by_kind(verdicts, "finite") if v.runs == ["manual"]][0]
-    assert not finite.passed and "non-finite loss at step 30" in finite.detail
+    assert not finite.passed and "the loss is nan at step 30" in finite.detail
+    assert "run manual has a loss of nan at step 30" in verdicts[0].detail and verdicts[0].observed == "nan loss"
 
 
 def test_inf_and_short_curves_fail_finite(good_record):
@@ -115,7 +116,7 @@ def test_unknown_tolerance_or_kind_in_record_fails(good_record):
     good_record["claims"].append({"kind": "resembles", "runs": ["auto"]})
     verdicts = evaluate_record(good_record)
     assert not verdicts[0].passed and "unknown tolerance" in verdicts[0].detail
-    assert not verdicts[3].passed and "unknown claim kind" in verdicts[3].detail
+    assert not verdicts[4].passed and "unknown claim kind" in verdicts[4].detail
 
 
 def test_declaration_errors():

@@ -48,7 +48,7 @@ def test_check_raises_gate_failure(tmp_path, good_record):
     try:
         gate.check(gate.find_records([tmp_path]))
     except gate.GateFailure as failure:
-        assert "non-finite loss at step 10" in str(failure)
+        assert "the loss is nan at step 10" in str(failure)
         assert failure.report.failures
     else:
         raise AssertionError("the gate passed a record with a NaN loss")

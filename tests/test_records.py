@@ -56,7 +56,7 @@ def test_corrupt_bytes(tmp_path):
         load_record(path)
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 1, 3, "2", None])
 def test_wrong_schema_version(tmp_path, good_record, version):
     good_record["schema_version"] = version
     path = tmp_path / "r.json"

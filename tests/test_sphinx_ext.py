@@ -1,49 +1,76 @@
-from mpguide import sphinx_ext
+import pytest
+
+from conftest import make_record
+from mpguide import records, runner, sphinx_ext
 
 
-def layout(tmp_path):
+def layout(tmp_path, monkeypatch):
     examples, gallery, results = tmp_path / "examples", tmp_path / "gallery", tmp_path / "results"
     for d in (examples, gallery, results):
         d.mkdir()
     for name in ("plot_01_a", "plot_02_b"):
-        (examples / f"{name}.py").write_text("")
+        (examples / f"{name}.py").write_text(f"# {name}\n")
         (gallery / f"{name}.py.md5").write_text("x")
     (examples / "helper.py").write_text("")
+    monkeypatch.setenv("MPGUIDE_EXAMPLES_DIR", str(examples))
+    for name in ("MPGUIDE_PRESET", "MPGUIDE_DEVICE", "MPGUIDE_SWAP_RECIPE"):
+        monkeypatch.delenv(name, raising=False)
     return examples, gallery, results
 
 
-def test_first_build_reruns_everything(tmp_path):
-    examples, gallery, results = layout(tmp_path)
-    assert sphinx_ext.invalidate_stale_examples(examples, gallery, results) == ["plot_01_a", "plot_02_b"]
+def current_record(results, name):
+    """A record of ``name`` made from the current example file, library and run environment."""
+    record = make_record([], [], example=name)
+    record["source"]["run_env"] = runner.run_env({})
+    records.write_record(dict(record, claims=[{"kind": "expect", "runs": ["x"], "key": "k", "expected": 1}]),
+                         results / f"{name}.json")
+
+
+def test_first_build_reruns_everything(tmp_path, monkeypatch):
+    examples, gallery, results = layout(tmp_path, monkeypatch)
+    stale = sphinx_ext.invalidate_stale_examples(examples, gallery, results)
+    assert stale == {"plot_01_a": "no readable record", "plot_02_b": "no readable record"}
     assert not list(gallery.glob("*.md5"))
 
 
-def test_unchanged_build_reruns_nothing_but_missing_records_rerun(tmp_path):
-    examples, gallery, results = layout(tmp_path)
-    sphinx_ext.invalidate_stale_examples(examples, gallery, results)
-    for name in ("plot_01_a", "plot_02_b"):
-        (gallery / f"{name}.py.md5").write_text("x")
-    (results / "plot_01_a.json").write_text("{}")
-    assert sphinx_ext.invalidate_stale_examples(examples, gallery, results) == ["plot_02_b"]
+def test_unchanged_build_reruns_nothing_and_a_missing_record_reruns_its_example_only(tmp_path, monkeypatch):
+    examples, gallery, results = layout(tmp_path, monkeypatch)
+    current_record(results, "plot_01_a")
+    current_record(results, "plot_02_b")
+    assert sphinx_ext.invalidate_stale_examples(examples, gallery, results) == {}
     assert (gallery / "plot_01_a.py.md5").exists()
+    (results / "plot_02_b.json").unlink()
+    assert list(sphinx_ext.invalidate_stale_examples(examples, gallery, results)) == ["plot_02_b"]
+    assert (gallery / "plot_01_a.py.md5").exists() and not (gallery / "plot_02_b.py.md5").exists()
 
 
-def test_changed_library_or_preset_reruns_everything(tmp_path, monkeypatch):
-    examples, gallery, results = layout(tmp_path)
-    for name in ("plot_01_a", "plot_02_b"):
-        (results / f"{name}.json").write_text("{}")
-    sphinx_ext.invalidate_stale_examples(examples, gallery, results)
-    (gallery / "plot_01_a.py.md5").write_text("x")
-    assert sphinx_ext.invalidate_stale_examples(examples, gallery, results) == []
-    monkeypatch.setenv("MPGUIDE_PRESET", "full")
-    assert sphinx_ext.invalidate_stale_examples(examples, gallery, results) == ["plot_01_a", "plot_02_b"]
-    monkeypatch.delenv("MPGUIDE_PRESET")
-    (results / sphinx_ext.STAMP).write_text("an older library\n")
-    assert sphinx_ext.invalidate_stale_examples(examples, gallery, results) == ["plot_01_a", "plot_02_b"]
+def test_a_swap_reruns_only_the_swapped_example(tmp_path, monkeypatch):
+    examples, gallery, results = layout(tmp_path, monkeypatch)
+    current_record(results, "plot_01_a")
+    current_record(results, "plot_02_b")
+    monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "plot_02_b:run=other recipe")
+    assert sphinx_ext.examples_to_rerun(examples, results) == {"plot_02_b": "run_env changed"}
 
 
-def test_deleted_example_leftovers_are_removed(tmp_path):
-    examples, gallery, results = layout(tmp_path)
+@pytest.mark.parametrize("change", ["preset", "library", "example"])
+def test_changed_inputs_rerun_what_they_affect(tmp_path, monkeypatch, change):
+    examples, gallery, results = layout(tmp_path, monkeypatch)
+    current_record(results, "plot_01_a")
+    current_record(results, "plot_02_b")
+    if change == "preset":
+        monkeypatch.setenv("MPGUIDE_PRESET", "full")
+        assert sphinx_ext.examples_to_rerun(examples, results) == {n: "run_env changed"
+                                                                   for n in ("plot_01_a", "plot_02_b")}
+    elif change == "library":
+        monkeypatch.setattr(records, "library_digest", lambda: "an older library")
+        assert set(sphinx_ext.examples_to_rerun(examples, results)) == {"plot_01_a", "plot_02_b"}
+    else:
+        (examples / "plot_01_a.py").write_text("# edited\n")
+        assert sphinx_ext.examples_to_rerun(examples, results) == {"plot_01_a": "example_sha256 changed"}
+
+
+def test_deleted_example_leftovers_are_removed(tmp_path, monkeypatch):
+    examples, gallery, results = layout(tmp_path, monkeypatch)
     (examples / "plot_02_b.py").unlink()
     (gallery / "images" / "thumb").mkdir(parents=True)
     for name in ("plot_02_b.py", "plot_02_b.ipynb", "plot_02_b.rst", "images/sphx_glr_plot_02_b_001.png",
@@ -63,7 +90,7 @@ def test_swap_naming_an_unknown_example_stops_the_build(tmp_path, monkeypatch):
     import pytest
     from sphinx.errors import ExtensionError
 
-    examples, gallery, results = layout(tmp_path)
+    examples, gallery, results = layout(tmp_path, monkeypatch)
     config = SimpleNamespace(mpguide_results_dir=str(results), mpguide_reference_dir="", mpguide_gate=True,
                              mpguide_examples_dir=str(examples), mpguide_gallery_dir=str(gallery))
     monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "plot_01_porting:manual-bf16=x")  # misspelled example
