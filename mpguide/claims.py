@@ -511,7 +511,7 @@ def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bo
             remaining.remove(twin)
         if stale:
             reason = ""
-            if twin is None or any(twin.get(k) != claim.get(k) for k in _DEFINING):
+            if twin is None or any(twin.get(k) != claim.get(k) for k in _DEFINING if k != "only_on"):
                 reason = ("not judged: this stale record was made before the example declared this claim "
                           "(or with another definition of it)")
             elif any(r not in matching for r in claim["runs"]):
