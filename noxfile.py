@@ -93,4 +93,4 @@ def tests(session: nox.Session) -> None:
 def gate(session: nox.Session) -> None:
     """Judge the records of the last docs build and the committed GPU references."""
     install(session)
-    session.run("python", "-m", "mpguide.gate", str(BUILD / "results"), str(ROOT / "results" / "reference"))
+    session.run("python", "-m", "mpguide.gate", str(BUILD / "results"), "--reference", str(ROOT / "results" / "reference"))

@@ -34,6 +34,7 @@ from .report import format_table, verdict_rows
 #: Where ``python -m mpguide.gate`` looks without arguments (what ``nox -s docs`` writes).
 DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"
 
+#: The exit statuses of ``python -m mpguide.gate``, as ``--help`` prints them.
 EXIT_CODES = """exit status:
   0  every judged claim passed (stale references are reported, not failed)
   1  a claim failed, or a record differs from its example's declaration, or a build record is stale

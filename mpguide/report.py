@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from .claims import Verdict, evaluate_record
@@ -81,3 +83,56 @@ def page_records(example: str) -> list[tuple[str, dict[str, Any]]]:
     for path in sorted(reference_dir().glob(f"*/{example}.json")):
         found.append((f"reference: {path.parent.name}", load_record(path)))
     return found
+
+
+@dataclass
+class PageRecord:
+    """One record as a page shows it: where it comes from, its verdicts as the gate judges them.
+
+    Attributes:
+        source: ``"this build"`` or ``"reference: <device folder>"``.
+        record: the record.
+        verdicts: from :func:`mpguide.gate.evaluate` (compared with the example's declaration).
+        stale: why a reference is stale, or ``""`` when it was made from the current example.
+        path: the record file.
+    """
+
+    source: str
+    record: dict[str, Any]
+    verdicts: list[Verdict]
+    stale: str
+    path: Path
+
+    @property
+    def label(self) -> str:
+        """Hardware, versions, date and provenance in one line, e.g. for a figure title or a caption."""
+        from .claims import hardware_label
+
+        rec = self.record
+        commit = (rec.get("source") or {}).get("commit")
+        where = "this build" if self.source == "this build" else "reference"
+        text = f"{where}: {hardware_label(rec['env'])}, preset {rec['preset']}, {rec['created'][:10]}"
+        if self.source != "this build" and commit:
+            text += f", recorded at {commit[:7]}"
+        return text + (" (STALE: the example changed since)" if self.stale else "")
+
+
+def page_entries(example: str) -> list[PageRecord]:
+    """This build's record of ``example`` first, then each committed reference, judged as the gate does.
+
+    Raises:
+        mpguide.records.RecordError: this build's record is missing or unreadable (the message
+            names the file and the command that writes it). References are optional.
+    """
+    from .gate import evaluate
+    from .records import load_record, record_path, reference_dir
+
+    path = record_path(example)
+    record = load_record(path)
+    verdicts, _ = evaluate(record, path)
+    entries = [PageRecord("this build", record, verdicts, "", path)]
+    for ref in sorted(reference_dir().glob(f"*/{example}.json")):
+        record = load_record(ref)
+        verdicts, stale = evaluate(record, ref, reference=True)
+        entries.append(PageRecord(f"reference: {ref.parent.name}", record, verdicts, stale, ref))
+    return entries

@@ -31,7 +31,8 @@ def test_strict_build_fails_when_a_match_claim_diverges(tmp_path):
                         MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch")
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
-    assert "claim gate: 1 failed claim(s)" in out, out[-4000:]
+    assert "claim gate: 2 failed claim(s)" in out, out[-4000:]
+    assert "run 'manual-bf16' trained recipe 'scheduler every batch' instead of the declared 'manual port'" in out
     assert ("plot_01_porting_to_manual: match(manual-bf16, auto-bf16) FAILED "
             "[manual port = automatic (bf16)]: max rel. diff =") in out
     assert "threshold <= 0.001" in out
