@@ -416,3 +416,61 @@ def test_version_guard(monkeypatch):
     monkeypatch.setattr(precision_mod.lightning, "__version__", "2.4.1")
     with pytest.raises(UnsupportedVersionError, match="found 2.4.1"):
         ManualMixedPrecision("16-mixed", "cpu")
+
+
+class Critic(pl.LightningModule):
+    """Several critic steps in one training_step (WGAN style), then one generator step; the critic's
+    gradient overflows on one inner step. fp32 (``simulate=True``) leaves that step out instead."""
+
+    def __init__(self, simulate: bool, n_critic=3, overflow=(3, 1)):
+        super().__init__()
+        pl.seed_everything(0, verbose=False)
+        self.automatic_optimization = False
+        self.critic, self.gen = nn.Linear(6, 1), nn.Linear(6, 6)
+        self.simulate, self.n_critic, self.overflow = simulate, n_critic, overflow
+        self.updates, self.applied, self.scales = [], [], []
+        self.critic.weight.register_hook(self._poison)
+
+    def _poison(self, grad):
+        if (self.batch, self.inner) == self.overflow and not self.simulate:
+            return grad * float("inf")
+        return grad
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        opt_c, opt_g = self.optimizers()
+        self.batch, scaler = batch_idx, getattr(self.trainer.precision_plugin, "scaler", None)
+        self.scales.append(scaler.get_scale() if scaler else None)
+        for self.inner in range(self.n_critic):
+            opt_c.zero_grad()
+            self.manual_backward((self.critic(self.gen(x).detach()).float() - 1).pow(2).mean())
+            before = snapshot(self.critic.parameters())
+            if self.simulate and (batch_idx, self.inner) == self.overflow:
+                applied = False
+            else:
+                applied = step_skip_aware(opt_c, self.trainer)
+            self.applied.append(applied)
+            self.updates.append(torch.cat([(p.detach() - b).flatten() for p, b in
+                                           zip(self.critic.parameters(), before)]).cpu())
+        self.inner = None
+        opt_g.zero_grad()
+        loss_g = self.critic(self.gen(x)).float().pow(2).mean()
+        self.manual_backward(loss_g)
+        opt_g.step()
+        return loss_g.detach()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.critic.parameters(), lr=0.05), torch.optim.SGD(self.gen.parameters(), lr=0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_optimizer_stepped_several_times_in_one_training_step(device):
+    ref, run = Critic(simulate=True), Critic(simulate=False)
+    fit(ref, device=device)
+    trainer = fit(run, scaled_plugin(ManualMixedPrecision, device), device=device)
+    assert run.applied == ref.applied and ref.applied.count(False) == 1
+    for i, (got, expected) in enumerate(zip(run.updates, ref.updates)):
+        assert float((got - expected).norm()) <= 3e-2 * float(expected.norm()) + 1e-6, f"critic step {i}"
+    # one update per training_step: 1.0 grows every 2 batches, halves once at batch 3 (tracker reset)
+    assert run.scales == [1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0]
+    assert trainer.precision_plugin.scaler.get_scale() == 16.0
