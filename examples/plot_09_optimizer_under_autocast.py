@@ -80,7 +80,8 @@ AUTOMATIC = {}  # (precision, plugin class) -> weights after each step of the au
 
 class Measured(MuonMLP):
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.steps = getattr(self, "steps", []) + [torch.cat([p.detach().flatten() for p in self.parameters()])]
+        weights = torch.cat([p.detach().flatten() for p in self.parameters()])
+        self.steps = getattr(self, "steps", []) + [weights]
 
     def record_extra(self):
         plugin = self.trainer.precision_plugin
@@ -105,7 +106,8 @@ plugin = {"plugin_class": ManualMixedPrecision}
 runs = [
     runner.RunSpec("auto-fp16", "automatic", "16-mixed", label="automatic, 16-mixed"),
     runner.RunSpec("manual-fp16", "manual", "16-mixed", label="manual, 16-mixed"),
-    runner.RunSpec("auto-fp16-plugin", "automatic", "16-mixed", **plugin, label="automatic, 16-mixed + plugin"),
+    runner.RunSpec("auto-fp16-plugin", "automatic", "16-mixed", **plugin,
+                   label="automatic, 16-mixed + plugin"),
     runner.RunSpec("manual-fp16-plugin", "manual", "16-mixed", **plugin, label="manual, 16-mixed + plugin"),
     runner.RunSpec("auto-bf16", "automatic", "bf16-mixed", label="automatic, bf16-mixed"),
     runner.RunSpec("manual-bf16", "manual", "bf16-mixed", label="manual, bf16-mixed"),

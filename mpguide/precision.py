@@ -29,10 +29,10 @@ it with another Lightning minor version raises :class:`UnsupportedVersionError`.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import lightning
 import torch
@@ -78,7 +78,8 @@ def check_versions(lightning_version: str | None = None) -> None:
     version = lightning_version or lightning.__version__
     if ".".join(version.split(".")[:2]) not in SUPPORTED_LIGHTNING:
         raise UnsupportedVersionError(
-            f"ManualMixedPrecision was tested with Lightning {', '.join(SUPPORTED_LIGHTNING)}.x (2.6.6); found "
+            f"ManualMixedPrecision was tested with Lightning {', '.join(SUPPORTED_LIGHTNING)}.x (2.6.6); "
+            f"found "
             f"{version}. It relies on Lightning internals (plugins/precision/amp.py, strategies/strategy.py, "
             f"trainer/connectors/checkpoint_connector.py): install lightning==2.6.6 or use MixedPrecision.")
     scaler = torch.amp.GradScaler("cpu")
@@ -174,7 +175,7 @@ class ManualMixedPrecision(MixedPrecision):
         return super().autocast_context_manager()
 
     def _no_autocast(self) -> torch.autocast:
-        """Optimizer math runs outside autocast, as in automatic optimization (loops/optimization/automatic.py)."""
+        """Optimizer math runs outside autocast, as in automatic optimization."""
         return torch.autocast(self.device, enabled=False)
 
     @override
@@ -204,7 +205,8 @@ class ManualMixedPrecision(MixedPrecision):
 
     def _found_inf(self, record: _OptimizerRecord) -> torch.Tensor:
         """A copy of GradScaler's inf check for ``record`` (``update()`` adds into the originals)."""
-        checks = list(self.scaler._per_optimizer_states[id(record.optimizer)]["found_inf_per_device"].values())
+        state = self.scaler._per_optimizer_states[id(record.optimizer)]
+        checks = list(state["found_inf_per_device"].values())
         return torch.stack([t.detach().to(checks[0].device) for t in checks]).sum()
 
     def _to_current_scale(self, record: _OptimizerRecord) -> None:
@@ -277,10 +279,10 @@ class ManualMixedPrecision(MixedPrecision):
         if not record.warned:
             record.warned = True
             warnings.warn(
-                f"{record.name} of configure_optimizers was stepped but none of its parameters has a gradient "
-                f"({len(_params(record.optimizer))} tensors); the step does nothing (as in fp32). Check that its "
-                f"loss reaches its model, that the right optimizer is toggled, and that no zero_grad() runs between "
-                f"backward and step.",
+                f"{record.name} of configure_optimizers was stepped but none of its parameters has a "
+                f"gradient ({len(_params(record.optimizer))} tensors); the step does nothing (as in fp32). "
+                f"Check that its loss reaches its model, that the right optimizer is toggled, and that no "
+                f"zero_grad() runs between backward and step.",
                 NoGradientStepWarning,
                 stacklevel=2,
             )
@@ -314,7 +316,8 @@ class ManualMixedPrecision(MixedPrecision):
             self._update()  # automatic optimization, or a step taken in a hook: no iteration end to wait for
         return output
 
-    def _step_without_scaler(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
+    def _step_without_scaler(self, optimizer: Any, model: Any, closure: Callable[[], Any],
+                             **kwargs: Any) -> Any:
         """fp32 and bf16-mixed: Lightning's step, outside autocast, warning when nothing has a gradient."""
         record = self._record(optimizer)
 
@@ -332,7 +335,7 @@ class ManualMixedPrecision(MixedPrecision):
             return Precision.optimizer_step(self, optimizer, model=model, closure=checked_closure, **kwargs)
 
     @override
-    def clip_gradients(self, optimizer: Optimizer, clip_val: int | float = 0.0,
+    def clip_gradients(self, optimizer: Optimizer, clip_val: float = 0.0,
                        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM) -> None:
         """Clip gradients outside autocast; under 16-mixed unscale them first if not done yet.
 

@@ -36,8 +36,8 @@ def loader(batches=12, width=6, seed=0):
 
 def fit(module, plugin=None, device="cpu", batches=12, ckpt_path=None, callbacks=(), max_epochs=1, width=6):
     trainer = pl.Trainer(accelerator=device, devices=1, max_epochs=max_epochs, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
-                         callbacks=list(callbacks), num_sanity_val_steps=0,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=bool(callbacks), callbacks=list(callbacks),
                          **({"plugins": [plugin]} if plugin else {"precision": "32-true"}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -104,7 +104,8 @@ def test_input1_clip_with_optimizers_at_two_frequencies(device, b_every, own_bac
     fit(fixed, ManualMixedPrecision("16-mixed", device), device=device)
     fit(stock, MixedPrecision("16-mixed", device), device=device)
     # every update is lr x the clip norm (fp32 rounding aside), for both optimizers
-    assert ref.a_updates + ref.b_updates == pytest.approx([1e-3] * len(ref.a_updates + ref.b_updates), rel=1e-4)
+    both = ref.a_updates + ref.b_updates
+    assert both == pytest.approx([1e-3] * len(both), rel=1e-4)
     assert fixed.a_updates == pytest.approx(ref.a_updates, rel=1e-3)
     # B's first gradient overflows fp16 at scale 65536 (GradScaler skips it, by design); then lr x 0.01
     assert fixed.b_updates[0] == 0.0 and fixed.b_updates[1:] == pytest.approx(ref.b_updates[1:], rel=1e-3)
@@ -241,7 +242,8 @@ def expected_scale(ref: Heads, init: float, interval: int) -> float:
 
 def scaled_plugin(cls, device, interval=2):
     # scale 1 growing every 2 updates: several scale changes while gradients are held, no natural overflow
-    return cls("16-mixed", device, scaler=torch.amp.GradScaler(device, init_scale=1.0, growth_interval=interval))
+    scaler = torch.amp.GradScaler(device, init_scale=1.0, growth_interval=interval)
+    return cls("16-mixed", device, scaler=scaler)
 
 
 def random_patterns(n=8, seed=11):
@@ -250,8 +252,8 @@ def random_patterns(n=8, seed=11):
     for _ in range(n):
         k = rng.randint(1, 3)
         every = tuple(rng.choice([1, 2, 3]) for _ in range(k))
-        out.append(Pattern(every, clip=rng.choice(["none", "due", "always"]), zero=rng.choice(["top", "after"]),
-                           backward=rng.choice(["shared", "separate"]),
+        out.append(Pattern(every, clip=rng.choice(["none", "due", "always"]),
+                           zero=rng.choice(["top", "after"]), backward=rng.choice(["shared", "separate"]),
                            overflow=rng.choice([None, (rng.randint(0, 9), rng.randrange(k))]),
                            not_taken=rng.choice([None, (rng.randint(0, 9), rng.randrange(k))])))
     return out
@@ -278,7 +280,7 @@ def check_against_fp32(pattern, device, cls=ManualMixedPrecision):
     for (batch, i), expected in ref.updates.items():
         # fp16 autocast rounds the forward (~1e-3 relative); a wrong scale is off by a factor of 2 or more
         error = float((run.updates[batch, i] - expected).norm())
-        assert error <= 3e-2 * float(expected.norm()) + 1e-6, f"optimizer {i}, batch {batch}: error {error:.3g}"
+        assert error <= 3e-2 * float(expected.norm()) + 1e-6, f"optimizer {i}, batch {batch}: {error:.3g}"
     assert trainer.precision_plugin.scaler.get_scale() == expected_scale(ref, 1.0, 2)
 
 
@@ -295,9 +297,9 @@ def test_stock_plugin_fails_the_same_checks(pattern):
 
 
 def test_random_patterns_cover_every_dimension():
-    seen = {(f, v) for p in PATTERNS for f, v in [("clip", p.clip), ("zero", p.zero), ("backward", p.backward),
-                                                   ("k", len(p.every)), ("overflow", p.overflow is None),
-                                                   ("not_taken", p.not_taken is None)]}
+    seen = {(f, v) for p in PATTERNS
+            for f, v in [("clip", p.clip), ("zero", p.zero), ("backward", p.backward), ("k", len(p.every)),
+                         ("overflow", p.overflow is None), ("not_taken", p.not_taken is None)]}
     assert len(seen) == 3 + 2 + 2 + 3 + 2 + 2, sorted(seen)
 
 
@@ -358,7 +360,8 @@ def test_input3_the_check_fails_without_the_alias(tmp_path):
     saved[ManualMixedPrecision.__qualname__]["scale"] = 8.0
     torch.save(saved, tmp_path / "stripped.ckpt")
     resumed = Scaled()
-    fit(resumed, scaler_plugin(MixedPrecision), ckpt_path=str(tmp_path / "stripped.ckpt"), max_epochs=2, batches=8)
+    fit(resumed, scaler_plugin(MixedPrecision), ckpt_path=str(tmp_path / "stripped.ckpt"), max_epochs=2,
+        batches=8)
     assert resumed.scales[0] == 256.0  # the stock plugin restarts at its initial scale without a word
     again = Scaled()
     fit(again, scaler_plugin(ManualMixedPrecision), ckpt_path=str(tmp_path / "stripped.ckpt"), max_epochs=2,
@@ -441,7 +444,8 @@ class Critic(pl.LightningModule):
         opt_c, opt_g = self.optimizers()
         self.batch, scaler = batch_idx, getattr(self.trainer.precision_plugin, "scaler", None)
         self.scales.append(scaler.get_scale() if scaler else None)
-        for self.inner in range(self.n_critic):
+        for inner in range(self.n_critic):
+            self.inner = inner
             opt_c.zero_grad()
             self.manual_backward((self.critic(self.gen(x).detach()).float() - 1).pow(2).mean())
             before = snapshot(self.critic.parameters())
@@ -460,7 +464,8 @@ class Critic(pl.LightningModule):
         return loss_g.detach()
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.critic.parameters(), lr=0.05), torch.optim.SGD(self.gen.parameters(), lr=0.05)
+        return (torch.optim.SGD(self.critic.parameters(), lr=0.05),
+                torch.optim.SGD(self.gen.parameters(), lr=0.05))
 
 
 @pytest.mark.parametrize("device", DEVICES)
