@@ -20,7 +20,7 @@ makes the two bitwise identical.
 * why bf16-mixed shows no difference here, and 16-mixed does.
 
 **Prerequisites**: a torch version with ``torch.optim.Muon`` (this build: see the record's
-environment); the porting rules of :doc:`plot_01_porting_to_manual`.
+environment); the porting rules of the first example, ``plot_01_porting_to_manual.py``.
 """
 
 # %%

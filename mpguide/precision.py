@@ -21,7 +21,7 @@ inside every ``opt.step()``):
   ``MixedPrecision`` in either direction.
 
 Tested with Lightning 2.6.6 and torch 2.13.0 (CPU build; 16-mixed through a CPU GradScaler), one
-device. It relies on Lightning 2.6 internals (the iteration boundary ``train_step_context``, the
+device; its tests also run on CUDA when a GPU is present, which the build that wrote it did not have. It relies on Lightning 2.6 internals (the iteration boundary ``train_step_context``, the
 checkpoint key ``type(plugin).__qualname__``) and on GradScaler's per-optimizer state; constructing
 it with another Lightning minor version raises :class:`UnsupportedVersionError`.
 """
