@@ -2,11 +2,20 @@
 
 Under 16-mixed, ``GradScaler.step`` skips the optimizer step when the unscaled gradients contain
 inf/NaN, and ``GradScaler.update`` then lowers the loss scale (``torch/amp/grad_scaler.py``).
-Lightning's :class:`~lightning.pytorch.plugins.precision.MixedPrecision` calls ``update()`` right
-after every ``opt.step()`` (``plugins/precision/amp.py``), so a lower scale after the step means
-that step was skipped. A learning-rate scheduler stepped unconditionally advances on skipped steps
-(and torch warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`" when the very
-first steps are skipped); :func:`~mpguide.steps.step_skip_aware` steps it only after real updates.
+A learning-rate scheduler stepped unconditionally advances on skipped steps (and torch warns
+"Detected call of `lr_scheduler.step()` before `optimizer.step()`" when the very first steps are
+skipped); :func:`~mpguide.steps.step_skip_aware` steps it only after real updates.
+
+How a skip is detected depends on the precision plugin:
+
+* :class:`mpguide.precision.ManualMixedPrecision` updates the scale once per ``training_step``,
+  after it returns, so the scale does not move inside ``opt.step()``; the plugin answers
+  directly with ``step_was_skipped(optimizer)`` (GradScaler's inf check for that optimizer's
+  latest step).
+* Lightning's own ``MixedPrecision`` calls ``update()`` right after every ``opt.step()``
+  (``plugins/precision/amp.py``), so a lower scale after the step means that step was skipped.
+  This cannot tell when the scaler's ``backoff_factor`` is 1, and it is wrong for any other
+  plugin that does not update the scale inside every step.
 """
 
 from __future__ import annotations
@@ -30,18 +39,26 @@ def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None) -> bool
         scheduler: optional LR scheduler (from ``self.lr_schedulers()``) stepped after an applied step.
 
     Returns:
-        ``True`` if the step was applied, ``False`` if GradScaler skipped it (the loss scale went
-        down). Always ``True`` without a GradScaler.
+        ``True`` if the step was applied, ``False`` if GradScaler skipped it (inf/NaN gradients).
+        Always ``True`` without a GradScaler, and for a step that did nothing because no parameter
+        had a gradient (as in fp32, where such a step "runs" too). Synchronizes with the device.
 
     Note:
-        Valid with Lightning's own MixedPrecision plugin, which updates the scale inside every
-        ``opt.step()``. :class:`mpguide.precision.ManualMixedPrecision` may defer that update until
-        other optimizers have stepped; with one optimizer it updates at once, as here.
+        With a plugin that has ``step_was_skipped`` (:class:`mpguide.precision.ManualMixedPrecision`)
+        the answer is exact in every stepping pattern. Otherwise the scale before and after the step
+        is compared, which is right for Lightning's ``MixedPrecision`` (one update inside every step)
+        but not for a plugin that defers the update (see the module docstring).
     """
-    before = loss_scale(trainer)
-    optimizer.step()
-    after = loss_scale(trainer)
-    applied = before is None or after is None or after >= before
+    plugin = trainer.precision_plugin
+    ask = getattr(plugin, "step_was_skipped", None)
+    if callable(ask):
+        optimizer.step()
+        applied = not ask(optimizer)
+    else:
+        before = loss_scale(trainer)
+        optimizer.step()
+        after = loss_scale(trainer)
+        applied = before is None or after is None or after >= before
     if applied and scheduler is not None:
         scheduler.step()
     return applied

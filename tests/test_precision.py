@@ -29,10 +29,12 @@ def loader(n=8):
     return DataLoader(TensorDataset(torch.randn(n * 4, 6, generator=gen)), batch_size=4)
 
 
-def fit(module, plugin=None, steps=None, ckpt_path=None, callbacks=(), precision="32-true", max_epochs=1, **kw):
+def fit(module, plugin=None, steps=None, ckpt_path=None, callbacks=(), precision="32-true", max_epochs=1,
+        **kw):
     trainer = pl.Trainer(accelerator="cpu", max_epochs=max_epochs, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=bool(callbacks), callbacks=list(callbacks),
-                         max_steps=steps or -1, **({"plugins": [plugin]} if plugin else {"precision": precision}), **kw)
+                         enable_model_summary=False, enable_checkpointing=bool(callbacks),
+                         callbacks=list(callbacks), max_steps=steps or -1,
+                         **({"plugins": [plugin]} if plugin else {"precision": precision}), **kw)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(module, loader(), ckpt_path=ckpt_path)
@@ -99,7 +101,8 @@ class Pair(pl.LightningModule):
         return loss.detach()
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.a.parameters(), lr=self.lr), torch.optim.SGD(self.b.parameters(), lr=self.lr)
+        return (torch.optim.SGD(self.a.parameters(), lr=self.lr),
+                torch.optim.SGD(self.b.parameters(), lr=self.lr))
 
 
 def test_stock_16_mixed_raises_without_gradients():
@@ -114,7 +117,7 @@ def test_no_gradient_step_is_a_warned_no_op_like_fp32():
     fixed = Pair("starved")
     _, caught = fit(fixed, amp(ManualMixedPrecision))
     assert parameter_digest(fixed.b) == b_before == parameter_digest(ref.b)  # b never moves, as in fp32
-    assert len(caught) == 1 and "SGD optimizer" in str(caught[0].message)  # one warning, naming it
+    assert len(caught) == 1 and str(caught[0].message).startswith("optimizer 1 (SGD) of configure_optimizers")
     assert fixed.losses == pytest.approx(ref.losses, rel=2e-3)
 
 
@@ -130,7 +133,8 @@ def test_plugin_changes_nothing_in_fp32_and_bf16(precision):
 
 
 def test_shared_backward_overflow_doubles_stock_update_and_plugin_fixes_it():
-    ref, stock, fixed = Pair("shared"), Pair("shared", overflow_steps=(0,)), Pair("shared", overflow_steps=(0,))
+    ref = Pair("shared")
+    stock, fixed = Pair("shared", overflow_steps=(0,)), Pair("shared", overflow_steps=(0,))
     fit(ref)
     fit(stock, amp(MixedPrecision))
     fit(fixed, amp(ManualMixedPrecision))
@@ -157,14 +161,15 @@ def test_growth_step_between_optimizers():
     fit(ref)
     stock_trainer, _ = fit(stock, plugin(MixedPrecision))
     fixed_trainer, _ = fit(fixed, plugin(ManualMixedPrecision))
-    assert stock.b_updates == pytest.approx([0.5 * u for u in ref.b_updates], rel=1e-3)  # grown after a's step
+    # grown after a's step
+    assert stock.b_updates == pytest.approx([0.5 * u for u in ref.b_updates], rel=1e-3)
     assert fixed.b_updates == pytest.approx(ref.b_updates, rel=1e-3)
     # one update per batch instead of two: 8 growth steps instead of 16
     assert fixed_trainer.precision_plugin.scaler.get_scale() == 2.0**-10 * 2**8
     assert stock_trainer.precision_plugin.scaler.get_scale() == 2.0**-10 * 2**16
 
 
-def test_gan_alternation_matches_fp32_and_updates_once_per_backward():
+def test_gan_alternation_matches_fp32_and_updates_once_per_training_step():
     ref, fixed = Pair("gan"), Pair("gan", overflow_steps=(1,))
     fit(ref)
     trainer, caught = fit(fixed, amp(ManualMixedPrecision))
@@ -193,10 +198,12 @@ def test_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
     ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)
     fit(first, amp(ManualMixedPrecision, growth_interval=3), callbacks=[ckpt], max_epochs=1)
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
-    assert saved["ManualMixedPrecision"]["scale"] == 512.0  # 256, halved at batch 1, doubled after batches 4 and 7
+    # 256, halved at batch 1, doubled after batches 4 and 7
+    assert saved["ManualMixedPrecision"]["scale"] == 512.0
 
     resumed = Pair("shared", overflow_steps=(1,))
-    fit(resumed, amp(ManualMixedPrecision, growth_interval=3), ckpt_path=str(tmp_path / "last.ckpt"), max_epochs=2)
+    fit(resumed, amp(ManualMixedPrecision, growth_interval=3), ckpt_path=str(tmp_path / "last.ckpt"),
+        max_epochs=2)
     assert len(resumed.losses) == 8 and len(whole.losses) == 16
     assert first.losses + resumed.losses == whole.losses  # bitwise the same curve
     assert parameter_digest(resumed) == parameter_digest(whole)
@@ -251,3 +258,38 @@ def test_automatic_optimization_is_unchanged():
     fit(stock, amp(MixedPrecision))
     _, caught = fit(fixed, amp(ManualMixedPrecision))
     assert parameter_digest(stock) == parameter_digest(fixed) and not caught
+
+
+def test_fused_optimizer_steps_as_in_lightning_and_cannot_be_clipped():
+    class Fused(Pair):
+        def training_step(self, batch, batch_idx):
+            opt_a, _ = self.optimizers()
+            opt_a.zero_grad()
+            loss = self.a(batch[0]).pow(2).mean()
+            self.manual_backward(loss)
+            if self.mode == "clip":
+                self.clip_gradients(opt_a, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+            opt_a.step()
+            return loss.detach()
+
+        def configure_optimizers(self):
+            return (torch.optim.AdamW(self.a.parameters(), lr=0.01, fused=True),
+                    torch.optim.SGD(self.b.parameters(), lr=0.1))
+
+    stock, fixed = Fused("plain", overflow_steps=(1,)), Fused("plain", overflow_steps=(1,))
+    stock_trainer, _ = fit(stock, amp(MixedPrecision))
+    trainer, _ = fit(fixed, amp(ManualMixedPrecision))
+    assert parameter_digest(stock) == parameter_digest(fixed)  # the inf check and skip run inside the step
+    # one step per batch, so global_step // 2 == 1 at batches 2 and 3: two skips, 256 -> 64
+    assert trainer.precision_plugin.scaler.get_scale() == stock_trainer.precision_plugin.scaler.get_scale() == 64
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+        fit(Fused("clip"), amp(ManualMixedPrecision))
+
+
+def test_step_was_skipped_without_a_scaler_and_for_foreign_optimizers():
+    plugin = ManualMixedPrecision("bf16-mixed", "cpu")
+    module = Pair("shared")
+    fit(module, plugin)
+    assert not plugin.step_was_skipped(module.trainer.optimizers[0])
+    with pytest.raises(ValueError, match="was not returned by configure_optimizers"):
+        plugin.step_was_skipped(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
