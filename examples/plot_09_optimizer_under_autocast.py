@@ -36,9 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import claims, plotting, report, runner
+from mpguide import plotting, report, runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
-from mpguide.precision import ManualMixedPrecision
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -102,32 +101,32 @@ class Measured(MuonMLP):
 # bf16-mixed. (On a CPU, 16-mixed goes through ``MixedPrecision("16-mixed", "cpu")``.)
 
 recipes = {"automatic": Measured, "manual": lambda: Measured(manual=True)}
-plugin = {"plugin_class": ManualMixedPrecision}
-runs = [
-    runner.RunSpec("auto-fp16", "automatic", "16-mixed", label="automatic, 16-mixed"),
-    runner.RunSpec("manual-fp16", "manual", "16-mixed", label="manual, 16-mixed"),
-    runner.RunSpec("auto-fp16-plugin", "automatic", "16-mixed", **plugin,
-                   label="automatic, 16-mixed + plugin"),
-    runner.RunSpec("manual-fp16-plugin", "manual", "16-mixed", **plugin, label="manual, 16-mixed + plugin"),
-    runner.RunSpec("auto-bf16", "automatic", "bf16-mixed", label="automatic, bf16-mixed"),
-    runner.RunSpec("manual-bf16", "manual", "bf16-mixed", label="manual, bf16-mixed"),
+RUNS = [
+    # run id               recipe       precision   options (each automatic run trains before its manual twin)
+    ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
+    ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
+    ("auto-fp16-plugin", "automatic", "16-mixed",
+     {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"}),
+    ("manual-fp16-plugin", "manual", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"}),
+    ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
+    ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
 ]
-checks = [
-    claims.expect("manual-fp16", "identical_to_automatic", False,
-                  "stock 16-mixed: the manual port of Muon differs from automatic"),
-    claims.same("manual-fp16-plugin", "auto-fp16-plugin", "weights_digest",
-                "with ManualMixedPrecision: manual = automatic, bitwise"),
-    claims.same("auto-fp16-plugin", "auto-fp16", "weights_digest",
-                "the plugin leaves automatic optimization unchanged, bitwise"),
-    claims.same("manual-bf16", "auto-bf16", "weights_digest", "bf16-mixed: manual = automatic, bitwise"),
-    claims.match("manual-fp16", "auto-fp16", "mixed-vs-fp32", "the drift does not show in the loss curve"),
+CLAIMS = [
+    ("expect", "manual-fp16", "identical_to_automatic", False,
+     "stock 16-mixed: the manual port of Muon differs from automatic"),
+    ("same", "manual-fp16-plugin", "auto-fp16-plugin", "weights_digest",
+     "with ManualMixedPrecision: manual = automatic, bitwise"),
+    ("same", "auto-fp16-plugin", "auto-fp16", "weights_digest",
+     "the plugin leaves automatic optimization unchanged, bitwise"),
+    ("same", "manual-bf16", "auto-bf16", "weights_digest", "bf16-mixed: manual = automatic, bitwise"),
+    ("match", "manual-fp16", "auto-fp16", "mixed-vs-fp32", "the drift does not show in the loss curve"),
 ]
 
 # %%
 # Train
 # -----
 
-record = runner.run_example("plot_09_optimizer_under_autocast", recipes, runs, checks)
+record = runner.run_example("plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS)
 
 # %%
 # Manual against automatic, step by step
