@@ -184,8 +184,8 @@ def cuda_refusal(python: str) -> str | None:
         return None
     lines = (probe.stdout.strip() or probe.stderr.strip() or "the CUDA probe printed nothing").splitlines()
     reason = lines[-1]
-    return (f"docs_gpu needs a CUDA GPU and a CUDA build of torch in the environment that runs nox: {reason}; "
-            "on a CPU machine run `nox -s docs`")
+    return (f"docs_gpu needs a CUDA GPU and a CUDA build of torch in the environment that runs nox: "
+            f"{reason}; on a CPU machine run `nox -s docs`")
 
 
 @nox.session(name="docs_gpu", venv_backend="none")
@@ -201,7 +201,8 @@ def docs_gpu(session: nox.Session) -> None:
         session.error(refusal)
     session.run(sys.executable, "-m", "pip", "install", "--quiet", "-r", str(ROOT / "requirements.txt"),
                 external=True)
-    session.run(sys.executable, "-m", "pip", "install", "--quiet", "-e", str(ROOT), "--no-deps", external=True)
+    session.run(sys.executable, "-m", "pip", "install", "--quiet", "-e", str(ROOT), "--no-deps",
+                external=True)
     clean_build()
     env = {"MPGUIDE_PRESET": "full", "MPGUIDE_DEVICE": "cuda",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}

@@ -55,7 +55,7 @@ NO_CHECK_TAG = "mpguide-no-check"
 FIGURE_CODE = re.compile(r"\bplt\.(?:show|subplots|figure)\(|\bdisplay\(\s*fig\b")
 TABLE_CODE = re.compile(r"\b(?:verdict_table|markdown_table)\(")
 
-#: ``{glue}`key```, ``{glue:text}`key:fmt```, ``{glue:md}`key:fmt```, and the directives ``{glue:figure} key``.
+#: Roles ``{glue}`key```, ``{glue:text}`key:fmt```, ``{glue:md}`key:fmt``` and directives ``{glue:figure} key``.
 _GLUE_ROLE = re.compile(r"\{glue(?::(any|text|md|math))?\}`([^`]+)`")
 _GLUE_DIRECTIVE = re.compile(r"^\s*(?:`{3,}|:{3,})\{glue(?::\w+)?\}\s+(\S+)", re.MULTILINE)
 _HIDDEN_OUTPUT_TAGS = {"remove-output", "remove_output", "remove-cell", "remove_cell"}
@@ -153,7 +153,8 @@ def read_cells(path: Path) -> tuple[list[Cell], list[tuple[str, str, int]]]:
                 refs.append((kind, key, line_of(match.group(0), line) if starts else 0))
             for match in _GLUE_DIRECTIVE.finditer(source):
                 if "::" not in match.group(1):
-                    refs.append(("directive", match.group(1), line_of(match.group(0).strip(), line) if starts else 0))
+                    found = line_of(match.group(0).strip(), line) if starts else 0
+                    refs.append(("directive", match.group(1), found))
     return cells, refs
 
 
@@ -192,18 +193,20 @@ def check_notebook_page(source_file: str, doctree: nodes.document, cells: list[C
             problems.append(f"{cell.label(source_file)} should show a figure but its output has no image; "
                             + _FIX_FIGURE)
         if "table" in wanted and not any(any(True for _ in out.findall(nodes.table)) for out in outputs):
-            problems.append(f"{cell.label(source_file)} should show a table but its output has none; " + _FIX_TABLE)
+            problems.append(f"{cell.label(source_file)} should show a table but its output has none; "
+                            + _FIX_TABLE)
     for kind, key, line in glue_refs:
         if key not in glued:
-            problems.append(f"{source_file}:{line}: {{glue{'' if kind in ('any', 'directive') else ':' + kind}}} "
+            role = "{glue}" if kind in ("any", "directive") else f"{{glue:{kind}}}"
+            problems.append(f"{source_file}:{line}: {role} "
                             f"names key {key!r}, which no cell of the page glued; fix: add "
                             f"`glue({key!r}, value, display=False)` to a cell, or correct the key")
     wanted_text = sum(1 for kind, key, _ in glue_refs if kind == "text" and key in glued)
     shown_text = sum(1 for n in doctree.findall(nodes.inline) if "pasted-text" in n.get("classes", []))
     if shown_text < wanted_text:
-        problems.append(f"{source_file}: {wanted_text - shown_text} of {wanted_text} {{glue:text}} values rendered "
-                        "nothing (a format spec that does not fit the glued value; see the glue warnings above); "
-                        "fix: glue a number for numeric format specs, or change the spec")
+        problems.append(f"{source_file}: {wanted_text - shown_text} of {wanted_text} {{glue:text}} values "
+                        "rendered nothing (a format spec that does not fit the glued value; see the glue "
+                        "warnings above); fix: glue a number for numeric format specs, or change the spec")
     return problems
 
 
@@ -216,9 +219,9 @@ def check_gallery_page(source_file: str, example: Path, doctree: nodes.document)
     code = "\n".join(line for line in example.read_text(encoding="utf-8").splitlines()
                      if not line.lstrip().startswith("#"))
     if FIGURE_CODE.search(code) and _count_images(doctree) == 0:
-        return [f"{source_file}: the example {example.name} draws figures but its gallery page shows no image; "
-                "fix: leave the figures open at the end of their block (`plt.show()`, no `plt.close()`) so "
-                "sphinx-gallery's matplotlib scraper collects them"]
+        return [f"{source_file}: the example {example.name} draws figures but its gallery page shows no "
+                "image; fix: leave the figures open at the end of their block (`plt.show()`, no "
+                "`plt.close()`) so sphinx-gallery's matplotlib scraper collects them"]
     return []
 
 
@@ -267,13 +270,15 @@ def check_build(app: Any) -> list[str]:
             continue  # not a notebook page, or not executed in this build's configuration
         path = Path(env.doc2path(docname))
         cells, refs = read_cells(path)
-        doctree = env.get_and_resolve_doctree(docname, app.builder)  # after MyST-NB picked each output's mime type
+        # resolved: after MyST-NB picked each output's mime type for this builder
+        doctree = env.get_and_resolve_doctree(docname, app.builder)
         problems += check_notebook_page(shown(path), doctree, cells, refs, set(data.get("glue", [])))
     for docname, script in _gallery_examples(app):
         if docname in env.found_docs:
             # the pickled doctree suffices: sphinx-gallery's image nodes are final before post-transforms
             # (resolving costs ~0.2 s a page, most of an unchanged rebuild's page check)
-            problems += check_gallery_page(shown(Path(env.doc2path(docname))), script, env.get_doctree(docname))
+            problems += check_gallery_page(shown(Path(env.doc2path(docname))), script,
+                                           env.get_doctree(docname))
     return problems
 
 

@@ -25,7 +25,7 @@ class ReferenceError(ValueError):
 
 
 def git_commit(repo: Path) -> str:
-    """``git rev-parse HEAD`` of ``repo``, with ``-dirty`` when tracked files differ; ``"unknown"`` outside git."""
+    """``git rev-parse HEAD`` of ``repo``, plus ``-dirty`` if tracked files differ, or ``"unknown"``."""
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -53,7 +53,8 @@ def update_reference(results_dir: Path, reference_root: Path, commit: str = "unk
     """
     paths = sorted(Path(results_dir).glob("plot_*.json"))
     if not paths:
-        raise ReferenceError(f"no records (plot_*.json) in {results_dir}; run the GPU build first: nox -s docs_gpu")
+        raise ReferenceError(f"no records (plot_*.json) in {results_dir}; run the GPU build first: "
+                             "nox -s docs_gpu")
     loaded = []
     for path in paths:
         try:
@@ -66,7 +67,8 @@ def update_reference(results_dir: Path, reference_root: Path, commit: str = "unk
         raise ReferenceError(f"records {cpu} in {results_dir} were not made on a CUDA device; GPU references "
                              "must come from nox -s docs_gpu on a GPU machine")
     if len(devices) != 1:
-        raise ReferenceError(f"records in {results_dir} come from several devices {sorted(map(str, devices))}; "
+        raise ReferenceError(f"records in {results_dir} come from several devices "
+                             f"{sorted(map(str, devices))}; "
                              "rebuild them in one GPU build: nox -s docs_gpu")
     env = loaded[0][1]["env"]
     folder = Path(reference_root) / device_slug(env["device"])

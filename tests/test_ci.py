@@ -35,8 +35,8 @@ def _tool(name: str, package: str, tmp_path_factory) -> list[str]:
     if shutil.which(name):
         return [shutil.which(name)]
     target = tmp_path_factory.mktemp(name)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), package],
-                          capture_output=True, text=True, timeout=600)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), package]
+    proc = subprocess.run(pip, capture_output=True, text=True, timeout=600)
     exe = target / "bin" / name
     if proc.returncode != 0 or not exe.is_file():
         lines = proc.stderr.strip().splitlines() or ["?"]
@@ -60,7 +60,7 @@ def test_workflows_pass_actionlint(tmp_path_factory, tmp_path):
 
 
 def test_workflows_match_the_github_workflow_schema(tmp_path_factory, tmp_path):
-    """The schema check (check-jsonschema's vendored GitHub workflow schema) accepts ours, refuses a broken one."""
+    """check-jsonschema's vendored GitHub workflow schema accepts ours and refuses a broken one."""
     check = _tool("check-jsonschema", "check-jsonschema==0.39.0", tmp_path_factory)
     env = {**os.environ, "PYTHONPATH": str(Path(check[0]).parent.parent)}
     proc = subprocess.run([*check, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
@@ -92,7 +92,8 @@ def test_docs_gpu_refuses_without_cuda_in_one_line():
 def gpu_record(example: str, device: str = "NVIDIA H200", accelerator: str = "cuda") -> dict:
     record = make_record([run("auto", curve(), mode="automatic"), run("manual", curve())],
                          [claims.match("manual", "auto", "same-precision", "port")], example=example)
-    record["env"].update(device=device, accelerator=accelerator, cuda="13.0", torch="2.11.0", lightning="2.6.6")
+    record["env"].update(device=device, accelerator=accelerator, cuda="13.0", torch="2.11.0",
+                         lightning="2.6.6")
     return record
 
 

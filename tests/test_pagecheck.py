@@ -77,16 +77,19 @@ def test_notebook_check_names_the_cell_and_the_fix_for_each_missing_element():
     empty = _doc_with_cell(2, nodes.literal_block("", "<Figure size 640x480 with 1 Axes>"))
     problems = pagecheck.check_notebook_page("docs/p.md", empty, [figure_cell, table_cell],
                                              [("text", "gap", 30), ("text", "loss", 31)], {"loss"})
-    assert problems[0].startswith("docs/p.md:12, code cell 1 (`fig, ax = plt.subplots()`) should show a figure")
+    assert problems[0].startswith("docs/p.md:12, code cell 1 (`fig, ax = plt.subplots()`) "
+                                  "should show a figure")
     assert "%matplotlib inline" in problems[0]
-    assert problems[1].startswith("docs/p.md:20, code cell 2 (`display(verdict_table('x'))`) should show a table")
+    assert problems[1].startswith("docs/p.md:20, code cell 2 (`display(verdict_table('x'))`) "
+                                  "should show a table")
     assert "docs/p.md:30: {glue:text} names key 'gap', which no cell of the page glued" in problems[2]
     assert "1 of 1 {glue:text} values rendered nothing" in problems[3]
     assert len(problems) == 4
 
     shown = _doc_with_cell(2, nodes.image(uri="x.png"))
     shown += nodes.inline("0.1", "0.1", classes=["pasted-text"])
-    assert pagecheck.check_notebook_page("docs/p.md", shown, [figure_cell], [("text", "loss", 31)], {"loss"}) == []
+    refs = [("text", "loss", 31)]
+    assert pagecheck.check_notebook_page("docs/p.md", shown, [figure_cell], refs, {"loss"}) == []
 
 
 def test_gallery_check_wants_an_image_when_the_example_draws(tmp_path):
@@ -130,7 +133,8 @@ def tiny_build(tmp_path: Path, body: str, strict: bool = True) -> subprocess.Com
 @pytest.mark.slow
 def test_tiny_build_under_agg_shows_the_figure_with_the_inline_backend(tmp_path):
     body = (cell("%matplotlib inline\nimport matplotlib.pyplot as plt\nfrom myst_nb import glue\n"
-                 "from IPython.display import Markdown, display\nglue('loss', 0.25, display=False)", "remove-cell")
+                 "from IPython.display import Markdown, display\nglue('loss', 0.25, display=False)",
+                 "remove-cell")
             + "Loss {glue:text}`loss:.2f`.\n\n" + cell(FIGURE_BODY, "remove-input")
             + cell("display(Markdown('| a | b |\\n|---|---|\\n| 1 | 2 |'))", "remove-input, mpguide-table"))
     proc = tiny_build(tmp_path, body)
