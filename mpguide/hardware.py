@@ -14,6 +14,7 @@ Precision names are Lightning's own: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixe
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +140,28 @@ def device_name(accelerator: str) -> str:
     if accelerator == "cuda":
         return torch.cuda.get_device_name(0)
     return f"CPU ({os.cpu_count()} cores)"
+
+
+def device_slug(name: str | None = None) -> str:
+    """Folder name for a device's reference records, e.g. ``"nvidia-h200"``.
+
+    Args:
+        name: a device name such as ``"NVIDIA H200"`` (default: ``torch.cuda.get_device_name(0)``).
+
+    Returns:
+        The name lower-cased, every run of characters other than ``a-z0-9`` replaced by one ``-``,
+        with no ``-`` at either end (``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``).
+
+    Raises:
+        ConfigurationError: ``name`` is None and CUDA is not available, or the name has no letter
+            or digit at all (it would give an empty folder name).
+    """
+    if name is None:
+        if not torch.cuda.is_available():
+            raise ConfigurationError("device_slug() needs a CUDA device (torch.cuda.is_available() is False) "
+                                     "or an explicit device name")
+        name = torch.cuda.get_device_name(0)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not slug:
+        raise ConfigurationError(f"device name {name!r} has no letter or digit to build a folder name from")
+    return slug

@@ -200,4 +200,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("env-before-read-docs", _on_env_before_read_docs)
     app.connect("source-read", _on_source_read)
     app.connect("build-finished", _on_build_finished)
+    from .pagecheck import on_build_finished as check_pages  # after the gate: page elements shown
+    app.connect("build-finished", check_pages, priority=600)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -96,7 +96,10 @@ def sphinx_build(site: Path, out: Path, **env: str):
     import sys
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
-    full_env.update(MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(out / "results"), **env)
+    # MPLBACKEND=Agg: the pages must render their figures whatever the backend (mpguide.pagecheck)
+    full_env.update(MPLBACKEND="Agg", MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu",
+                    MPGUIDE_RESULTS_DIR=str(out / "results"))
+    full_env.update(env)
     cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-c", str(site),
            str(site / "docs"), str(out / "html"), "-d", str(out / "doctrees")]
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=1200)

