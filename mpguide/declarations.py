@@ -37,6 +37,9 @@ from typing import Any
 
 from . import claims as claims_mod
 
+#: Environment variable that trains some runs with another recipe, ``"example:run_id=recipe[,...]"``
+#: (used by the tests to prove that a build fails when a correct run is replaced by a broken one).
+SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
 #: Environment variable naming the folder of the examples (the docs build sets it).
 EXAMPLES_ENV = "MPGUIDE_EXAMPLES_DIR"
 #: Names of the two module-level tables an example must assign exactly once.
@@ -248,3 +251,21 @@ def read(path: Path) -> Declaration:
             raise DeclarationError(f"{path}:{found[name].lineno}: {name} is not a literal (it uses names, calls "
                                    f"or comprehensions); write it out with strings, numbers and dicts only") from None
     return from_tables(path.stem, tables["RUNS"], tables["CLAIMS"], where=str(path))
+
+
+def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
+    """Parse ``MPGUIDE_SWAP_RECIPE`` (``"example:run_id=recipe,..."``) into ``{(example, run_id): recipe}``.
+
+    Raises:
+        DeclarationError: an entry not of the form ``example:run_id=recipe``.
+    """
+    swaps: dict[tuple[str, str], str] = {}
+    for item in filter(None, (s.strip() for s in (value or "").split(","))):
+        target, sep, recipe = item.partition("=")
+        example, colon, run = target.partition(":")
+        if not sep or not colon or not example.strip() or not run.strip() or not recipe.strip():
+            raise DeclarationError(
+                f"{SWAP_ENV} entry {item!r} is not of the form example:run_id=recipe "
+                f"(e.g. plot_01_porting_to_manual:manual-bf16=scheduler every batch)")
+        swaps[(example.strip(), run.strip())] = recipe.strip()
+    return swaps

@@ -115,10 +115,20 @@ def file_digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
+#: Library modules only the docs build and the gate use: no example runs their code, so editing them
+#: does not make a record stale (and does not rerun the examples).
+BUILD_ONLY_MODULES = frozenset({"gate.py", "pagecheck.py", "reference.py", "sphinx_ext.py", "matrix.py"})
+
+
 def library_digest() -> str:
-    """SHA-256 (hex) over the names and bytes of the helper library's Python sources, in name order."""
+    """SHA-256 (hex) over the names and bytes of the library sources examples run, in name order.
+
+    Every ``mpguide/*.py`` except :data:`~mpguide.records.BUILD_ONLY_MODULES`.
+    """
     digest = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name in BUILD_ONLY_MODULES:
+            continue
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -138,6 +148,21 @@ def git_state(paths: list[Path]) -> tuple[str | None, bool | None]:
     except (OSError, subprocess.SubprocessError):
         return None, None
     return commit or None, bool(status)
+
+
+def run_env(swaps: dict[str, str]) -> dict[str, Any]:
+    """Environment variables that change what an example trains, as a record's ``source`` stores them.
+
+    Args:
+        swaps: run id -> recipe of ``MPGUIDE_SWAP_RECIPE`` entries that apply to the example.
+
+    Returns:
+        ``{"MPGUIDE_PRESET": name, "MPGUIDE_DEVICE": "auto" | "cpu" | "cuda", "swaps": {...}}`` with the
+        defaults filled in (``quick``, ``auto``).
+    """
+    return {"MPGUIDE_PRESET": os.environ.get("MPGUIDE_PRESET") or "quick",
+            "MPGUIDE_DEVICE": (os.environ.get("MPGUIDE_DEVICE") or "auto").lower(),
+            "swaps": dict(sorted(swaps.items()))}
 
 
 def utc_now() -> str:

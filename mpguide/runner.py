@@ -30,11 +30,10 @@ from lightning.pytorch.callbacks import Callback
 
 from . import claims as claims_mod
 from . import declarations, hardware, records
-from .declarations import RunDecl
+from .declarations import SWAP_ENV, RunDecl, parse_swaps
 from .data import digits_loader
 from .steps import loss_scale
 
-SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
 
 
 @dataclass
@@ -124,24 +123,6 @@ def parameter_digest(module: torch.nn.Module) -> str:
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
-
-
-def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
-    """Parse ``MPGUIDE_SWAP_RECIPE`` (``"example:run_id=recipe,..."``) into ``{(example, run_id): recipe}``.
-
-    Raises:
-        hardware.ConfigurationError: an entry not of the form ``example:run_id=recipe``.
-    """
-    swaps: dict[tuple[str, str], str] = {}
-    for item in filter(None, (s.strip() for s in (value or "").split(","))):
-        target, sep, recipe = item.partition("=")
-        example, colon, run = target.partition(":")
-        if not sep or not colon or not example.strip() or not run.strip() or not recipe.strip():
-            raise hardware.ConfigurationError(
-                f"{SWAP_ENV} entry {item!r} is not of the form example:run_id=recipe "
-                f"(e.g. plot_01_porting_to_manual:manual-bf16=scheduler every batch)")
-        swaps[(example.strip(), run.strip())] = recipe.strip()
-    return swaps
 
 
 def train_run(
@@ -334,15 +315,8 @@ def source_info(example: str, declaration: declarations.Declaration, swaps: dict
         "declaration_sha256": declaration.digest(),
         "commit": commit,
         "dirty": dirty,
-        "run_env": run_env(swaps),
+        "run_env": records.run_env(swaps),
     }
-
-
-def run_env(swaps: dict[str, str]) -> dict[str, Any]:
-    """Environment variables that change what an example trains, as a record stores them."""
-    return {"MPGUIDE_PRESET": hardware.select_preset().name,
-            "MPGUIDE_DEVICE": os.environ.get("MPGUIDE_DEVICE", "auto").lower(),
-            "swaps": dict(sorted(swaps.items()))}
 
 
 def build_record(example: str, results: list[RunResult], declaration: declarations.Declaration, accelerator: str,

@@ -37,9 +37,8 @@ from sphinx.errors import ExtensionError
 from sphinx.util import logging
 
 from . import gate
-from .declarations import EXAMPLES_ENV
+from .declarations import EXAMPLES_ENV, SWAP_ENV, parse_swaps
 from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
-from .runner import SWAP_ENV, parse_swaps
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +76,13 @@ def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
 
     Inputs are what a record's ``source`` stores (:mod:`mpguide.records`): the example file's
     digest, the library's digest, and the preset, device and recipe swaps that apply to that
-    example (:func:`mpguide.runner.run_env`). An example is rerun when its record is missing or
+    example (:func:`mpguide.records.run_env`). An example is rerun when its record is missing or
     unreadable or when any input differs, so a recipe swap for one example reruns that one only.
 
     Returns:
         example name -> reason, in name order.
     """
-    from .records import file_digest, library_digest
-    from .runner import SWAP_ENV, parse_swaps, run_env
+    from .records import file_digest, library_digest, run_env
 
     swaps = parse_swaps(os.environ.get(SWAP_ENV))
     library = library_digest()

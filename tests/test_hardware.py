@@ -46,7 +46,7 @@ def test_parse_swaps():
     assert runner.parse_swaps("ex:a=b, ex2 : c = d") == {("ex", "a"): "b", ("ex2", "c"): "d"}
     assert runner.parse_swaps("") == {}
     for bad in ("justaname", "a=b", "ex:=b", ":a=b"):
-        with pytest.raises(ConfigurationError, match="example:run_id=recipe"):
+        with pytest.raises(ValueError, match="example:run_id=recipe"):
             runner.parse_swaps(bad)
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from conftest import make_record
-from mpguide import records, runner, sphinx_ext
+from mpguide import records, sphinx_ext
 
 
 def layout(tmp_path, monkeypatch):
@@ -21,7 +21,7 @@ def layout(tmp_path, monkeypatch):
 def current_record(results, name):
     """A record of ``name`` made from the current example file, library and run environment."""
     record = make_record([], [], example=name)
-    record["source"]["run_env"] = runner.run_env({})
+    record["source"]["run_env"] = records.run_env({})
     records.write_record(dict(record, claims=[{"kind": "expect", "runs": ["x"], "key": "k", "expected": 1}]),
                          results / f"{name}.json")
 
