@@ -108,8 +108,23 @@ TOLERANCES: dict[str, Tolerance] = {
         Tolerance(
             "throughput-parity",
             "max",
-            0.25,
-            "PROVISIONAL",
+            0.05,
+            "GPU rates of two training variants timed in the same interleaved rounds. Measured before this "
+            "project on an NVIDIA H200 (torch 2.11, Lightning 2.6.6, 8 x Linear(4096), batch 8192, bf16-mixed): "
+            "automatic 73.6, manual 73.3, plain loop 73.5 steps/s, at most 0.4 % apart. 5 % is 'within a few "
+            "percent' with ten times that spread as headroom for smaller GPUs; judged on CUDA records only.",
+        ),
+        Tolerance(
+            "throughput-parity-cpu",
+            "max",
+            0.15,
+            "CPU rates (process CPU time, one thread) of two variants timed in the same interleaved rounds of "
+            "plot_15 (4 x Linear(256), batch 512, median of 5 windows of 4 steps) on the shared 2-core build "
+            "machine, three runs at the quick preset while other jobs loaded it: manual / automatic 1.039, "
+            "1.063, 1.009 (fp32 and bf16-mixed and 16-mixed: at most 6.3 % apart); manual / plain loop in fp32 "
+            "0.948, 0.949 and in 16-mixed 0.993, 1.002. 15 % covers twice the largest deviation seen. The bf16 "
+            "CPU step (about 3 ms) is too short for the plain-loop comparison: Lightning's fixed per-step cost "
+            "made the plain loop 14-21 % faster, so that claim is made on CUDA only.",
         ),
         Tolerance(
             "bf16-speedup",

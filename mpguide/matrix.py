@@ -364,11 +364,15 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
         lines.append("")
         bad = [m for m in messages[version] if m[1] != "pass"]
         good = [m for m in messages[version] if m[1] == "pass"]
-        items = "".join(f'<li id="{a}"><b>{html.escape(w)}</b>: {html.escape(m)}</li>' for a, w, m in bad)
-        passed = "".join(f'<li id="{a}">pass: {html.escape(m)}</li>' for a, w, m in good)
-        block = (f"<ul>{items}</ul>" if bad else "") + (
-            f"<details><summary>{len(good)} passing claims</summary><ul>{passed}</ul></details>" if good else "")
-        lines += [f'<div class="mpguide-matrix-messages">{block}</div>', ""]
+        # one element per line: docutils refuses lines over 10,000 characters; no blank line inside
+        # the block, which would end the raw HTML block in CommonMark
+        items = [f'<li id="{a}"><b>{html.escape(w)}</b>: {html.escape(m)}</li>' for a, w, m in bad]
+        passed = [f'<li id="{a}">pass: {html.escape(m)}</li>' for a, w, m in good]
+        block = ['<div class="mpguide-matrix-messages">']
+        block += ["<ul>", *items, "</ul>"] if bad else []
+        block += [f"<details><summary>{len(good)} passing claims</summary>", "<ul>", *passed, "</ul>",
+                  "</details>"] if good else []
+        lines += [*block, "</div>", ""]
     return "\n".join(lines)
 
 

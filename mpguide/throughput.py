@@ -67,7 +67,7 @@ class Size:
 #: reference measured before this project (H200: 8 x Linear(4096), batch 8192).
 SIZES: dict[tuple[str, str], Size] = {
     ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=3),
-    ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=4, rounds=5),
+    ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5),
     ("cpu", "full"): Size(width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7),
     ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=3),
     ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5),
