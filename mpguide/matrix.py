@@ -259,8 +259,9 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
     where = f"Lightning {summary['lightning']}"
     reasons = [f"{where}: examples/{name}.py changed since the matrix was produced" for name in sorted(current)
                if name in recorded and recorded[name].get("example_sha256") != current[name]]
-    reasons += [f"{where}: examples/{name}.py is not in the matrix" for name in sorted(set(current) - set(recorded))]
-    reasons += [f"{where}: the matrix holds {name}, which no longer exists" for name in sorted(set(recorded) - set(current))]
+    added, removed = sorted(set(current) - set(recorded)), sorted(set(recorded) - set(current))
+    reasons += [f"{where}: examples/{name}.py is not in the matrix" for name in added]
+    reasons += [f"{where}: the matrix holds {name}, which no longer exists" for name in removed]
     if summary["library_sha256"] != records.library_digest():
         reasons.append(f"{where}: the mpguide library changed since the matrix was produced")
     return reasons

@@ -277,7 +277,8 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
                                else _lightning_window(net, v == "manual", batch, size, p, accelerator))
                     out[p].seconds[v].append(seconds)
             progress(f"  round {r + 1}/{size.rounds}: " + ", ".join(
-                f"{p} " + "/".join(f"{size.steps / out[p].seconds[v][-1]:.1f}" for v in VARIANTS) for p in precisions)
+                f"{p} " + "/".join(f"{size.steps / out[p].seconds[v][-1]:.1f}" for v in VARIANTS)
+                for p in precisions)
                 + " steps/s (automatic/manual/plain)")
     torch.set_num_threads(threads)
     return out
