@@ -1,5 +1,6 @@
 """Task runner. Sessions: docs (strict build), docs_preview (no execution), docs_live, tests, gate,
-docs_gpu (strict build on a CUDA GPU, optionally refreshing the committed GPU references) and lint.
+docs_gpu (strict build on a CUDA GPU, optionally refreshing the committed GPU references), lint and matrix
+(every example on each Lightning release of mpguide.matrix.RELEASES).
 
     pip install nox && nox -s docs      # build the whole site strictly, every example executed
     pip install nox && nox -s tests     # the test suite
@@ -16,6 +17,7 @@ Environment variables:
                      machines). Set it to "" to keep the torch already installed, e.g. a CUDA build
                      with `nox --no-venv -s docs` in your own environment.
     MPGUIDE_PRESET   quick (default), full or test; MPGUIDE_DEVICE: auto (default), cpu or cuda.
+    MPGUIDE_MATRIX_EXAMPLES  space-separated example stems for `nox -s matrix` (default: all).
 """
 
 from __future__ import annotations
@@ -231,3 +233,65 @@ def lint(session: nox.Session) -> None:
                      "only the schema check ran")
         return
     session.run("actionlint", *workflows)
+
+
+def requirement(name: str) -> str:
+    """The line of requirements.txt that pins ``name`` (so the matrix uses the site's versions)."""
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        spec = line.split("#")[0].strip()
+        if spec.lower().startswith(name.lower()) and spec[len(name):len(name) + 1] in "=<>!~ ":
+            return spec
+    raise ValueError(f"requirements.txt has no line for {name}")
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """Every example at the test preset on each Lightning release of mpguide.matrix.RELEASES.
+
+    One base environment holds torch (CPU build), scikit-learn, matplotlib, numpy and pytest; each
+    release gets its own venv that sees the base through a .pth file and installs only
+    ``lightning==X`` (plus a setuptools that still ships pkg_resources, which Lightning < 2.4
+    imports). ``python -m mpguide.matrix run`` then runs the examples and the plugin tests there and
+    writes results/matrix/lightning-X.json. A release that cannot be installed or imported is
+    recorded as "could not run". Pass releases as arguments to run only those:
+    ``nox -s matrix -- 2.4.0 2.6.6``; MPGUIDE_MATRIX_EXAMPLES restricts the examples.
+    """
+    sys.path.insert(0, str(ROOT))
+    from mpguide.matrix import MATRIX_DIR, RELEASES
+
+    torch_spec = os.environ.get("MPGUIDE_TORCH", "torch==2.13.0")
+    if torch_spec:
+        session.install(*torch_spec.split())
+    session.install(*(requirement(n) for n in ("scikit-learn", "numpy", "matplotlib", "pytest")))
+    base = Path(session.virtualenv.location)
+    base_site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                            silent=True).strip()
+    releases = session.posargs or list(RELEASES)
+    examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for version in releases:
+        venv = base.parent / f"matrix-lightning-{version}"
+        python = venv / "bin" / "python"
+        log = base.parent / f"matrix-lightning-{version}.log"
+        session.log(f"Lightning {version}: environment {venv.name}")
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        Path(site, "mpguide_matrix_base.pth").write_text(base_site + "\n")
+        with open(log, "w") as out:
+            install = subprocess.run([str(python), "-m", "pip", "install", "-q", f"lightning=={version}",
+                                      "setuptools<81"], stdout=out, stderr=subprocess.STDOUT)
+            check = subprocess.run([str(python), "-c", "import lightning, torch, sys; "
+                                    "assert lightning.__file__.startswith(sys.prefix), lightning.__file__; "
+                                    "print(lightning.__version__, torch.__version__)"],
+                                   stdout=out, stderr=subprocess.STDOUT) if install.returncode == 0 else None
+        stage = "install" if install.returncode else "import" if check.returncode else ""
+        if stage:
+            session.run("python", "-m", "mpguide.matrix", "error", "--lightning", version, "--stage", stage,
+                        "--message-file", str(log), "--out", str(MATRIX_DIR), *(["--examples", *examples]
+                                                                                 if examples else []), env=env)
+            continue
+        session.run(str(python), "-m", "mpguide.matrix", "run", "--lightning", version, "--out", str(MATRIX_DIR),
+                    *(["--examples", *examples] if examples else []), env=env, external=True)
+    session.log(f"summaries in {MATRIX_DIR}; commit them (git add results/matrix)")

@@ -277,6 +277,7 @@ _CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
     "match": (2, ("tolerance",)), "diverge": (2, ("tolerance",)), "ratio": (2, ("tolerance", "key")),
     "raises": (1, ("exception", "message")), "warns": (1, ("category", "message")),
     "no_warning": (1, ("message",)), "expect": (1, ("key",)), "same": (2, ("key",)),
+    "rate_ratio": (1, ("tolerance", "key")),
 }
 
 

@@ -156,7 +156,7 @@ def train_run(
 
     hardware.check_precision(spec.precision)
     quiet_lightning()
-    pl.seed_everything(spec.seed, verbose=False)
+    pl.seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it; quiet_lightning() mutes the line
     module = module_factory()
     loader = digits_loader(preset.batch_size, seed=spec.seed)
     recorder = StepRecorder()

@@ -46,7 +46,7 @@ class Pair(pl.LightningModule):
 
     def __init__(self, mode="starved", overflow_steps=(), lr=0.1):
         super().__init__()
-        pl.seed_everything(0, verbose=False)
+        pl.seed_everything(0)  # no verbose=: Lightning < 2.4 lacks it; quiet_lightning() mutes the line
         self.automatic_optimization = False
         self.a, self.b = torch.nn.Linear(6, 1), torch.nn.Linear(6, 1)
         self.mode, self.overflow_steps, self.lr = mode, overflow_steps, lr
@@ -245,7 +245,7 @@ def test_automatic_optimization_is_unchanged():
     class Auto(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            pl.seed_everything(0, verbose=False)
+            pl.seed_everything(0)  # no verbose=: Lightning < 2.4 lacks it; quiet_lightning() mutes the line
             self.net = torch.nn.Linear(6, 1)
 
         def training_step(self, batch, batch_idx):

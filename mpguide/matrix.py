@@ -1,0 +1,551 @@
+"""The version matrix: which claims hold on which Lightning release, summarised, checked for staleness, rendered.
+
+``nox -s matrix`` installs each release of :data:`~mpguide.matrix.RELEASES` into its own environment
+(sharing one CPU torch), runs every example there at the ``test`` preset and calls
+``python -m mpguide.matrix run`` in that environment, which judges the records with the claim gate
+(:func:`mpguide.gate.judge`) and writes one compact **summary** per release,
+``results/matrix/lightning-<version>.json`` (a few KB; the full records stay out of git):
+
+``schema``
+    :data:`~mpguide.matrix.SCHEMA` (other values are refused).
+``lightning``, ``torch``, ``python``, ``device``, ``preset``, ``created`` (UTC)
+    what ran, where and when.
+``status``, ``error``
+    ``"ran"``, or ``"could not run"`` with ``error`` = ``{"stage": "install" | "import", "message"}``
+    when the release could not be installed or imported (a result, not a crash).
+``library_sha256``
+    :func:`mpguide.records.library_digest` of the library the matrix was produced with.
+``examples``
+    example -> ``{"example_sha256", "status" ("ran" or "could not run"), "error", "seconds",
+    "claims": [{"id", "kind", "runs", "title", "verdict" ("pass" | "fail" | "not judged"),
+    "observed", "message"}]}``. Besides the declared claims, one row ``id = "runs complete"`` per
+    example stands for the gate's implicit checks (every run trains to the end with a finite loss).
+``plugin_tests``
+    outcome of the :class:`mpguide.precision.ManualMixedPrecision` tests in that environment:
+    ``{"status" ("pass" | "fail" | "refused" | "could not run"), "passed", "failed", "message"}``.
+
+A summary is **stale** when an example or the library changed since it was produced
+(:func:`~mpguide.matrix.staleness`); the test suite fails then, and the message says to run
+``nox -s matrix``. :func:`~mpguide.matrix.render_table` draws the table of the guide and
+:func:`~mpguide.matrix.applies_sentence` the "applies to Lightning X to Y" line of a pitfall section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import declarations, records
+
+#: Format of a summary file; bump on incompatible changes.
+SCHEMA = "mpguide-matrix-1"
+
+#: The Lightning releases of the matrix, oldest first. Latest patch of each minor where not named
+#: (``pip index versions lightning`` on 2026-11-30: 2.2.5 and 2.3.3 close their minors; 2.6.6 is the
+#: release ``requirements.txt`` pins). 2.5.4 and 2.5.5 bracket the switch of Lightning's autocast to
+#: ``cache_enabled=False`` (``lightning/pytorch/plugins/precision/amp.py`` of 2.5.5).
+RELEASES: tuple[str, ...] = ("2.2.5", "2.3.3", "2.4.0", "2.5.0", "2.5.4", "2.5.5", "2.6.6")
+
+#: Where the summaries are committed.
+MATRIX_DIR = records.REPO_ROOT / "results" / "matrix"
+
+#: Verdict words of a table cell, and what an absent cell shows.
+CELL_WORDS = {"pass": "pass", "fail": "fail", "not judged": "not judged", "could not run": "could not run"}
+#: Id of the row that stands for the implicit checks of an example (runs complete, losses finite).
+RUNS_ROW = "runs complete"
+#: The tests of the plugin run in every environment.
+PLUGIN_TESTS = "tests/test_precision.py"
+#: Text the plugin's refusal of a release must contain to count as a clear refusal (not a failure).
+REFUSAL_MARK = "ManualMixedPrecision does not support Lightning"
+
+
+class MatrixError(ValueError):
+    """A summary file is missing, unreadable or of another schema; the message names the file and the fix."""
+
+
+def summary_path(version: str, directory: Path | None = None) -> Path:
+    """``<directory>/lightning-<version>.json`` (default directory :data:`~mpguide.matrix.MATRIX_DIR`)."""
+    return Path(directory or MATRIX_DIR) / f"lightning-{version}.json"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a release string such as ``"2.5.0"`` or ``"2.5.0.post0"`` (numbers only)."""
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def claim_id(claim: dict[str, Any]) -> str:
+    """Short identity of a declared claim within its example: ``kind(run, ...)`` plus its key or category.
+
+    Args:
+        claim: a claim dict as built by :mod:`mpguide.claims` (``kind``, ``runs``, maybe ``key``).
+    """
+    qualifier = claim.get("key") or claim.get("category") or ""
+    return f"{claim['kind']}({', '.join(claim['runs'])})" + (f" [{qualifier}]" if qualifier else "")
+
+
+def _unique(ids: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for i in ids:
+        seen[i] = seen.get(i, 0) + 1
+        out.append(i if seen[i] == 1 else f"{i} #{seen[i]}")
+    return out
+
+
+def _word(status: str) -> str:
+    return {"pass": "pass", "FAIL": "fail"}.get(status, status)
+
+
+def summarize_example(example: str, record_dir: Path, version: str, script_error: str = "",
+                      seconds: float | None = None, examples: Path | None = None) -> dict[str, Any]:
+    """Judge one example's record in ``record_dir`` with the gate and keep the compact part.
+
+    Args:
+        example: file stem, e.g. ``"plot_05_skipped_steps"``.
+        record_dir: folder holding ``<example>.json`` written by the example in this environment.
+        version: the Lightning release (used in messages instead of the temporary record path).
+        script_error: last lines of the script's stderr when it exited non-zero (``""`` otherwise).
+        seconds: wall time of the script.
+        examples: folder of the examples (default :func:`mpguide.declarations.examples_dir`).
+
+    Returns:
+        The ``examples[example]`` entry of a summary (see the module docstring). Without a readable
+        record the example "could not run" and ``error`` holds the script's error or the record error.
+    """
+    from .gate import judge
+
+    entry: dict[str, Any] = {"example_sha256": records.file_digest(declarations.example_file(example, examples)),
+                             "status": "ran", "error": script_error or None, "seconds": seconds, "claims": []}
+    path = records.record_path(example, record_dir)
+    report = judge([path], examples=examples)
+    if report.record_errors:
+        entry["status"] = "could not run"
+        entry["error"] = script_error or report.record_errors[0].replace(str(record_dir), "<records>")
+        return entry
+    shown = f"lightning-{version}/{example}.json"
+    declared = [v for v in report.verdicts if v.kind not in ("finite", "completes")]
+    implicit = [v for v in report.verdicts if v.kind in ("finite", "completes")]
+    for v in report.verdicts:
+        v.record = shown
+    for cid, v in zip(_unique([claim_id({"kind": v.kind, "runs": v.runs, "key": _key_of(v)}) for v in declared]),
+                      declared):
+        entry["claims"].append({"id": cid, "kind": v.kind, "runs": list(v.runs), "title": v.title,
+                                "verdict": _word(v.status), "observed": v.shown_value(), "message": v.message()})
+    bad = [v for v in implicit if v.failed]
+    entry["claims"].append({
+        "id": RUNS_ROW, "kind": "implicit", "runs": sorted({r for v in implicit for r in v.runs}),
+        "title": "every run trains to the end with a finite loss", "verdict": "fail" if bad else "pass",
+        "observed": f"{len(implicit) - len(bad)} of {len(implicit)} checks pass",
+        "message": " | ".join(v.message() for v in bad) if bad else
+        f"{example}: all {len(implicit)} implicit checks passed (record: {shown})"})
+    return entry
+
+
+def _key_of(verdict: Any) -> str:
+    # The verdict's metric is the key for expect/same/ratio claims and the category text for warns.
+    if verdict.kind in ("expect", "same", "ratio"):
+        return verdict.metric if verdict.kind != "ratio" else ""
+    if verdict.kind == "warns" and verdict.threshold.startswith("warns "):
+        return verdict.threshold[len("warns "):]
+    return ""
+
+
+def new_summary(version: str, status: str = "ran", error: dict[str, str] | None = None,
+                examples: Sequence[str] = (), examples_dir: Path | None = None) -> dict[str, Any]:
+    """An empty summary of ``version`` with versions, date and source digests filled in.
+
+    ``examples`` are listed as "could not run" with the release's ``error`` when the release
+    itself could not run, so that the table still has their rows.
+    """
+    try:
+        import torch
+        torch_version = torch.__version__
+    except Exception:  # noqa: BLE001 - an environment without torch is a result too
+        torch_version = None
+    out: dict[str, Any] = {
+        "schema": SCHEMA, "lightning": version, "torch": torch_version, "python": platform.python_version(),
+        "device": f"CPU ({os.cpu_count()} cores)", "preset": "test", "created": records.utc_now(),
+        "status": status, "error": error, "library_sha256": records.library_digest(), "examples": {},
+        "plugin_tests": None,
+    }
+    for example in examples:
+        out["examples"][example] = {
+            "example_sha256": records.file_digest(declarations.example_file(example, examples_dir)),
+            "status": "could not run", "error": (error or {}).get("message"), "seconds": None, "claims": []}
+    return out
+
+
+def write_summary(summary: dict[str, Any], directory: Path | None = None) -> Path:
+    """Write ``summary`` to ``lightning-<version>.json`` in ``directory`` atomically (temp file, rename)."""
+    validate(summary, "<new summary>")
+    path = summary_path(summary["lightning"], directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=1, sort_keys=False)
+        handle.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def validate(summary: Any, where: str | Path) -> dict[str, Any]:
+    """Check the layout of a parsed summary.
+
+    Raises:
+        MatrixError: naming ``where`` and the first problem, with the fix (rerun ``nox -s matrix``).
+    """
+    fix = "rerun `nox -s matrix` to write it again"
+    if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
+        got = summary.get("schema") if isinstance(summary, dict) else type(summary).__name__
+        raise MatrixError(f"{where}: not a matrix summary of schema {SCHEMA!r} (found {got!r}); {fix}")
+    for key, kind in (("lightning", str), ("status", str), ("library_sha256", str), ("examples", dict)):
+        if not isinstance(summary.get(key), kind):
+            raise MatrixError(f"{where}: field {key!r} missing or not a {kind.__name__}; {fix}")
+    for name, entry in summary["examples"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("claims"), list) or "status" not in entry:
+            raise MatrixError(f"{where}: examples[{name!r}] lacks 'status' or a 'claims' list; {fix}")
+        for claim in entry["claims"]:
+            if not isinstance(claim, dict) or not {"id", "title", "verdict", "message"} <= set(claim):
+                raise MatrixError(f"{where}: a claim of {name!r} lacks id, title, verdict or message; {fix}")
+    return summary
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read and validate one summary file. Raises :class:`~mpguide.matrix.MatrixError`."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MatrixError(f"{path}: matrix summary not found; run `nox -s matrix`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise MatrixError(f"{path}: not valid JSON ({err}); rerun `nox -s matrix`") from None
+    return validate(data, path)
+
+
+def load_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
+    """Every summary in ``directory`` (default :data:`~mpguide.matrix.MATRIX_DIR`), oldest release first.
+
+    Raises:
+        MatrixError: a file is unreadable, or the folder holds no summary at all.
+    """
+    directory = Path(directory or MATRIX_DIR)
+    found = [load(p) for p in sorted(directory.glob("lightning-*.json"))]
+    if not found:
+        raise MatrixError(f"{directory}: no matrix summaries (lightning-*.json); run `nox -s matrix`")
+    return sorted(found, key=lambda s: version_key(s["lightning"]))
+
+
+def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str]:
+    """Why ``summary`` no longer describes the current sources (empty list when it does).
+
+    Compares the recorded digests with today's: every ``examples/plot_*.py`` must be in the summary
+    with the same SHA-256, no example may have been removed, and the library digest
+    (:func:`mpguide.records.library_digest`) must be the same.
+    """
+    folder = Path(examples or declarations.examples_dir())
+    current = {p.stem: records.file_digest(p) for p in sorted(folder.glob("plot_*.py"))}
+    recorded = summary["examples"]
+    where = f"Lightning {summary['lightning']}"
+    reasons = [f"{where}: examples/{name}.py changed since the matrix was produced" for name in sorted(current)
+               if name in recorded and recorded[name].get("example_sha256") != current[name]]
+    added, removed = sorted(set(current) - set(recorded)), sorted(set(recorded) - set(current))
+    reasons += [f"{where}: examples/{name}.py is not in the matrix" for name in added]
+    reasons += [f"{where}: the matrix holds {name}, which no longer exists" for name in removed]
+    if summary["library_sha256"] != records.library_digest():
+        reasons.append(f"{where}: the mpguide library changed since the matrix was produced")
+    return reasons
+
+
+def check_current(directory: Path | None = None, examples: Path | None = None,
+                  releases: Sequence[str] = RELEASES) -> None:
+    """Raise when the committed matrix is missing a release or was produced from other sources.
+
+    Raises:
+        MatrixError: one line per problem, ending with the fix (``nox -s matrix``).
+    """
+    summaries = load_matrix(directory)
+    problems = [f"Lightning {v}: no summary" for v in releases if v not in {s["lightning"] for s in summaries}]
+    for summary in summaries:
+        problems += staleness(summary, examples)
+    if problems:
+        raise MatrixError("the committed version matrix (results/matrix) is stale:\n  - " + "\n  - ".join(problems)
+                          + "\nrun `nox -s matrix` (about 20 min on 2 cores) and commit results/matrix/")
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
+    """``(word, message)`` of claim ``cid`` of ``example`` in one release's summary.
+
+    ``word`` is ``"pass"``, ``"fail"``, ``"not judged"`` or ``"could not run"`` (the release or the
+    example could not run, or the claim is absent from its record).
+    """
+    entry = summary["examples"].get(example)
+    if summary["status"] != "ran":
+        err = summary.get("error") or {}
+        return "could not run", f"Lightning {summary['lightning']} could not be {err.get('stage', 'run')}ed: " \
+                                f"{err.get('message', '')}"
+    if entry is None or entry["status"] != "ran":
+        return "could not run", f"{example} could not run on Lightning {summary['lightning']}: " \
+                                f"{(entry or {}).get('error') or 'not in the matrix'}"
+    for claim in entry["claims"]:
+        if claim["id"] == cid:
+            return claim["verdict"], claim["message"]
+    return "could not run", f"{example}: claim {cid!r} has no verdict on Lightning {summary['lightning']} " \
+                            f"(the example stopped before judging it)"
+
+
+def rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """``(example, claim id, title)`` of every claim in the matrix, in example and declaration order.
+
+    The newest release that ran an example decides the order and the titles.
+    """
+    out: list[tuple[str, str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for summary in sorted(summaries, key=lambda s: version_key(s["lightning"]), reverse=True):
+        for example in sorted(summary["examples"]):
+            for claim in summary["examples"][example]["claims"]:
+                if (example, claim["id"]) not in seen:
+                    seen.add((example, claim["id"]))
+                    out.append((example, claim["id"], claim["title"]))
+    return sorted(out, key=lambda r: r[0])  # stable: keeps declaration order within an example
+
+
+def _anchor(version: str, example: str, cid: str) -> str:
+    return "mx-" + re.sub(r"[^a-z0-9]+", "-", f"{version} {example} {cid}".lower()).strip("-")
+
+
+def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | None = None) -> str:
+    """The matrix as MyST Markdown: one row per claim, one column per release, then every message.
+
+    Each cell reads ``pass``, ``fail``, ``not judged`` or ``could not run`` and links to its
+    message below the table (an HTML anchor, so no Sphinx reference can dangle). Non-passing
+    messages are listed openly; passing ones sit in a collapsed ``<details>`` block per release.
+
+    Args:
+        summaries: from :func:`~mpguide.matrix.load_matrix`.
+        examples: restrict to these examples (default: all).
+
+    Returns:
+        Markdown text (render it with ``nb_render_markdown_format = "myst"``, or any CommonMark
+        renderer with tables and raw HTML).
+    """
+    summaries = sorted(summaries, key=lambda s: version_key(s["lightning"]))
+    wanted = None if examples is None else set(examples)
+    table_rows = [r for r in rows(summaries) if wanted is None or r[0] in wanted]
+    head = ["example", "claim"] + [f"Lightning {s['lightning']}" for s in summaries]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    messages: dict[str, list[tuple[str, str, str]]] = {s["lightning"]: [] for s in summaries}
+    for example, cid, title in table_rows:
+        cells = []
+        for summary in summaries:
+            word, message = cell(summary, example, cid)
+            anchor = _anchor(summary["lightning"], example, cid)
+            text = html.escape(CELL_WORDS.get(word, word))
+            cells.append(f'<a href="#{anchor}">{"<b>" + text + "</b>" if word != "pass" else text}</a>')
+            messages[summary["lightning"]].append((anchor, word, message))
+        lines.append("| " + " | ".join([_md(example), _md(title)] + cells) + " |")
+    lines.append("")
+    for summary in summaries:
+        version = summary["lightning"]
+        lines.append(f"**Lightning {version}** (torch {summary.get('torch')}, {summary.get('device')}, preset "
+                     f"{summary.get('preset')}, {str(summary.get('created', ''))[:10]})")
+        lines.append("")
+        bad = [m for m in messages[version] if m[1] != "pass"]
+        good = [m for m in messages[version] if m[1] == "pass"]
+        # one element per line: docutils refuses lines over 10,000 characters; no blank line inside
+        # the block, which would end the raw HTML block in CommonMark
+        items = [f'<li id="{a}"><b>{html.escape(w)}</b>: {html.escape(m)}</li>' for a, w, m in bad]
+        passed = [f'<li id="{a}">pass: {html.escape(m)}</li>' for a, w, m in good]
+        block = ['<div class="mpguide-matrix-messages">']
+        block += ["<ul>", *items, "</ul>"] if bad else []
+        block += [f"<details><summary>{len(good)} passing claims</summary>", "<ul>", *passed, "</ul>",
+                  "</details>"] if good else []
+        lines += [*block, "</div>", ""]
+    return "\n".join(lines)
+
+
+def _md(text: str) -> str:
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("\n", " ")
+
+
+def passing_releases(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> list[str]:
+    """Releases (oldest first) on which every ``(example, claim id)`` of ``claims`` passed."""
+    ordered = sorted(summaries, key=lambda s: version_key(s["lightning"]))
+    return [s["lightning"] for s in ordered if all(cell(s, ex, cid)[0] == "pass" for ex, cid in claims)]
+
+
+def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:
+    """The "applies to Lightning X to Y" sentence of a pitfall section, drawn from the matrix.
+
+    Args:
+        summaries: from :func:`~mpguide.matrix.load_matrix`.
+        claims: the ``(example, claim id)`` pairs the section rests on; the section applies to a
+            release when all of them pass there.
+
+    Returns:
+        e.g. ``"This applies to Lightning 2.4.0 to 2.6.6 (every release tested)."``, or with the
+        releases where it does not hold and why (``fail`` or ``could not run``).
+
+    Raises:
+        MatrixError: ``claims`` is empty or names a claim no summary has.
+    """
+    if not claims:
+        raise MatrixError("applies_sentence needs at least one (example, claim id)")
+    known = {(ex, cid) for ex, cid, _ in rows(summaries)}
+    unknown = [c for c in claims if tuple(c) not in known]
+    if unknown:
+        raise MatrixError(f"no release of the matrix has claim(s) {unknown}; known ids look like "
+                          f"{sorted(known)[:3]}")
+    ordered = sorted(summaries, key=lambda s: version_key(s["lightning"]))
+    tested = [s["lightning"] for s in ordered]
+    ok = passing_releases(ordered, claims)
+    if not ok:
+        return f"This holds on none of the Lightning releases tested ({', '.join(tested)})."
+    others = []
+    for s in ordered:
+        if s["lightning"] not in ok:
+            words = {cell(s, ex, cid)[0] for ex, cid in claims} - {"pass"}
+            others.append(f"{s['lightning']} ({' / '.join(sorted(words))})")
+    first, last = tested.index(ok[0]), tested.index(ok[-1])
+    contiguous = tested[first:last + 1] == ok
+    span = f"Lightning {ok[0]} to {ok[-1]}" if len(ok) > 1 else f"Lightning {ok[0]}"
+    if contiguous and not others:
+        return f"This applies to {span} (every release tested)."
+    if contiguous:
+        return f"This applies to {span}; not on {', '.join(others)}."
+    return f"This applies to Lightning {', '.join(ok)}; not on {', '.join(others)}."
+
+
+# ------------------------------------------------------------------------------------ producing
+
+
+def run_plugin_tests(python: str, root: Path, timeout: float = 600) -> dict[str, Any]:
+    """Run :data:`~mpguide.matrix.PLUGIN_TESTS` with ``python -m pytest`` and classify the outcome.
+
+    ``refused`` when every failure carries :data:`~mpguide.matrix.REFUSAL_MARK` (the plugin declines
+    that Lightning release with a clear error), ``pass`` when nothing failed, else ``fail``.
+    """
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", PLUGIN_TESTS],
+                          cwd=root, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONPATH=str(root)))
+    tail = (proc.stdout + proc.stderr).strip().splitlines()
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|error|errors)", tail[-1] if tail else "")}
+    failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    if proc.returncode == 0:
+        status = "pass"
+    elif REFUSAL_MARK in proc.stdout + proc.stderr and failed and \
+            (proc.stdout + proc.stderr).count(REFUSAL_MARK) >= 1:
+        status = "refused"
+    else:
+        status = "fail" if counts else "could not run"
+    first_error = next((line for line in tail if line.startswith(("E ", "FAILED", "ERROR"))), "")
+    return {"status": status, "passed": counts.get("passed", 0), "failed": failed,
+            "message": (first_error + " | " if first_error else "") + (tail[-1] if tail else "no output")}
+
+
+def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: float = 600) -> dict[str, Any]:
+    """In the current environment: run ``names`` at the test preset, judge them, write the summary.
+
+    Each example runs as ``python examples/<name>.py`` with ``MPGUIDE_PRESET=test`` and
+    ``MPGUIDE_DEVICE=cpu``; a script that fails or times out is recorded, not raised.
+
+    Returns:
+        The summary written to :func:`~mpguide.matrix.summary_path` in ``out_dir``.
+    """
+    import lightning
+
+    root = records.REPO_ROOT
+    summary = new_summary(version)
+    if lightning.__version__ != version:
+        summary.update(status="could not run", error={
+            "stage": "import", "message": f"this environment imports Lightning {lightning.__version__}, "
+                                          f"not {version}"})
+        return summary
+    with tempfile.TemporaryDirectory(prefix="mpguide-matrix-") as tmp:
+        for name in names:
+            start = time.perf_counter()
+            env = dict(os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=tmp,
+                       MPLBACKEND="Agg", PYTHONPATH=str(root))
+            try:
+                proc = subprocess.run([sys.executable, str(declarations.example_file(name))], cwd=tmp, env=env,
+                                      capture_output=True, text=True, timeout=timeout)
+                err = "" if proc.returncode == 0 else _last_error(proc.stderr)
+            except subprocess.TimeoutExpired:
+                err = f"timed out after {timeout:.0f} s"
+            seconds = round(time.perf_counter() - start, 1)
+            summary["examples"][name] = summarize_example(name, Path(tmp), version, err, seconds)
+            entry = summary["examples"][name]
+            bad = sum(c["verdict"] != "pass" for c in entry["claims"])
+            print(f"  Lightning {version}: {name}: {entry['status']}, {len(entry['claims']) - bad} pass, "
+                  f"{bad} not passing, {seconds} s" + (f" ({err.splitlines()[-1][:120]})" if err else ""),
+                  flush=True)
+    summary["plugin_tests"] = run_plugin_tests(sys.executable, root, timeout)
+    print(f"  Lightning {version}: plugin tests {summary['plugin_tests']['status']}: "
+          f"{summary['plugin_tests']['message'][:160]}", flush=True)
+    write_summary(summary, out_dir)
+    return summary
+
+
+def _last_error(stderr: str, lines: int = 3) -> str:
+    """The exception lines at the end of a traceback (without machine paths), or the last lines."""
+    text = [line for line in stderr.strip().splitlines() if line.strip()]
+    tail = "\n".join(text[-lines:])
+    return re.sub(r"/[^\s\"']*/(site-packages|examples|mpguide)/", r"\1/", tail)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mpguide.matrix run|error|check|table``; see ``--help``."""
+    parser = argparse.ArgumentParser(prog="python -m mpguide.matrix", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the examples in this environment and write its summary")
+    run.add_argument("--lightning", required=True, help="the release this environment should import")
+    run.add_argument("--out", type=Path, default=MATRIX_DIR)
+    run.add_argument("--examples", nargs="*", default=None, help="example stems (default: every plot_*.py)")
+    err = sub.add_parser("error", help="write the summary of a release that could not be installed")
+    err.add_argument("--lightning", required=True)
+    err.add_argument("--stage", default="install")
+    err.add_argument("--message-file", type=Path, required=True)
+    err.add_argument("--out", type=Path, default=MATRIX_DIR)
+    err.add_argument("--examples", nargs="*", default=None)
+    sub.add_parser("check", help="exit 1 when the committed matrix is stale")
+    table = sub.add_parser("table", help="print the Markdown table")
+    table.add_argument("--dir", type=Path, default=MATRIX_DIR)
+    args = parser.parse_args(argv)
+    every = sorted(p.stem for p in declarations.examples_dir().glob("plot_*.py"))
+    if args.command == "run":
+        run_release(args.lightning, args.out, args.examples or every)
+        return 0
+    if args.command == "error":
+        message = _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)
+        summary = new_summary(args.lightning, "could not run", {"stage": args.stage, "message": message},
+                              args.examples or every)
+        print(f"  Lightning {args.lightning}: could not {args.stage}: {message.splitlines()[-1][:160]}")
+        write_summary(summary, args.out)
+        return 0
+    if args.command == "check":
+        try:
+            check_current()
+        except MatrixError as error:
+            print(error, file=sys.stderr)
+            return 1
+        print("the committed version matrix is current")
+        return 0
+    print(render_table(load_matrix(args.dir)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The version matrix: summaries from real gate verdicts, staleness, the table, the "applies to" sentence."""
+
+import json
+
+import pytest
+
+from conftest import curve, make_record, run
+from mpguide import claims, matrix, records
+
+
+def summary(version, verdicts, status="ran", examples_dir=None):
+    """A summary of example plot_99_fake whose claims have the given verdicts ({claim id: verdict})."""
+    out = matrix.new_summary(version, status, None if status == "ran" else {"stage": "install", "message": "boom"})
+    out["examples"]["plot_99_fake"] = {
+        "example_sha256": records.file_digest(examples_dir / "plot_99_fake.py") if examples_dir else None,
+        "status": "ran", "error": None, "seconds": 1.0,
+        "claims": [{"id": cid, "kind": "match", "runs": ["a", "b"], "title": f"title of {cid}", "verdict": v,
+                    "observed": "x", "message": f"message of {cid} on {version}"} for cid, v in verdicts.items()]}
+    return out
+
+
+def test_summarize_example_keeps_the_gates_verdicts(fake_examples, tmp_path):
+    declared = [claims.match("manual", "auto", "same-precision", "port"),
+                claims.match("bf16", "auto", "mixed-vs-fp32", "bf16"),
+                claims.diverge("broken", "auto", "pitfall-gap", "pitfall"),
+                claims.expect("broken", "stalled", True, "the broken recipe stalls")]
+    rec = make_record([run("auto", curve()), run("manual", curve(scale=1.5)), run("bf16", curve(), "bf16-mixed"),
+                       run("broken", curve(scale=3.0))], declared)
+    rec["runs"][3]["extra"]["stalled"] = True
+    records.write_record(rec, tmp_path / "plot_99_fake.json")
+    entry = matrix.summarize_example("plot_99_fake", tmp_path, "2.4.0", examples=fake_examples)
+    verdicts = {c["id"]: c["verdict"] for c in entry["claims"]}
+    assert verdicts == {"match(manual, auto)": "fail", "match(bf16, auto)": "pass",
+                        "diverge(broken, auto)": "pass", "expect(broken) [stalled]": "pass", matrix.RUNS_ROW: "pass"}
+    port = next(c for c in entry["claims"] if c["id"] == "match(manual, auto)")
+    assert "lightning-2.4.0/plot_99_fake.json" in port["message"] and str(tmp_path) not in port["message"]
+
+
+def test_missing_record_is_could_not_run(fake_examples, tmp_path):
+    entry = matrix.summarize_example("plot_99_fake", tmp_path, "2.2.5", "TypeError: boom", examples=fake_examples)
+    assert entry["status"] == "could not run" and entry["error"] == "TypeError: boom" and entry["claims"] == []
+
+
+def test_staleness_names_changed_new_and_removed_examples_and_the_library(fake_examples):
+    good = summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples)
+    assert matrix.staleness(good, fake_examples) == []
+    (fake_examples / "plot_99_fake.py").write_text((fake_examples / "plot_99_fake.py").read_text() + "\n# edit\n")
+    assert matrix.staleness(good, fake_examples) == ["Lightning 2.6.6: examples/plot_99_fake.py changed since the "
+                                                     "matrix was produced"]
+    (fake_examples / "plot_98_new.py").write_text("")
+    good["examples"]["plot_97_gone"] = good["examples"]["plot_99_fake"]
+    good["library_sha256"] = "0" * 64
+    reasons = " | ".join(matrix.staleness(good, fake_examples))
+    assert "plot_98_new.py is not in the matrix" in reasons and "plot_97_gone, which no longer exists" in reasons
+    assert "mpguide library changed" in reasons
+
+
+def test_check_current_fails_with_the_fix(fake_examples, tmp_path):
+    matrix.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",))
+    with pytest.raises(matrix.MatrixError, match=r"Lightning 2\.4\.0: no summary[\s\S]*nox -s matrix"):
+        matrix.check_current(tmp_path, fake_examples, releases=("2.4.0", "2.6.6"))
+    data = json.loads((tmp_path / "lightning-2.6.6.json").read_text())
+    data["library_sha256"] = "f" * 64
+    (tmp_path / "lightning-2.6.6.json").write_text(json.dumps(data))
+    with pytest.raises(matrix.MatrixError, match="library changed"):
+        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",))
+
+
+def test_corrupt_or_foreign_summary_is_refused(tmp_path):
+    (tmp_path / "lightning-2.4.0.json").write_text("{")
+    with pytest.raises(matrix.MatrixError, match=r"lightning-2\.4\.0\.json: not valid JSON"):
+        matrix.load_matrix(tmp_path)
+    (tmp_path / "lightning-2.4.0.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(matrix.MatrixError, match="not a matrix summary"):
+        matrix.load_matrix(tmp_path)
+    with pytest.raises(matrix.MatrixError, match="no matrix summaries"):
+        matrix.load_matrix(tmp_path / "empty")
+
+
+def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
+    sums = [summary("2.6.6", {"c1": "pass", "c2": "pass"}), summary("2.2.5", {"c1": "fail", "c2": "pass"}),
+            summary("2.3.3", {}, status="could not run")]
+    text = matrix.render_table(sums)
+    header = text.splitlines()[0]
+    assert header.index("Lightning 2.2.5") < header.index("Lightning 2.3.3") < header.index("Lightning 2.6.6")
+    row = next(line for line in text.splitlines() if "title of c1" in line)
+    assert row.count("<a href=") == 3 and "<b>fail</b>" in row and "<b>could not run</b>" in row
+    anchor = row.split('href="#')[1].split('"')[0]
+    assert f'<li id="{anchor}"><b>fail</b>: message of c1 on 2.2.5</li>' in text
+    assert "could not be installed: boom" in text
+
+
+def test_applies_sentence_is_drawn_from_the_table():
+    sums = [summary(v, {"c": w}) for v, w in (("2.2.5", "fail"), ("2.4.0", "pass"), ("2.6.6", "pass"))]
+    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
+        "This applies to Lightning 2.4.0 to 2.6.6; not on 2.2.5 (fail)."
+    sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"
+    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
+        "This applies to Lightning 2.2.5 to 2.6.6 (every release tested)."
+    sums[1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "fail"
+    assert "2.2.5, 2.6.6; not on 2.4.0 (fail)" in matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+    with pytest.raises(matrix.MatrixError, match="no release of the matrix has claim"):
+        matrix.applies_sentence(sums, [("plot_99_fake", "typo")])
+
+
+def test_rate_ratio_claim_parity_and_speedup():
+    def judge(extra, key, tolerance):
+        rec = {"example": "x", "env": {}, "preset": "test", "runs": [dict(run("r", curve()), extra=extra)],
+               "claims": [claims.rate_ratio("r", key, tolerance, "t")]}
+        return claims.evaluate_record(rec)[0]
+
+    assert judge({"a": 100.0, "b": 98.0}, "a/b", "throughput-parity").passed
+    slow = judge({"a": 50.0, "b": 100.0}, "a/b", "throughput-parity")
+    assert not slow.passed and slow.value == pytest.approx(0.5) and "ratio 0.5000" in slow.detail
+    assert judge({"a": 940.0, "b": 100.0}, "a/b", "bf16-speedup").passed
+    assert not judge({"a": 110.0, "b": 100.0}, "a/b", "bf16-speedup").passed
+    missing = judge({"a": 1.0}, "a/b", "throughput-parity")
+    assert not missing.passed and "did not record a positive number 'b'" in missing.detail
+    with pytest.raises(claims.ClaimSpecError, match="numerator/denominator"):
+        claims.rate_ratio("r", "a", "throughput-parity")
+
+
+def test_committed_matrix_is_current():
+    """CI fails when results/matrix was produced from other example or library sources."""
+    matrix.check_current()
