@@ -10,7 +10,8 @@ of a run:
 * :class:`~mpguide.probes.AppliedUpdates`: whether the parameters changed during each batch, i.e.
   whether an optimizer step really updated the model (GradScaler skips steps silently,
   ``torch/amp/grad_scaler.py``; a user's own guard may skip them too);
-* :class:`~mpguide.probes.FinalLossScale`: the loss scale when training ends.
+* :class:`~mpguide.probes.FinalLossScale`: the loss scale when training ends;
+* :class:`~mpguide.probes.FinalWeights`: a digest of the final weights.
 """
 
 from __future__ import annotations
@@ -103,9 +104,29 @@ class FinalLossScale(Callback):
         return {"final_loss_scale": self.scale}
 
 
+class FinalWeights(Callback):
+    """Record a SHA-256 digest of the module's parameters when training ends.
+
+    Two runs have the same digest exactly when their final weights are bitwise identical
+    (:func:`mpguide.runner.parameter_digest`).
+    """
+
+    def __init__(self) -> None:
+        self.digest: str | None = None
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        from .runner import parameter_digest
+
+        self.digest = parameter_digest(pl_module)
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"final_weights": hex digest}``, or ``{}`` when training did not end normally."""
+        return {"final_weights": self.digest} if self.digest else {}
+
+
 def callbacks() -> list[Callback]:
     """Fresh instances of every probe, for one ``Trainer``."""
-    return [LoggedValues(), AppliedUpdates(), FinalLossScale()]
+    return [LoggedValues(), AppliedUpdates(), FinalLossScale(), FinalWeights()]
 
 
 def collect(trainer: Any) -> dict[str, Any]:
