@@ -45,7 +45,8 @@ class R1GAN(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
+        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES),
+                                       nn.Sigmoid())
         self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 128),
                                            nn.LeakyReLU(0.2), nn.Linear(128, 1))
 
@@ -114,9 +115,11 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0, verbose=False)
 trainer = pl.Trainer(accelerator=device, devices=1, max_steps=40, plugins=[MixedPrecision("16-mixed", device)],
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
 trainer.fit(ScaledR1GAN(), digits_loader(batch_size=64))
-print(f"optimizer steps: {trainer.global_step}, loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
+print(f"optimizer steps: {trainer.global_step}, "
+      f"loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
 
 # %%
 # How this page is verified
@@ -136,8 +139,8 @@ RUNS = [
     ("scaled-fp16", "scaled penalty", "16-mixed", {"label": "scaled penalty, 16-mixed"}),
 ]
 CLAIMS = [
-    ("same", "scaled-fp32", "naive-fp32", "final_weights", "fp32: the scaled penalty is the naive one, bitwise"),
-    ("same", "scaled-bf16", "naive-bf16", "final_weights", "bf16-mixed: no GradScaler, nothing changes, bitwise"),
+    ("same", "scaled-fp32", "naive-fp32", "final_weights", "fp32: scaled penalty = naive one, bitwise"),
+    ("same", "scaled-bf16", "naive-bf16", "final_weights", "bf16-mixed: no GradScaler, no change, bitwise"),
     ("match", "naive-bf16", "naive-fp32", "mixed-vs-fp32", "bf16-mixed, naive penalty = fp32"),
     ("match", "scaled-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, scaled penalty = fp32"),
     ("match", "naive-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, naive penalty = fp32 on this model"),

@@ -84,7 +84,8 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0, verbose=False)
 model = BodyAndAdapter(half_adapter=False)
 trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20, plugins=[MixedPrecision("16-mixed", device)],
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
 trainer.fit(model, digits_loader(batch_size=64))
 print(f"adapter weight dtype: {model.adapter.weight.dtype}, optimizer steps: {trainer.global_step}")
 
@@ -188,6 +189,6 @@ print(report.summary(record))
 # ----------
 # Under ``"16-mixed"`` and ``"bf16-mixed"``, keep trainable parameters in fp32: autocast already
 # runs the matrix products in half precision, GradScaler unscales fp32 gradients, clipping sees
-# one gradient dtype, and AdamW's state has the range it needs. To store the whole model in half precision, use the ``"16-true"`` or
-# ``"bf16-true"`` precision instead (no GradScaler, no autocast), and accept the rounding of
-# small updates that comes with it.
+# one gradient dtype, and AdamW's state has the range it needs. To store the whole model in half
+# precision, use the ``"16-true"`` or ``"bf16-true"`` precision instead (no GradScaler, no
+# autocast), and accept the rounding of small updates that comes with it.

@@ -69,8 +69,8 @@ pl.seed_everything(0, verbose=False)
 model = SkipIfNotFinite()
 initial_weights = model.weights()
 trainer = pl.Trainer(accelerator=device, devices=1, max_epochs=1, limit_train_batches=16,
-                     plugins=[MixedPrecision("16-mixed", device)], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False)
+                     plugins=[MixedPrecision("16-mixed", device)], logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(model, digits_loader(batch_size=64))
 print(f"batches: 16, optimizer steps taken (trainer.global_step): {trainer.global_step}")
 print(f"weights changed: {not torch.equal(initial_weights, model.weights())}")
@@ -127,7 +127,7 @@ CLAIMS = [
     ("match", "habit-bf16", "habit-fp32", "mixed-vs-fp32", "habit, bf16-mixed = fp32 (no loss scale)"),
     ("same", "detect-fp32", "habit-fp32", "applied_per_step", "step and detect, fp32: same steps as the habit"),
     ("match", "detect-fp16", "habit-fp32", "mixed-vs-fp32", "step and detect, 16-mixed = fp32"),
-    ("expect", "detect-fp16", "all_updates_applied", False, "step and detect, 16-mixed: GradScaler skips some steps"),
+    ("expect", "detect-fp16", "all_updates_applied", False, "step and detect, 16-mixed: some steps skipped"),
 ]
 
 record = runner.run_example("plot_12_nonfinite_guard", recipes, RUNS, CLAIMS)
@@ -148,7 +148,8 @@ plotting.plot_loss_curves(loss_ax, record, ["habit-fp32", "habit-bf16", "habit-f
                           "Summed cross-entropy", {"habit-fp16": "#D55E00", "detect-fp16": "#009E73"})
 for run_id, color in (("habit-fp16", "#D55E00"), ("detect-fp16", "#009E73")):
     run = plotting.run_by_id(record, run_id)
-    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color, label=run["label"])
+    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color,
+                  label=run["label"])
 scale_ax.set(yscale="log", xlabel="batch", ylabel="loss scale at batch start", title="GradScaler's loss scale")
 scale_ax.grid(alpha=0.3)
 scale_ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)

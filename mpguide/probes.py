@@ -41,7 +41,8 @@ class LoggedValues(Callback):
     def __init__(self) -> None:
         self.values: dict[str, list[float]] = {}
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         for name, value in trainer.callback_metrics.items():
             if not name.endswith("_epoch"):
                 self.values.setdefault(name, []).append(float(value))
@@ -74,7 +75,8 @@ class AppliedUpdates(Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._before = self._flat(pl_module)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         after = self._flat(pl_module)
         self.applied.append(bool(self._before is not None and not torch.equal(self._before, after)))
 
