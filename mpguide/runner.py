@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from . import claims as claims_mod
-from . import declarations, hardware, records
+from . import declarations, hardware, probes, records
 from .declarations import SWAP_ENV, RunDecl, parse_swaps
 from .data import digits_loader
 from .steps import loss_scale
@@ -172,7 +172,7 @@ def train_run(
             enable_progress_bar=False,
             enable_model_summary=False,
             num_sanity_val_steps=0,
-            callbacks=[recorder],
+            callbacks=[recorder, *probes.callbacks()],
             **({"precision": spec.precision} if spec.plain_flag else
                hardware.trainer_precision_kwargs(spec.precision, accelerator, plugin_factory)),
             **spec.trainer_kwargs,
@@ -210,6 +210,7 @@ def train_run(
     if recorder.skipped_per_step:
         result.extra["skipped_per_step"] = recorder.skipped_per_step
     result.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    result.extra.update(probes.collect(trainer))
     extra = getattr(module, "record_extra", None)
     if callable(extra):
         result.extra.update(extra())

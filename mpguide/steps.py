@@ -1,4 +1,5 @@
-"""Optimizer-step helpers for manual optimization: know whether a 16-mixed step was skipped.
+"""Optimizer-step helpers for manual optimization: know whether a 16-mixed step was skipped, and
+take gradients inside ``training_step`` (gradient penalties) with the trainer's loss scale.
 
 Under 16-mixed, ``GradScaler.step`` skips the optimizer step when the unscaled gradients contain
 inf/NaN, and ``GradScaler.update`` then lowers the loss scale (``torch/amp/grad_scaler.py``).
@@ -20,7 +21,9 @@ How a skip is detected depends on the precision plugin:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+import torch
 
 
 def loss_scale(trainer: Any) -> float | None:
@@ -62,3 +65,38 @@ def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None) -> bool
     if applied and scheduler is not None:
         scheduler.step()
     return applied
+
+
+def scaled_input_grad(output: torch.Tensor, inputs: Sequence[torch.Tensor] | torch.Tensor, trainer: Any,
+                      create_graph: bool = True) -> tuple[torch.Tensor, ...]:
+    """Gradients of ``output.sum()`` with respect to ``inputs``, loss-scaled like ``manual_backward``.
+
+    ``torch.autograd.grad`` does not go through ``manual_backward``, so under 16-mixed nothing
+    scales it: its fp16 backward can underflow. PyTorch's AMP recipe for gradient penalties
+    (``docs/source/notes/amp_examples.rst``, "Gradient penalty") scales the output with the
+    GradScaler, takes the gradients and divides them by the scale; this function does that with the
+    trainer's GradScaler (``trainer.precision_plugin.scaler``). Without a GradScaler (fp32,
+    bf16-mixed) it is plain ``torch.autograd.grad``. Call it inside ``training_step`` (so inside
+    Lightning's autocast) and compute the penalty from its result there too.
+
+    If the scaled gradients overflow, the returned gradients hold inf/NaN; a penalty built from them
+    makes the gradients of the following ``manual_backward`` non-finite, and GradScaler skips that
+    ``opt.step()`` and lowers the scale, as for any overflow.
+
+    Args:
+        output: a tensor of any shape (e.g. critic scores ``(B, 1)``); its sum is differentiated.
+        inputs: tensor(s) with ``requires_grad=True`` that ``output`` depends on.
+        trainer: ``self.trainer``.
+        create_graph: keep the graph so that the penalty can be backpropagated (default ``True``).
+
+    Returns:
+        One gradient per input, same shapes and dtypes as the inputs, unscaled.
+    """
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    total = output.sum()
+    if scaler is None:
+        return torch.autograd.grad(total, inputs, create_graph=create_graph)
+    grads = torch.autograd.grad(scaler.scale(total), inputs, create_graph=create_graph)
+    inv_scale = 1.0 / scaler.get_scale()
+    return tuple(g * inv_scale for g in grads)

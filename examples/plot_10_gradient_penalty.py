@@ -1,0 +1,205 @@
+"""
+Gradient penalties (R1, WGAN-GP) under 16-mixed and bf16-mixed
+==============================================================
+
+A gradient penalty differentiates the discriminator's output with respect to its input inside
+``training_step`` with ``torch.autograd.grad(..., create_graph=True)``, then adds a function of that
+gradient to the loss. That call does not go through ``manual_backward``, so under 16-mixed nothing
+multiplies it by the loss scale: its fp16 backward runs unscaled. This example trains a small GAN
+with the R1 penalty on scikit-learn's digits three ways (fp32, the naive penalty, and the penalty
+computed with the trainer's GradScaler as in PyTorch's AMP recipe) and measures what each does.
+
+**What you will learn**
+
+* the loss-scaled gradient penalty in Lightning terms, and what bf16-mixed needs (nothing extra);
+* what the naive penalty does under 16-mixed on this model, measured, and when it breaks;
+* that an overflow of the scaled penalty is handled by GradScaler like any other.
+
+**Prerequisites**: :doc:`plot_02_two_optimizers` (the GAN step), :doc:`plot_05_skipped_steps`.
+"""
+
+# %%
+# A GAN with the R1 penalty, written naively
+# ------------------------------------------
+# The discriminator loss is the non-saturating logistic loss plus the R1 penalty
+# ``gamma / 2 * E[|grad_x D(x)|^2]`` on real images (Mescheder et al., 2018). Each loss reaches
+# only its own model through ``toggled_optimizer``.
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpguide import runner
+from mpguide.data import NUM_FEATURES
+
+# sphinx_gallery_start_ignore
+runner.quiet_lightning()
+# sphinx_gallery_end_ignore
+
+LATENT, GAMMA = 16, 10.0
+
+
+class R1GAN(pl.LightningModule):
+    def __init__(self, lr=5e-4):
+        super().__init__()
+        self.automatic_optimization = False
+        self.lr = lr
+        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES),
+                                       nn.Sigmoid())
+        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 128),
+                                           nn.LeakyReLU(0.2), nn.Linear(128, 1))
+
+    def input_grad(self, scores, images):
+        (grad,) = torch.autograd.grad(scores.sum(), images, create_graph=True)  # unscaled under 16-mixed
+        return grad
+
+    def training_step(self, batch, batch_idx):
+        real, _ = batch
+        opt_d, opt_g = self.optimizers()
+        noise = torch.randn(len(real), LATENT, generator=torch.Generator().manual_seed(batch_idx + 1000 *
+                                                                                        self.current_epoch))
+        fake = self.generator(noise.to(self.device))
+        with self.toggled_optimizer(opt_d):
+            real = real.detach().requires_grad_(True)
+            real_scores = self.discriminator(real)
+            grad = self.input_grad(real_scores, real)
+            self.log("input_grad_abs_mean", grad.detach().abs().mean())  # how small the penalized gradient is
+            r1 = grad.pow(2).sum(dim=1).mean()
+            loss_d = F.softplus(self.discriminator(fake.detach())).mean() + F.softplus(-real_scores).mean()
+            opt_d.zero_grad()
+            self.manual_backward(loss_d + GAMMA / 2 * r1)  # one backward of the sum
+            opt_d.step()
+        with self.toggled_optimizer(opt_g):
+            loss_g = F.softplus(-self.discriminator(fake)).mean()
+            opt_g.zero_grad()
+            self.manual_backward(loss_g)
+            opt_g.step()
+        return (loss_d + loss_g).detach()  # adversarial losses; the penalty may be inf on a skipped step
+
+    def configure_optimizers(self):
+        betas = (0.5, 0.99)
+        return (torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=betas),
+                torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=betas))
+
+
+# %%
+# The loss-scaled penalty
+# -----------------------
+# PyTorch's AMP recipe for gradient penalties, in Lightning terms: multiply what goes into
+# ``autograd.grad`` by the trainer's loss scale (``self.trainer.precision_plugin.scaler``), divide the
+# resulting gradients by it, compute the penalty inside ``training_step`` (Lightning's autocast
+# region), and backpropagate the sum of losses with one ``manual_backward``.
+# :func:`mpguide.steps.scaled_input_grad` does the first two; without a GradScaler (fp32,
+# bf16-mixed) it is plain ``autograd.grad``: bf16 has fp32's exponent range and needs nothing extra.
+
+from mpguide import steps
+
+
+class ScaledR1GAN(R1GAN):
+    def input_grad(self, scores, images):
+        (grad,) = steps.scaled_input_grad(scores, images, self.trainer)
+        return grad
+
+
+# %%
+# The ``Trainer`` call to copy
+# ----------------------------
+# On a GPU ``precision="16-mixed"`` is enough; on a CPU ``Trainer(precision="16-mixed")`` silently
+# becomes bf16-mixed, so the plugin is passed explicitly.
+
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide.data import digits_loader
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0, verbose=False)
+trainer = pl.Trainer(accelerator=device, devices=1, max_steps=40, plugins=[MixedPrecision("16-mixed", device)],
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
+trainer.fit(ScaledR1GAN(), digits_loader(batch_size=64))
+print(f"optimizer steps: {trainer.global_step}, "
+      f"loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
+
+# %%
+# How this page is verified
+# -------------------------
+# Both versions run in every precision from the same weights and batches. In fp32 and bf16-mixed
+# there is no GradScaler, so the scaled version must end with bitwise the same weights as the naive
+# one. Under 16-mixed, each version is compared with fp32.
+
+recipes = {"naive penalty": R1GAN, "scaled penalty": ScaledR1GAN}
+RUNS = [
+    # run id            recipe            precision     options
+    ("naive-fp32", "naive penalty", "32-true", {"label": "naive penalty, fp32"}),
+    ("naive-bf16", "naive penalty", "bf16-mixed", {"label": "naive penalty, bf16-mixed"}),
+    ("naive-fp16", "naive penalty", "16-mixed", {"label": "naive penalty, 16-mixed"}),
+    ("scaled-fp32", "scaled penalty", "32-true", {"label": "scaled penalty, fp32"}),
+    ("scaled-bf16", "scaled penalty", "bf16-mixed", {"label": "scaled penalty, bf16-mixed"}),
+    ("scaled-fp16", "scaled penalty", "16-mixed", {"label": "scaled penalty, 16-mixed"}),
+]
+CLAIMS = [
+    ("same", "scaled-fp32", "naive-fp32", "final_weights", "fp32: scaled penalty = naive one, bitwise"),
+    ("same", "scaled-bf16", "naive-bf16", "final_weights", "bf16-mixed: no GradScaler, no change, bitwise"),
+    ("match", "naive-bf16", "naive-fp32", "mixed-vs-fp32", "bf16-mixed, naive penalty = fp32"),
+    ("match", "scaled-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, scaled penalty = fp32"),
+    ("match", "naive-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, naive penalty = fp32 on this model"),
+]
+
+record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS)
+
+# %%
+# Curves
+# ------
+# The sum of the discriminator's and the generator's adversarial losses (without the penalty).
+
+import matplotlib.pyplot as plt
+
+from mpguide import plotting, report
+
+fig, ax = plt.subplots(figsize=(9, 4))
+plotting.plot_loss_curves(ax, record, ["naive-fp32", "naive-bf16", "naive-fp16", "scaled-fp16"],
+                          "R1 GAN on the digits: adversarial losses", {"scaled-fp16": "#D55E00"})
+ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
+fig.tight_layout()
+plotting.save_figure(fig, record["example"], "curves")
+plt.show()
+
+# %%
+# The loss scale and the size of the penalized gradient
+# -----------------------------------------------------
+# If the scaled gradients overflow, the penalty becomes inf, the discriminator's gradients become
+# non-finite, and GradScaler skips that step and halves the scale, as for any overflow. The mean
+# magnitude of the penalized gradient (logged with ``self.log``) shows why the naive version works on
+# this model: it stays far above fp16's smallest normal number, 6.1e-5.
+
+import math
+
+for run_id in ("naive-fp32", "naive-fp16", "scaled-fp16"):
+    run = plotting.run_by_id(record, run_id)
+    sizes = [v for v in run["extra"]["logged"]["input_grad_abs_mean"] if math.isfinite(v)]
+    print(f"{run_id}: mean |input gradient| between {min(sizes):.2g} and {max(sizes):.2g}, "
+          f"final loss scale {run['extra']['final_loss_scale']}")
+
+# %%
+# When does the naive penalty break?
+# ----------------------------------
+# When the gradients it differentiates fall below fp16's normal range. This model is too small for
+# that: its input gradients stay near 1e-2. Lightning issue #12600 reports the same naive call
+# returning NaN under ``precision=16`` for input gradients of a mean loss of about 1e-7 (ImageNet
+# inputs). The scaled penalty holds in both cases.
+#
+# Verdicts
+# --------
+
+print(report.summary(record))
+
+# %%
+# Conclusion
+# ----------
+# Under 16-mixed, take a gradient penalty's gradient with the trainer's loss scale
+# (``scaler.scale(output)`` in, gradients divided by ``scaler.get_scale()`` out), compute the penalty
+# in ``training_step`` and backpropagate one sum with ``manual_backward``; an overflow of the
+# penalty is handled by GradScaler like any other. Under bf16-mixed the plain
+# ``autograd.grad`` is correct. On small models the naive version happens to work, as measured here:
+# do not rely on it for large inputs or small gradients.

@@ -1,0 +1,141 @@
+"""Measure a run from outside the LightningModule: callbacks the runner attaches to every fit.
+
+A recipe (the LightningModule a reader copies) should contain only training code. What the page
+needs beyond the per-step loss, learning rate and loss scale of :class:`mpguide.runner.StepRecorder`
+comes from these callbacks, and :func:`~mpguide.probes.collect` turns them into the ``extra`` fields
+of a run:
+
+* :class:`~mpguide.probes.LoggedValues`: every value the module logs with ``self.log(name, value)``
+  (the call a reader writes anyway), one list per name;
+* :class:`~mpguide.probes.AppliedUpdates`: whether the parameters changed during each batch, i.e.
+  whether an optimizer step really updated the model (GradScaler skips steps silently,
+  ``torch/amp/grad_scaler.py``; a user's own guard may skip them too);
+* :class:`~mpguide.probes.FinalLossScale`: the loss scale when training ends;
+* :class:`~mpguide.probes.FinalWeights`: a digest of the final weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from .steps import loss_scale
+
+
+class LoggedValues(Callback):
+    """Record, after each training batch, the values the module logged with ``self.log(...)``.
+
+    Reads ``trainer.callback_metrics`` (Lightning's store of the latest logged values, see
+    ``lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py``). Log per-step values
+    with ``self.log(name, value)`` in ``training_step`` (``on_step=True`` is the default there): a name
+    logged in every batch gives one float per batch. Names ending in ``_epoch`` (epoch aggregates) are
+    not recorded.
+
+    Attributes:
+        values: name -> list of floats (the latest logged value at the end of each batch, from the
+            first batch that logged the name on).
+    """
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        for name, value in trainer.callback_metrics.items():
+            if not name.endswith("_epoch"):
+                self.values.setdefault(name, []).append(float(value))
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"logged": {name: [float, ...]}}``, or ``{}`` when nothing was logged."""
+        return {"logged": self.values} if self.values else {}
+
+
+class AppliedUpdates(Callback):
+    """Record whether the module's parameters changed during each training batch.
+
+    A copy of every parameter (as float32) is taken at batch start and compared with the parameters
+    at batch end. ``applied[i]`` is ``True`` when any parameter value changed in batch ``i``; an
+    optimizer step that GradScaler skipped, or that user code did not call, leaves it ``False``.
+
+    Attributes:
+        applied: one bool per batch.
+    """
+
+    def __init__(self) -> None:
+        self.applied: list[bool] = []
+        self._before: torch.Tensor | None = None
+
+    @staticmethod
+    def _flat(module: torch.nn.Module) -> torch.Tensor:
+        params = [p.detach().float().flatten() for p in module.parameters()]
+        return torch.cat(params).clone() if params else torch.zeros(0)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._before = self._flat(pl_module)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        after = self._flat(pl_module)
+        self.applied.append(bool(self._before is not None and not torch.equal(self._before, after)))
+
+    def record_extra(self) -> dict[str, Any]:
+        """``updates_applied`` and ``updates_not_applied`` (counts of batches), ``all_updates_applied``
+        (bool) and ``applied_per_step`` (list of bools, one per batch)."""
+        return {"updates_applied": sum(self.applied), "updates_not_applied": self.applied.count(False),
+                "all_updates_applied": all(self.applied), "applied_per_step": self.applied}
+
+
+class FinalLossScale(Callback):
+    """Record the GradScaler's loss scale when training ends (``None`` without a GradScaler).
+
+    Attributes:
+        scale: the scale as a float after the last batch (GradScaler's initial scale is 65536 and
+            only ``GradScaler.update()`` changes it, ``torch/amp/grad_scaler.py``).
+    """
+
+    def __init__(self) -> None:
+        self.scale: float | None = None
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.scale = loss_scale(trainer)
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"final_loss_scale": float or None}``."""
+        return {"final_loss_scale": self.scale}
+
+
+class FinalWeights(Callback):
+    """Record a SHA-256 digest of the module's parameters when training ends.
+
+    Two runs have the same digest exactly when their final weights are bitwise identical
+    (:func:`mpguide.runner.parameter_digest`).
+    """
+
+    def __init__(self) -> None:
+        self.digest: str | None = None
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        from .runner import parameter_digest
+
+        self.digest = parameter_digest(pl_module)
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"final_weights": hex digest}``, or ``{}`` when training did not end normally."""
+        return {"final_weights": self.digest} if self.digest else {}
+
+
+def callbacks() -> list[Callback]:
+    """Fresh instances of every probe, for one ``Trainer``."""
+    return [LoggedValues(), AppliedUpdates(), FinalLossScale(), FinalWeights()]
+
+
+def collect(trainer: Any) -> dict[str, Any]:
+    """Merge the ``record_extra()`` of every callback of ``trainer`` that has one into one dict."""
+    extra: dict[str, Any] = {}
+    for callback in trainer.callbacks:
+        method = getattr(callback, "record_extra", None)
+        if callable(method):
+            extra.update(method())
+    return extra
