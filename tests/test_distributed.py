@@ -91,3 +91,17 @@ def test_ddp_example_runs_in_process_like_sphinx_gallery(tmp_path):
     assert "checks passed, 0 failed" in proc.stdout
     gate.check([tmp_path / "plot_13_ddp_accumulation.json"])
     assert records.load_record(tmp_path / "plot_13_ddp_accumulation.json")["preset"] == "test"
+
+
+@pytest.mark.slow
+def test_the_gate_fails_when_the_window_end_run_synchronises_every_micro_batch(tmp_path):
+    """If toggle_model(sync_grad=False) stopped blocking the all-reduce, the claims would catch it."""
+    env = dict(os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(tmp_path),
+               MPLBACKEND="Agg", PYTHONPATH=str(ROOT),
+               MPGUIDE_SWAP_RECIPE="plot_13_ddp_accumulation:ddp-fp32-window-end=sync every micro-batch")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "plot_13_ddp_accumulation.py")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = {v.title for v in gate.judge([tmp_path / "plot_13_ddp_accumulation.json"]).failures}
+    assert "sync at window end: 1 all-reduce/step" in failed
+    assert "one all-reduce = 4810 fp32 gradients" in failed
