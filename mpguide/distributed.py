@@ -34,7 +34,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -75,7 +75,7 @@ class RankSlices(Sampler):
         ValueError: (when iterated) a global batch that does not split evenly.
     """
 
-    def __init__(self, batches: BatchSampler) -> None:
+    def __init__(self, batches: Iterable[list[int]]) -> None:
         self.batches = batches
 
     def __iter__(self) -> Iterator[list[int]]:
