@@ -226,6 +226,7 @@ def run_example(
     plugins: dict[str, Callable[..., Any]] | None = None,
     results_dir: Any = None,
     progress: Callable[[str], None] = print,
+    train: Callable[..., RunResult] | None = None,
 ) -> dict[str, Any]:
     """Train every declared run of an example, judge its claims and write its results record.
 
@@ -241,6 +242,8 @@ def run_example(
             ``"plugin"`` option; :class:`mpguide.precision.ManualMixedPrecision` is known by name.
         results_dir: folder for the record (default :func:`mpguide.records.results_dir`).
         progress: called with each progress line.
+        train: trains one run, with the arguments and result of :func:`~mpguide.runner.train_run` (the
+            default); e.g. :func:`mpguide.distributed.train_run` (DDP) or :func:`mpguide.fabric.train_run`.
 
     Raises:
         mpguide.declarations.DeclarationError: the tables are malformed, or differ from what the
@@ -283,8 +286,8 @@ def run_example(
         if recipe != spec.recipe:
             progress(f"  note: {SWAP_ENV} trains run {spec.id!r} with recipe {recipe!r}")
         run_spec = dataclasses.replace(spec, recipe=recipe)
-        res = train_run(run_spec, recipes[recipe], accelerator, preset,
-                        plugins[spec.plugin] if spec.plugin else None)
+        res = (train or train_run)(run_spec, recipes[recipe], accelerator, preset,
+                                   plugins[spec.plugin] if spec.plugin else None)
         if recipe != spec.recipe:
             res.swapped_from = spec.recipe
         status = (f"raised {res.error['type']}" if res.error else

@@ -1,0 +1,233 @@
+"""
+Lightning Fabric's manual loop: several optimizers under 16-mixed
+=================================================================
+
+With Fabric you write the loop yourself: ``fabric.backward(loss)``, then ``opt.step()`` for each
+optimizer. Under 16-mixed, Fabric's ``MixedPrecision`` plugin behaves like the Trainer's
+(Lightning 2.6.6, ``fabric/plugins/precision/amp.py``): it updates the loss scale after **each**
+``opt.step()``, and stepping an optimizer without gradients raises. The Trainer's plugins, the
+library's ``ManualMixedPrecision`` included, cannot be passed to Fabric. This example measures
+all three and gives Fabric users a plugin that fixes the first two:
+:class:`mpguide.fabric.FabricManualMixedPrecision`.
+
+**What you will learn**
+
+* that one backward feeding two optimizers doubles the second one's update after an overflow;
+* which errors Fabric users meet, verbatim;
+* how to pass :class:`~mpguide.fabric.FabricManualMixedPrecision` to ``Fabric(plugins=[...])``.
+
+**Prerequisites**: :ref:`sphx_glr_auto_examples_plot_03_shared_backward.py` (the same effect with the Trainer).
+"""
+
+# %%
+# A body and a head, two optimizers, one backward
+# -----------------------------------------------
+# The loop below is what a Fabric user writes. On batch 1 the body's gradient is made infinite
+# (as if it overflowed fp16), so GradScaler skips the body's step and halves the scale. The head's
+# gradients are finite; the question is which scale they are divided by. ``measure_head`` reads
+# the head's gradient before its step and how far the head moved: their ratio divided by the
+# learning rate, the **update factor**, is 1 when the head was unscaled with the right scale.
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.fabric import FabricRecipe, loss_scale
+
+OVERFLOW_BATCHES = (1, 50)  # global batch indices whose body gradient is made infinite (16-mixed only)
+
+
+class BodyAndHead(FabricRecipe):
+    def __init__(self, lr=0.05):
+        self.lr, self.step_count, self.factors, self.predicted = lr, 0, [], []
+        self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
+        self.head = nn.Linear(64, NUM_CLASSES)
+        for p in self.body.parameters():
+            p.register_hook(self.maybe_overflow)
+
+    def setup(self, fabric):
+        self.fabric = fabric
+        self.body, opt_body = fabric.setup(self.body, torch.optim.SGD(self.body.parameters(), lr=self.lr))
+        self.head, opt_head = fabric.setup(self.head, torch.optim.SGD(self.head.parameters(), lr=self.lr))
+        self.optimizers = [opt_body, opt_head]
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        opt_body, opt_head = self.optimizers
+        opt_body.zero_grad()
+        opt_head.zero_grad()
+        loss = F.cross_entropy(self.head(self.body(images)), labels)
+        scale_of_backward = loss_scale(self.fabric) or 1.0  # 1.0: no GradScaler (fp32)
+        self.fabric.backward(loss)
+        opt_body.step()
+        self.measure_head(opt_head, scale_of_backward)
+        self.step_count += 1
+        return loss.detach()
+
+    def measure_head(self, opt_head, scale_of_backward):
+        # harness: SGD applies exactly lr x gradient, so moved / (lr x true gradient) is the factor;
+        # the prediction is the scale of the backward divided by the scale at the head's step
+        weight = self.head.weight
+        true_grad = weight.grad.detach().clone() / scale_of_backward
+        before = weight.detach().clone()
+        scale_at_step = loss_scale(self.fabric) or 1.0
+        opt_head.step()
+        moved = (before - weight.detach()).norm()
+        self.factors.append(float(moved / (self.lr * true_grad.norm())))
+        self.predicted.append(scale_of_backward / scale_at_step)
+
+    def maybe_overflow(self, grad):
+        if loss_scale(self.fabric) is not None and self.step_count in OVERFLOW_BATCHES:
+            return grad * float("inf")
+        return grad
+
+    def record_extra(self):
+        return {"head_update_factor": self.factors, "predicted_factor": self.predicted,
+                "predicted_first_three": self.predicted[:3]}
+
+
+# %%
+# An optimizer that gets no gradient
+# ----------------------------------
+# The second recipe steps an optimizer whose model the loss never reaches (in real code: a
+# teacher whose loss was computed under ``no_grad``, a detached branch, a ``zero_grad`` between
+# backward and step). fp32 silently does nothing; 16-mixed raises in GradScaler.
+
+
+class StepsAnUnusedOptimizer(FabricRecipe):
+    def __init__(self, lr=0.05):
+        self.model, self.unused = nn.Linear(NUM_FEATURES, NUM_CLASSES), nn.Linear(NUM_FEATURES, NUM_CLASSES)
+
+    def setup(self, fabric):
+        self.fabric = fabric
+        self.model, opt = fabric.setup(self.model, torch.optim.SGD(self.model.parameters(), lr=0.05))
+        self.unused, opt_unused = fabric.setup(self.unused, torch.optim.SGD(self.unused.parameters(), lr=0.05))
+        self.optimizers = [opt, opt_unused]
+        self.initial = self.unused.weight.detach().clone()
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        for opt in self.optimizers:
+            opt.zero_grad()
+        loss = F.cross_entropy(self.model(images), labels)
+        self.fabric.backward(loss)
+        for opt in self.optimizers:
+            opt.step()  # the second optimizer's parameters have no gradient
+        return loss.detach()
+
+    def record_extra(self):
+        return {"unused_model_moved": not torch.equal(self.initial, self.unused.weight.detach())}
+
+
+# %%
+# How this page is verified
+# -------------------------
+# Every run below is a real Fabric loop over the same batches. ``plugin`` names what is passed
+# as ``Fabric(plugins=[...])``; without one, 16-mixed on CPU uses Fabric's own
+# ``MixedPrecision("16-mixed", "cpu")`` (``Fabric(precision="16-mixed")`` would fall back to bf16 on CPU).
+
+from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
+
+from mpguide import fabric, plotting, report, runner
+
+# sphinx_gallery_start_ignore
+runner.quiet_lightning()
+# sphinx_gallery_end_ignore
+
+recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer}
+PLUGINS = {"FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
+           "Trainer's MixedPrecision": TrainerMixedPrecision}
+RUNS = [
+    # run id                recipe              precision   options
+    ("fp32", "body+head", "32-true", {"label": "fp32"}),
+    ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Fabric's MixedPrecision"}),
+    ("fp16-fixed", "body+head", "16-mixed",
+     {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"}),
+    ("unused-fp32", "unused optimizer", "32-true", {"label": "fp32, optimizer without gradients"}),
+    ("unused-fp16-stock", "unused optimizer", "16-mixed", {"label": "16-mixed, optimizer without gradients"}),
+    ("unused-fp16-fixed", "unused optimizer", "16-mixed",
+     {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"}),
+    ("manual-plugin-in-fabric", "body+head", "16-mixed",
+     {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"}),
+    ("trainer-plugin-in-fabric", "body+head", "16-mixed",
+     {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"}),
+]
+CLAIMS = [
+    ("expect", "fp16-stock", "predicted_first_three", [1.0, 2.0, 1.0], "stock: head update x1, x2, x1 around an overflow"),
+    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
+     "stock: head update = fp32 update x predicted factor"),
+    ("expect", "fp16-fixed", "predicted_first_three", [1.0, 1.0, 1.0], "fixed: the scale never changes mid-iteration"),
+    ("ratio", "fp16-fixed", "fp32", "head_update_factor", 1.0, "update-ratio", "fixed: head update = fp32 update"),
+    ("match", "fp16-fixed", "fp32", "mixed-vs-fp32", "fixed: 16-mixed loss = fp32 loss"),
+    ("expect", "unused-fp32", "unused_model_moved", False, "fp32: the empty step silently does nothing"),
+    ("raises", "unused-fp16-stock", "AssertionError", "No inf checks were recorded for this optimizer",
+     "stock 16-mixed: the empty step raises"),
+    ("warns", "unused-fp16-fixed", "EmptyStepWarning", "none of its parameters has a gradient",
+     "fixed: the empty step warns"),
+    ("expect", "unused-fp16-fixed", "unused_model_moved", False, "fixed: the empty step does nothing, as in fp32"),
+    ("raises", "manual-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'",
+     "ManualMixedPrecision cannot be passed to Fabric"),
+    ("raises", "trainer-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'",
+     "nor can the Trainer's own MixedPrecision"),
+]
+
+record = runner.run_example("plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS,
+                            train=fabric.train_run)
+
+# %%
+# The update factor, iteration by iteration
+# -----------------------------------------
+# With Fabric's plugin the head's update doubles on the batches whose body gradient overflowed;
+# with :class:`~mpguide.fabric.FabricManualMixedPrecision` it stays at 1, like fp32.
+
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(9, 4))
+plotting.plot_extra_series(ax, record, ["fp16-stock", "fp16-fixed", "fp32"], "head_update_factor",
+                           "Head update relative to the fp32-equivalent update", "applied / expected update",
+                           log_base=2)
+plotting.save_figure(fig, record["example"], "factor")
+for run_id in ("fp16-stock", "fp16-fixed"):
+    factors = plotting.run_by_id(record, run_id)["extra"]["head_update_factor"][:3]
+    print(f"{run_id}: head update factor on batches 0, 1, 2 = {', '.join(f'{f:.4f}' for f in factors)}")
+
+# %%
+# The errors, verbatim
+# --------------------
+# An optimizer without gradients under Fabric's 16-mixed, and a Trainer plugin passed to Fabric:
+
+for run_id in ("unused-fp16-stock", "manual-plugin-in-fabric", "trainer-plugin-in-fabric"):
+    error = plotting.run_by_id(record, run_id)["error"]
+    print(f"{run_id}:\n    {error['type']}: {error['message']}")
+fixed = plotting.run_by_id(record, "unused-fp16-fixed")
+print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed["warnings"] if "EmptyStep" in w))
+
+# %%
+# The fix in your code
+# --------------------
+# ::
+#
+#     from lightning.fabric import Fabric
+#     from mpguide.fabric import FabricManualMixedPrecision
+#
+#     fabric = Fabric(accelerator="cuda", devices=1, plugins=[FabricManualMixedPrecision("16-mixed", "cuda")])
+#
+# Without the library: call ``scaler.step`` for every optimizer and ``scaler.update()`` once per
+# iteration yourself, with a plain ``torch.amp.GradScaler`` and ``fabric.autocast()``, and step
+# only optimizers that have gradients.
+
+# %%
+# Verdicts
+# --------
+
+print(report.summary(record))
+
+# %%
+# Conclusion
+# ----------
+# Fabric's 16-mixed plugin updates the loss scale inside every ``opt.step()``, exactly like the
+# Trainer's: with one backward and several optimizers, an overflow or a growth step changes the
+# update of the optimizers that step later. ``FabricManualMixedPrecision`` defers the update to the
+# next ``fabric.backward`` and makes steps without gradients warned no-ops. Trainer plugins
+# (``MixedPrecision``, ``ManualMixedPrecision``) need a Trainer and fail inside ``fabric.backward``.

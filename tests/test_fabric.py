@@ -1,0 +1,113 @@
+"""mpguide.fabric: the Fabric plugin against Fabric's own 16-mixed plugin, on real Fabric optimizers (CPU fp16)."""
+
+import pytest
+import torch
+from lightning.fabric import Fabric
+from lightning.fabric.plugins.precision import MixedPrecision
+
+from mpguide import fabric as mf
+from mpguide.declarations import RunDecl
+from mpguide.hardware import Preset
+
+
+def two_models(plugin):
+    fab = Fabric(accelerator="cpu", devices=1, plugins=[plugin])
+    torch.manual_seed(0)
+    body, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    body, opt_body = fab.setup(body, torch.optim.SGD(body.parameters(), lr=0.1))
+    head, opt_head = fab.setup(head, torch.optim.SGD(head.parameters(), lr=0.1))
+    return fab, body, head, opt_body, opt_head
+
+
+def head_factor_after_body_overflow(plugin):
+    """Update of the head relative to lr x its true gradient, when the body's gradient overflowed."""
+    fab, body, head, opt_body, opt_head = two_models(plugin)
+    scale = plugin.scaler.get_scale()
+    fab.backward(head(body(torch.randn(8, 4))).square().mean())
+    body.weight.grad.fill_(float("inf"))
+    true_grad = head.weight.grad.clone() / scale
+    before = head.weight.detach().clone()
+    opt_body.step()
+    opt_head.step()
+    return float((before - head.weight.detach()).norm() / (0.1 * true_grad.norm())), plugin
+
+
+def test_fabric_plugin_doubles_the_second_update_and_ours_does_not():
+    stock, _ = head_factor_after_body_overflow(MixedPrecision("16-mixed", "cpu"))
+    ours, plugin = head_factor_after_body_overflow(mf.FabricManualMixedPrecision("16-mixed", "cpu"))
+    assert stock == pytest.approx(2.0, rel=1e-3)
+    assert ours == pytest.approx(1.0, rel=1e-3)
+    assert plugin.scaler.get_scale() == 65536.0  # not updated yet: the update is deferred ...
+    assert plugin.update_scale() and plugin.scaler.get_scale() == 32768.0  # ... and halves once
+    assert not plugin.update_scale()  # nothing pending any more
+
+
+def test_update_is_applied_at_the_next_backward_and_before_state_dict():
+    plugin = mf.FabricManualMixedPrecision("16-mixed", "cpu")
+    fab, body, head, opt_body, opt_head = two_models(plugin)
+    fab.backward(head(body(torch.randn(8, 4))).sum())
+    body.weight.grad.fill_(float("nan"))
+    opt_body.step()
+    opt_head.step()
+    assert plugin.state_dict()["scale"] == 32768.0
+    fab.backward(head(body(torch.randn(8, 4))).sum())
+    opt_body.step()
+    opt_body.step()  # the same optimizer twice without a backward: GradScaler needs an update in between
+    fab.backward(head(body(torch.randn(8, 4))).sum())  # and the next backward applies the pending one
+
+
+def test_empty_step_raises_with_fabric_plugin_and_is_a_warned_no_op_with_ours():
+    fab, body, head, opt_body, opt_head = two_models(MixedPrecision("16-mixed", "cpu"))
+    fab.backward(body(torch.randn(8, 4)).sum())
+    opt_body.step()
+    with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
+        opt_head.step()
+    plugin = mf.FabricManualMixedPrecision("16-mixed", "cpu")
+    fab, body, head, opt_body, opt_head = two_models(plugin)
+    before = head.weight.detach().clone()
+    fab.backward(body(torch.randn(8, 4)).sum())
+    opt_body.step()
+    with pytest.warns(mf.EmptyStepWarning, match="none of its parameters has a gradient"):
+        opt_head.step()
+    assert torch.equal(before, head.weight.detach())
+
+
+def test_precision_kwargs_run_real_fp16_on_cpu():
+    kwargs = mf.fabric_precision_kwargs("16-mixed", "cpu")
+    assert isinstance(kwargs["plugins"][0], MixedPrecision) and kwargs["plugins"][0].scaler is not None
+    assert mf.fabric_precision_kwargs("bf16-mixed", "cpu") == {"precision": "bf16-mixed"}
+
+
+class Tiny(mf.FabricRecipe):
+    def __init__(self):
+        self.model = torch.nn.Linear(64, 10)
+
+    def setup(self, fabric):
+        self.fabric = fabric
+        self.model, opt = fabric.setup(self.model, torch.optim.SGD(self.model.parameters(), lr=0.1))
+        self.optimizers = [opt]
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        self.optimizers[0].zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(images), labels) * (1e9 if batch_idx == 2 else 1)
+        self.fabric.backward(loss)
+        self.optimizers[0].step()
+        return loss.detach()
+
+
+def test_train_run_records_a_run_like_the_trainer_runner():
+    spec = RunDecl("x", "tiny", "16-mixed", plugin="ours")
+    result = mf.train_run(spec, Tiny, "cpu", Preset("tiny", 1, 64), mf.FabricManualMixedPrecision)
+    assert result.error is None and result.precision_plugin == "FabricManualMixedPrecision"
+    assert len(result.loss) == len(result.lr) == len(result.loss_scale) == result.steps == 28
+    assert result.extra["skipped_per_step"][2] and result.skipped_steps >= 1  # the 1e9 batch overflows fp16
+
+
+def test_train_run_stores_an_exception():
+    class Broken(Tiny):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    result = mf.train_run(RunDecl("x", "b", "32-true"), Broken, "cpu", Preset("tiny", 1, 64))
+    assert result.error["type"] == "RuntimeError" and result.error["message"] == "boom" and not result.loss
