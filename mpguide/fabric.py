@@ -25,7 +25,6 @@ from typing import Any, Callable
 
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision
-from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 
 from . import hardware
 from .data import digits_loader
