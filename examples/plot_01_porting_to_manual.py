@@ -9,6 +9,13 @@ This example trains the automatic model and its manual port in fp32, bf16-mixed 
 the reporter's recipe as written, and two porting mistakes, and checks which curves must match
 and which must not.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_01_porting_to_manual.py
+
 **What you will learn**
 
 * a faithful manual port reproduces automatic optimization exactly, in every precision;

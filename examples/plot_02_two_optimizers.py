@@ -9,6 +9,13 @@ for this optimizer`` (Lightning issues #20116 and #4524). This example reproduce
 the bug on a small GAN for scikit-learn's digits and shows two fixes: correct user code, and the
 library's :class:`~mpguide.precision.ManualMixedPrecision` plugin.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_02_two_optimizers.py
+
 **What you will learn**
 
 * why the GradScaler refuses an optimizer without gradients, and why fp32 hiding it is worse;

@@ -11,6 +11,13 @@ after an overflow and halves after a growth step. This example measures the fact
 step, against the prediction from the recorded scales, and shows that the library's
 :class:`~mpguide.precision.ManualMixedPrecision` removes it.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_03_shared_backward.py
+
 **What you will learn**
 
 * what ``GradScaler.update()`` does and why PyTorch calls it once per iteration;

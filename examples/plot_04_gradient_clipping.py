@@ -9,6 +9,13 @@ scales the gradients down to the limit, and after unscaling every update is abou
 small. This example measures the norm the clip saw and the update that was applied, with SGD
 (training stops) and AdamW (the damage hides), and shows the recipes that are right.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_04_gradient_clipping.py
+
 **What you will learn**
 
 * clip in ``on_before_optimizer_step``, which Lightning calls inside ``opt.step()`` after unscaling;

@@ -9,6 +9,13 @@ learning rate, and torch warns "Detected call of ``lr_scheduler.step()`` before
 ``optimizer.step()``". This example records, per step, the loss scale, whether the step was
 skipped, and the learning rate used, with and without skip-aware stepping.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_05_skipped_steps.py
+
 **What you will learn**
 
 * how to tell a skipped step (the loss scale went down inside ``opt.step()``);

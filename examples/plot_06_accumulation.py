@@ -8,6 +8,13 @@ the end of each window of N. Done right, the curve equals Lightning's automatic 
 every precision. This example checks that, shows the two common mistakes, and follows the loss
 scale through the windows of a 16-mixed run, including a window with an overflow.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_06_accumulation.py
+
 **What you will learn**
 
 * the accumulation recipe, and why dividing matters with SGD;

@@ -9,6 +9,13 @@ bf16-mixed the same code runs silently, because there is no scaler to skip. Seco
 ``Trainer(precision="16-mixed")`` on a CPU quietly trains in bf16-mixed with no scaler at all;
 to test fp16 and GradScaler on a CPU, pass the plugin explicitly.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_07_backward_and_flags.py
+
 **What you will learn**
 
 * why ``manual_backward`` is not optional under 16-mixed, and why bf16-mixed hides it;

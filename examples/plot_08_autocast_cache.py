@@ -14,6 +14,13 @@ region (``cache_enabled=True`` is the default). Two consequences matter in manua
    before the step. A second forward after the step, inside the same caching region, silently
    uses the old weights.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_08_autocast_cache.py
+
 **What you will learn**: which versions were affected, how to check yours, and the safe recipe.
 """
 
