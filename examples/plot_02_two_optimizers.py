@@ -205,7 +205,7 @@ record = runner.run_example("plot_02_two_optimizers", recipes, runs, checks)
 # optimizer, whether ``unscale_`` found inf/NaN in that optimizer's gradients; with no gradient
 # at all there is nothing to check, and ``GradScaler.step`` refuses to decide whether to skip.
 
-print(plotting.run_by_id(record, "bug-fp16")["error"]["traceback"])
+print(report.short_paths(plotting.run_by_id(record, "bug-fp16")["error"]["traceback"]))
 
 # %%
 # Curves
@@ -214,13 +214,15 @@ print(plotting.run_by_id(record, "bug-fp16")["error"]["traceback"])
 # Right: the buggy code. fp32 and bf16-mixed "train" (the discriminator learns to reject a
 # generator that never moves); with the plugin, 16-mixed does the same instead of crashing.
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 11, 5.2)  # own y axes: the bug's scale would flatten the healthy runs
+plotting.describe(fig, "The healthy GAN trains in every precision; the buggy one never moves its generator")
 plotting.plot_loss_curves(left, record, ["healthy-fp32", "healthy-bf16", "healthy-fp16", "window-fp32",
                                          "window-fp16"], "Healthy alternation (D + G loss)",
                           {"window-fp32": "#CC79A7", "window-fp16": "#D55E00"})
 plotting.plot_loss_curves(right, record, ["bug-fp32", "bug-bf16", "bug-fp16", "bug-fp16-plugin"],
                           "Generator loss never reaches the generator", {"bug-fp16-plugin": "#D55E00"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # Verdicts

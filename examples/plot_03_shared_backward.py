@@ -168,12 +168,15 @@ record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead
 # steps; with ``ManualMixedPrecision`` every step is 1, except the steps GradScaler skips because
 # the head's own gradient overflowed (0: nothing moves, which is correct).
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 12, 5, sharey=True)
+plotting.describe(fig, "Stock 16-mixed: the head's update doubles after an overflow and halves after a growth step; "
+                  "ManualMixedPrecision keeps it at 1")
 for ax, ids, title in [(left, ["fp16-stock", "fp16-plugin", "fp32"], "Forced overflows at steps 0 and 50"),
                        (right, ["fp16-growth-stock", "fp16-growth-plugin", "fp32"], "growth_interval=20")]:
     plotting.plot_extra_series(ax, record, ids, "head_update_factor", title,
                                "applied head update / fp32-equivalent update", log_base=2)
 plotting.save_figure(fig, record["example"], "factor")
+plt.show()
 
 # %%
 # Verdicts

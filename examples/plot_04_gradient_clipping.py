@@ -145,23 +145,27 @@ record = runner.run_example("plot_04_gradient_clipping", recipes, runs, checks)
 # Right: the norm of each applied update. With SGD the scaled clip leaves updates about 65536
 # times smaller; AdamW divides by its running gradient RMS, which shrinks by the same factor.
 
-fig, (seen, applied) = plt.subplots(1, 2, figsize=(12, 4))
+fig, (seen, applied) = plotting.figure(1, 2, 12, 5.4)
+plotting.describe(fig, "Clipping between backward and step under 16-mixed sees scaled norms and applies tiny updates")
 ids = ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "adamw-fp32", "adamw-fp16"]
 plotting.plot_extra_series(seen, record, ids, "seen_norm", "Gradient norm seen by the clip", "L2 norm")
 plotting.plot_extra_series(applied, record, ids, "update_norm", "Norm of the applied update", "L2 norm")
 for ax in (seen, applied):
     ax.set_yscale("log")
 plotting.save_figure(fig, record["example"], "norms")
+plt.show()
 
 # %%
 # Loss curves
 # -----------
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 12, 5)
+plotting.describe(fig, "SGD stalls when it clips scaled gradients; AdamW keeps training but ends higher")
 plotting.plot_loss_curves(left, record, ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "sgd-fp16-plugin"], "SGD",
                           {"sgd-fp16": "#D55E00", "sgd-fp16-plugin": "#CC79A7"})
 plotting.plot_loss_curves(right, record, ["adamw-fp32", "adamw-fp16"], "AdamW", {"adamw-fp16": "#D55E00"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # The captured errors

@@ -131,10 +131,12 @@ for run in record["runs"]:
 # ``torch.amp.GradScaler`` and an fp16 autocast region.
 
 fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]
-fig, ax = plt.subplots(figsize=(8, 3.8))
+fig, ax = plotting.figure(1, 1, 8, 5)
+plotting.describe(fig, "loss.backward() equals manual_backward under bf16-mixed; the CPU 16-mixed flag trains in bf16")
 plotting.plot_loss_curves(ax, record, fig_runs, "Runs that trained", {"bf16-loss-backward": "#D55E00",
                                                                       "flag-16-mixed": "#CC79A7"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # Verdicts

@@ -111,10 +111,12 @@ checks = [
 
 record = runner.run_example("plot_08_autocast_cache", recipes, runs, checks)
 
-fig, ax = plt.subplots(figsize=(8, 3.8))
+fig, ax = plotting.figure(1, 1, 8, 5)
+plotting.describe(fig, "A no_grad forward before a graded one no longer breaks training in a caching autocast")
 plotting.plot_loss_curves(ax, record, ["fp32", "lightning-bf16", "caching-bf16"], "Self-distillation",
                           {"caching-bf16": "#D55E00"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # Verdicts

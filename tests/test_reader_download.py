@@ -119,3 +119,15 @@ def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_pa
                "resources={'metadata': {'path': '.'}}).execute()")
     _run([python, "-c", execute, notebook.name], nb_folder, env)
     _run([python, "-m", "mpguide.gate", str(nb_folder / "results" / "local")], nb_folder, env)
+
+
+def test_page_instruction_fails_without_install_line_or_wheel(tmp_path):
+    """The reader test's page parser refuses a page that lacks the line, or links a wheel that is not there."""
+    page = tmp_path / "auto_examples" / f"{EXAMPLE}.html"
+    page.parent.mkdir()
+    page.write_text("<p>no instruction here</p>")
+    with pytest.raises(AssertionError, match="no 'pip install' line"):
+        _page_instruction(page)
+    page.write_text(f'<pre>{download.INSTALL_LINE}</pre><a href="../_static/{download.WHEEL_NAME}">wheel</a>')
+    with pytest.raises(AssertionError, match="points to nothing"):
+        _page_instruction(page)
