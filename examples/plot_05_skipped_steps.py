@@ -112,23 +112,17 @@ record = runner.run_example("plot_05_skipped_steps", recipes, runs, checks)
 # %%
 # Loss scale, skipped steps and learning rate
 # -------------------------------------------
-# Top: the loss scale of each 16-mixed run; every drop is a skipped step. Bottom: the learning
+# Left: the loss scale of each 16-mixed run; every drop is a skipped step. Right: the learning
 # rate each batch used. The naive run has moved down its schedule while nothing was updated; the
 # skip-aware run starts its schedule at the first applied update, like fp32.
 
-fig, (scale_ax, lr_ax) = plotting.figure(2, 1, 9, 7.5, sharex=True)
+fig, (scale_ax, lr_ax) = plotting.figure(1, 2, 12, 5)
 plotting.describe(fig, "Skipped steps lower the loss scale; a naive per-batch scheduler decays on them, a skip-aware one does not")
-for run_id, color in (("fp16-naive", "#D55E00"), ("fp16-skip-aware", "#009E73")):
-    run = plotting.run_by_id(record, run_id)
-    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color, label=run["label"])
-for run_id, color in (("fp32", "#0072B2"), ("fp16-naive", "#D55E00"), ("fp16-skip-aware", "#009E73")):
-    run = plotting.run_by_id(record, run_id)
-    lr_ax.plot(run["lr"], color=color, label=run["label"])
+colors = {"fp16-naive": "#D55E00", "fp16-skip-aware": "#009E73"}
+plotting.plot_run_series(scale_ax, record, ["fp16-naive", "fp16-skip-aware"], "loss_scale", colors, steps=True)
+plotting.plot_run_series(lr_ax, record, ["fp32", "fp16-naive", "fp16-skip-aware"], "lr", colors)
 scale_ax.set(yscale="log", ylabel="loss scale at batch start", title="GradScaler's loss scale")
-lr_ax.set(yscale="log", ylabel="learning rate used", xlabel=plotting.BATCH_AXIS, title="Learning rate")
-for ax in (scale_ax, lr_ax):
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # right of the data
+lr_ax.set(yscale="log", ylabel="learning rate used", title="Learning rate")
 plotting.save_figure(fig, record["example"], "scale_lr")
 plt.show()
 

@@ -3,7 +3,7 @@ The autocast cache: a fixed bug and a hazard that remains
 =========================================================
 
 Inside ``torch.autocast``, weights cast to bf16/fp16 can be cached for the rest of the autocast
-region (``cache_enabled=True`` is the default). Two consequences matter in manual optimization:
+region (with ``cache_enabled=True``, the default). Two consequences matter in manual optimization:
 
 1. **History.** A forward under ``torch.no_grad()`` followed by a forward *with* gradients through
    the same weights, in one caching region, used to reuse the cached cast made without autograd

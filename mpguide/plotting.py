@@ -14,11 +14,11 @@ PRECISION_COLORS = {"32-true": "#0072B2", "bf16-mixed": "#E69F00", "16-mixed": "
 PRECISION_STYLES = {"32-true": "-", "bf16-mixed": (0, (6, 2)), "16-mixed": (0, (1.5, 1.5))}
 #: Colours for runs that are not a plain recipe (pitfalls, user recipes), in order of appearance.
 EXTRA_COLORS = ["#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999"]
-#: What the x axis of every per-batch series counts: one point per ``training_step`` call. With
-#: accumulation or several optimizers this is not ``trainer.global_step`` (which counts ``opt.step()``).
+#: Label of the x axis of every per-batch series (one point per ``training_step`` call). With
+#: accumulation or several optimizers this is not ``trainer.global_step``, which counts ``opt.step()`` calls.
 BATCH_AXIS = "batch (training_step call)"
-#: Distance from the bottom of an axes to the top of a legend placed below it (inches): leaves room
-#: for tick labels and the x-axis label.
+#: Gap in inches between the bottom of an axes and the top of a legend placed below it, which
+#: leaves room for tick labels and the x-axis label.
 LEGEND_DROP_IN = 0.55
 
 
@@ -129,6 +129,40 @@ def plot_loss_curves(
     legend_below(ax)
 
 
+def plot_run_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], field: str,
+                    colors: dict[str, str] | None = None, limit: int | None = None, steps: bool = False) -> None:
+    """Draw a per-batch list stored in each run (``"lr"``, ``"loss_scale"``), exactly equal series once.
+
+    Args:
+        ax: a matplotlib Axes.
+        record: a results record.
+        run_ids: runs to draw, in legend order; a run with an empty list is left out.
+        field: key of the per-batch list in each run.
+        colors: optional run id -> colour (default: by precision).
+        limit: draw only the first ``limit`` batches.
+        steps: draw as a step function (values hold until the next batch).
+    """
+    colors = colors or {}
+    groups: dict[tuple[float, ...], list[dict[str, Any]]] = {}
+    for run_id in run_ids:
+        run = run_by_id(record, run_id)
+        values = tuple((run.get(field) or [])[:limit])
+        if values:
+            groups.setdefault(values, []).append(run)
+    for values, members in groups.items():
+        first = members[0]
+        kwargs = dict(color=colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444")),
+                      linestyle=PRECISION_STYLES.get(first["precision"], "-"), linewidth=1.6,
+                      label=_merged_label([m.get("label") or m["id"] for m in members]))
+        if steps:
+            ax.step(range(len(values)), values, where="post", **kwargs)
+        else:
+            ax.plot(range(len(values)), values, **kwargs)
+    ax.set_xlabel(BATCH_AXIS)
+    ax.grid(alpha=0.3)
+    legend_below(ax)
+
+
 def save_figure(fig: Any, example: str, name: str, directory: Path | None = None) -> Path:
     """Save ``fig`` as ``<directory>/<example>_<name>.png`` (default folder: the results folder)."""
     path = Path(directory or records.results_dir()) / f"{example}_{name}.png"
@@ -173,8 +207,11 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
         ax.plot(steps, np.maximum(gap, GAP_FLOOR), color=color, linestyle=PRECISION_STYLES.get(a["precision"], "-"),
                 linewidth=1.5, label=f"{cand} vs {ref}")
     if identical and steps is not None:
+        import textwrap
+
+        text = f"no difference, drawn at {GAP_FLOOR:g}: " + ", ".join(p.replace(" vs ", " = ") for p in identical)
         ax.plot(steps, np.full(len(steps), GAP_FLOOR), color="#444444", linewidth=2.5, alpha=0.7,
-                label=f"identical, no difference (drawn at {GAP_FLOOR:g}): " + "; ".join(identical))
+                label="\n".join(textwrap.wrap(text, 60)))
     ax.set_yscale("log")
     ax.set_ylim(GAP_FLOOR / 10, 1.0)
     ax.set_title(title, fontsize=10)
