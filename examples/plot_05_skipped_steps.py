@@ -3,7 +3,9 @@ Skipped steps, learning-rate schedulers and step counts under 16-mixed
 ======================================================================
 
 GradScaler starts at a loss scale of 65536 and halves it each time the scaled gradients overflow,
-**skipping** that optimizer step. Several skips at the start of a run are normal. But a scheduler
+**skipping** that optimizer step. Skips at the start of a run are normal when the gradients are
+large enough to overflow fp16 at that scale, as this example's summed loss makes them (runs whose
+gradients stay small skip none). But a scheduler
 stepped every batch still advances on skipped steps, so the first real update uses a later
 learning rate, and torch warns "Detected call of ``lr_scheduler.step()`` before
 ``optimizer.step()``". This example records, per step, the loss scale, whether the step was

@@ -1,6 +1,6 @@
 """What a reader downloads: the helper library as a wheel published by the docs build, and its install line.
 
-Every downloaded example imports :mod:`mpguide` (the run harness writes the results record and
+Every downloaded example imports ``mpguide`` (the run harness writes the results record and
 checks the claims), so the site must offer the library itself. The docs build writes
 ``_static/<WHEEL_NAME>`` next to the pages (:func:`~mpguide.download.write_wheel`, connected in
 ``conf.py``), every example page links it, and :data:`~mpguide.download.INSTALL_LINE` is the one
@@ -21,7 +21,7 @@ from . import __version__
 
 #: Distribution name and version of the wheel (``mpguide.__version__``).
 DIST = "mpguide"
-#: File name of the wheel the site offers (PEP 427: name-version-python-abi-platform).
+#: File name of the wheel the site offers, name-version-python-abi-platform as PEP 427 spells it.
 WHEEL_NAME = f"{DIST}-{__version__}-py3-none-any.whl"
 #: What the examples import besides mpguide and torch, pinned as in ``requirements.txt``.
 READER_REQUIREMENTS = ("lightning==2.6.6", "scikit-learn==1.9.1", "matplotlib==3.11.2")

@@ -36,6 +36,13 @@ def test_install_line_is_printed_identically_everywhere():
         assert download.INSTALL_LINE in docstring, f"{path.name}: install line outside the header"
 
 
+def test_pages_link_the_current_wheel():
+    for page in (ROOT / "docs" / "index.md", ROOT / "docs" / "model" / "manual_optimization.md"):
+        text = page.read_text()
+        assert f'_static/{download.WHEEL_NAME}">' in text, f"{page.name}: no link to {download.WHEEL_NAME}"
+        assert download.INSTALL_LINE in text, f"{page.name}: lacks the install line"
+
+
 def test_reader_requirements_are_the_pins_of_requirements_txt():
     pins = dict(line.split("#")[0].strip().split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
                 if "==" in line.split("#")[0])
