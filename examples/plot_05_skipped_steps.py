@@ -5,11 +5,11 @@ Skipped steps, learning-rate schedulers and step counts under 16-mixed
 GradScaler starts at a loss scale of 65536 and halves it each time the scaled gradients overflow,
 **skipping** that optimizer step. Skips at the start of a run are normal when the gradients are
 large enough to overflow fp16 at that scale, as this example's summed loss makes them (runs whose
-gradients stay small skip none). But a scheduler
-stepped every batch still advances on skipped steps, so the first real update uses a later
-learning rate, and torch warns "Detected call of ``lr_scheduler.step()`` before
-``optimizer.step()``". This example records, per step, the loss scale, whether the step was
-skipped, and the learning rate used, with and without skip-aware stepping.
+gradients stay small skip none). But a scheduler stepped every batch still advances on skipped
+steps, so the first real update uses a later learning rate, and torch warns "Detected call of
+``lr_scheduler.step()`` before ``optimizer.step()``". This example records, per step, the loss
+scale, whether the step was skipped, and the learning rate used, with and without skip-aware
+stepping.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
