@@ -62,6 +62,9 @@ sphinx_gallery_conf = {
     "matplotlib_animations": False,
     "show_memory": False,
     "parallel": gallery_jobs if gallery_jobs > 1 else False,
+    # the file names' order (plot_01 ... plot_08), not sphinx-gallery's default (code size); a string,
+    # because a function object in the configuration breaks the environment cache
+    "within_subsection_order": "FileNameSortKey",
 }
 
 # --- MyST-NB: the guide page executes its cells to read the records ---------------------------
@@ -106,6 +109,14 @@ html_theme_options = {
 }
 html_static_path = [str(DOCS / "_static")]
 html_favicon = str(DOCS / "_static" / "favicon.png")
+html_css_files = ["mpguide.css"]  # wraps long code and output lines instead of cutting them off
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 copybutton_exclude = ".linenos, .gp, .go"
+
+
+def setup(app):
+    """Publish the helper library's wheel with the site (``_static/``), where every example links it."""
+    from mpguide.download import publish_wheel
+
+    app.connect("build-finished", publish_wheel)

@@ -9,6 +9,13 @@ This example trains the automatic model and its manual port in fp32, bf16-mixed 
 the reporter's recipe as written, and two porting mistakes, and checks which curves must match
 and which must not.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_01_porting_to_manual.py
+
 **What you will learn**
 
 * a faithful manual port reproduces automatic optimization exactly, in every precision;
@@ -258,17 +265,20 @@ record = runner.run_example("plot_01_porting_to_manual", recipes, RUNS, CLAIMS)
 # %%
 # Manual equals automatic, and mixed precision follows fp32
 # ---------------------------------------------------------
-# Left: solid lines are automatic optimization, dashed lines the manual port; the pairs lie on
-# top of each other. Right: the relative difference the claims measure, on a log scale. Manual
+# Left: automatic optimization and the manual port, one colour and line style per precision; in
+# each precision the two curves are bitwise identical, so each pair is drawn once. Right: the relative difference the claims measure, on a log scale. Manual
 # and automatic runs are identical (drawn at the floor); mixed precision stays within a
 # fraction of a percent of fp32.
 
-fig, (curves, gaps) = plt.subplots(1, 2, figsize=(11, 4))
-plotting.plot_loss_curves(curves, record, [r[0] for r in RUNS[:6]], "Automatic (solid) vs manual port (dashed)")
+fig, (curves, gaps) = plotting.figure(1, 2, 11, 5.4)
+plotting.describe(fig, "A faithful manual port equals automatic optimization in every precision")
+port_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
+plotting.plot_loss_curves(curves, record, port_ids, "Automatic vs manual port")
 pairs = [(f"manual-{p}", f"auto-{p}") for p in ("fp32", "bf16", "fp16")]
 pairs += [("auto-bf16", "auto-fp32"), ("auto-fp16", "auto-fp32")]
 plotting.plot_relative_gaps(gaps, record, pairs, "Relative difference judged by the claims")
 plotting.save_figure(fig, record["example"], "port")
+plt.show()
 
 # %%
 # The reporter's recipe and the two mistakes
@@ -276,12 +286,14 @@ plotting.save_figure(fig, record["example"], "port")
 # Left: the reporter's recipe in bf16-mixed follows its fp32 run. Right: both mistakes leave
 # the correct curve in fp32 as much as in bf16-mixed.
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 11, 5.2, sharey=True)
+plotting.describe(fig, "The reporter's recipe follows fp32; both porting mistakes diverge in fp32 and bf16-mixed")
 plotting.plot_loss_curves(left, record, ["reporter-fp32", "reporter-bf16"], "Reporter's recipe")
 mistakes = ["auto-fp32", "auto-bf16", "sched-fp32", "sched-bf16", "teacher-fp32", "teacher-bf16"]
 colors = {"sched-fp32": "#D55E00", "sched-bf16": "#D55E00", "teacher-fp32": "#CC79A7", "teacher-bf16": "#CC79A7"}
 plotting.plot_loss_curves(right, record, mistakes, "Porting mistakes vs the correct run", colors)
 plotting.save_figure(fig, record["example"], "mistakes")
+plt.show()
 
 # %%
 # Verdicts

@@ -9,6 +9,13 @@ for this optimizer`` (Lightning issues #20116 and #4524). This example reproduce
 the bug on a small GAN for scikit-learn's digits and shows two fixes: correct user code, and the
 library's :class:`~mpguide.precision.ManualMixedPrecision` plugin.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_02_two_optimizers.py
+
 **What you will learn**
 
 * why the GradScaler refuses an optimizer without gradients, and why fp32 hiding it is worse;
@@ -33,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import plotting, report, runner
+from mpguide import plotting, report, runner, steps
 from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore
@@ -144,6 +151,64 @@ class WindowedGAN(DigitsGAN):
 
 
 # %%
+# A loss-scale change inside the generator's window
+# -------------------------------------------------
+# With one optimizer the loss scale cannot change inside an accumulation window: it only changes
+# in ``opt.step()``. Here two optimizers share the scaler, and the discriminator steps in every
+# batch, *inside* the generator's window; Lightning updates the scale after each of those steps.
+# To see what that does, this variant forces the discriminator's gradient to inf in the second
+# batch of one generator window (batches 4 and 5 of the first epoch): its step is skipped and the
+# scale halves before the generator's second micro-batch. The run records the scale of each
+# generator backward and the scale the generator's step unscales with; their ratio is the factor
+# by which each micro-batch's gradient enters the update (1 when the scale did not move).
+
+
+class WindowedWithOverflow(WindowedGAN):
+    overflow_batch = 5  # second batch of the generator window over batches 4 and 5, first epoch
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.g_backward_scales = []  # scale of each generator micro-batch in the current window
+        self.window_factors = []  # per window: backward scale / scale at the generator's step
+
+    def training_step(self, batch, batch_idx):
+        self.force_overflow = self.current_epoch == 0 and batch_idx == self.overflow_batch
+        return super().training_step(batch, batch_idx)
+
+    def discriminator_step(self, real, fake):
+        opt_d, _ = self.optimizers()
+        with self.toggled_optimizer(opt_d):
+            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            opt_d.zero_grad()
+            self.manual_backward(loss_d)
+            if self.force_overflow:
+                for p in self.discriminator.parameters():
+                    p.grad.fill_(float("inf"))  # as if the discriminator's gradients overflowed fp16
+            opt_d.step()
+        return loss_d
+
+    def generator_step(self, fake, batch_idx):
+        self.g_backward_scales.append(steps.loss_scale(self.trainer))
+        _, opt_g = self.optimizers()
+        with self.toggled_optimizer(opt_g):
+            loss_g = self.judge(fake, True)
+            self.manual_backward(loss_g / self.window)
+            if (batch_idx + 1) % self.window == 0:
+                at_step = steps.loss_scale(self.trainer)
+                self.window_factors.append([s / at_step for s in self.g_backward_scales])
+                self.g_backward_scales = []
+                opt_g.step()
+                opt_g.zero_grad()
+        return loss_g
+
+    def record_extra(self):
+        forced = self.window_factors[self.overflow_batch // self.window]
+        others = [f for i, f in enumerate(self.window_factors) if i != self.overflow_batch // self.window]
+        return {**super().record_extra(), "forced_window_factors": forced,
+                "other_windows_constant": all(f == [1.0] * self.window for f in others)}
+
+
+# %%
 # Runs and claims
 # ---------------
 # The buggy code runs in every precision with Lightning's own precision handling, and again
@@ -157,7 +222,8 @@ class WindowedGAN(DigitsGAN):
 # * the healthy alternation (every batch, and every second batch with accumulation) trains the
 #   generator and its mixed-precision curves follow fp32.
 
-recipes = {"healthy": DigitsGAN, "detached once": DetachedOnce, "windowed": WindowedGAN}
+recipes = {"healthy": DigitsGAN, "detached once": DetachedOnce, "windowed": WindowedGAN,
+           "windowed, D overflow": WindowedWithOverflow}
 RUNS = [
     # run id            recipe            precision     options
     ("healthy-fp32", "healthy", "32-true", {"label": "healthy, 32-true"}),
@@ -172,6 +238,10 @@ RUNS = [
     ("bug-bf16-plugin", "detached once", "bf16-mixed",
      {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"}),
     ("bug-fp16-plugin", "detached once", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"}),
+    ("window-fp16-overflow", "windowed, D overflow", "16-mixed",
+     {"label": "every 2nd batch, D overflow in window 2, 16-mixed"}),
+    ("window-fp16-overflow-plugin", "windowed, D overflow", "16-mixed",
+     {"plugin": "ManualMixedPrecision", "label": "same + ManualMixedPrecision, 16-mixed"}),
 ]
 CLAIMS = [
     ("raises", "bug-fp16", "AssertionError", "No inf checks were recorded for this optimizer",
@@ -190,6 +260,12 @@ CLAIMS = [
      "plugin warns in fp32 as well"),
     ("same", "bug-fp32-plugin", "bug-fp32", "weights", "plugin leaves fp32 bitwise unchanged"),
     ("same", "bug-bf16-plugin", "bug-bf16", "weights", "plugin leaves bf16-mixed bitwise unchanged"),
+    ("expect", "window-fp16-overflow", "forced_window_factors", [2.0, 1.0],
+     "two optimizers: a D overflow inside G's window doubles G's first micro-batch"),
+    ("expect", "window-fp16-overflow", "other_windows_constant", True,
+     "without an overflow the scale is constant inside G's windows"),
+    ("expect", "window-fp16-overflow-plugin", "forced_window_factors", [1.0, 1.0],
+     "plugin: the scale update waits for G's step, both micro-batches count once"),
 ]
 
 # %%
@@ -205,7 +281,7 @@ record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS)
 # optimizer, whether ``unscale_`` found inf/NaN in that optimizer's gradients; with no gradient
 # at all there is nothing to check, and ``GradScaler.step`` refuses to decide whether to skip.
 
-print(plotting.run_by_id(record, "bug-fp16")["error"]["traceback"])
+print(report.short_paths(plotting.run_by_id(record, "bug-fp16")["error"]["traceback"]))
 
 # %%
 # Curves
@@ -214,13 +290,27 @@ print(plotting.run_by_id(record, "bug-fp16")["error"]["traceback"])
 # Right: the buggy code. fp32 and bf16-mixed "train" (the discriminator learns to reject a
 # generator that never moves); with the plugin, 16-mixed does the same instead of crashing.
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 11, 5.2)  # own y axes: the bug's scale would flatten the healthy runs
+plotting.describe(fig, "The healthy GAN trains in every precision; the buggy one never moves its generator")
 plotting.plot_loss_curves(left, record, ["healthy-fp32", "healthy-bf16", "healthy-fp16", "window-fp32",
                                          "window-fp16"], "Healthy alternation (D + G loss)",
                           {"window-fp32": "#CC79A7", "window-fp16": "#D55E00"})
 plotting.plot_loss_curves(right, record, ["bug-fp32", "bug-bf16", "bug-fp16", "bug-fp16-plugin"],
                           "Generator loss never reaches the generator", {"bug-fp16-plugin": "#D55E00"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
+
+# %%
+# What the scale change did to the generator's window
+# ---------------------------------------------------
+# Factor per generator micro-batch in the window with the forced overflow: with Lightning's
+# plugin the first micro-batch was scaled at the old scale and unscaled at the halved one, so its
+# gradient counts twice in that update. ``ManualMixedPrecision`` defers the scale update until the
+# generator, which holds gradients of the current scale, has stepped.
+
+for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
+    run = plotting.run_by_id(record, run_id)
+    print(f"{run['label']:<55} factors {run['extra']['forced_window_factors']}")
 
 # %%
 # Verdicts

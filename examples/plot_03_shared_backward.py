@@ -5,11 +5,18 @@ One backward, two optimizers: when the loss scale changes in between
 A digits classifier keeps its body and its head in two optimizers (a pattern used to give them
 different learning rates or schedules). One loss, one ``manual_backward``, then
 ``opt_body.step(); opt_head.step()``. Under 16-mixed, Lightning 2.6.x updates the loss scale
-after **each** optimizer step (``plugins/precision/amp.py``), so when the scale changes after the
+after **each** optimizer step (see ``plugins/precision/amp.py``), so when the scale changes after the
 body's step, the head unscales gradients that were made at the old scale: its update doubles
 after an overflow and halves after a growth step. This example measures the factor on every
 step, against the prediction from the recorded scales, and shows that the library's
 :class:`~mpguide.precision.ManualMixedPrecision` removes it.
+
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_03_shared_backward.py
 
 **What you will learn**
 
@@ -160,12 +167,15 @@ record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead
 # steps; with ``ManualMixedPrecision`` every step is 1, except the steps GradScaler skips because
 # the head's own gradient overflowed (0: nothing moves, which is correct).
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-for ax, ids, title in [(left, ["fp16-stock", "fp16-plugin", "fp32"], "Forced overflows at steps 0 and 50"),
+fig, (left, right) = plotting.figure(1, 2, 12, 5, sharey=True)
+plotting.describe(fig, "Stock 16-mixed: the head's update doubles after an overflow and halves after a growth step; "
+                  "ManualMixedPrecision keeps it at 1")
+for ax, ids, title in [(left, ["fp16-stock", "fp16-plugin", "fp32"], "Forced overflows at batches 0 and 50"),
                        (right, ["fp16-growth-stock", "fp16-growth-plugin", "fp32"], "growth_interval=20")]:
     plotting.plot_extra_series(ax, record, ids, "head_update_factor", title,
                                "applied head update / fp32-equivalent update", log_base=2)
 plotting.save_figure(fig, record["example"], "factor")
+plt.show()
 
 # %%
 # Verdicts

@@ -9,6 +9,13 @@ scales the gradients down to the limit, and after unscaling every update is abou
 small. This example measures the norm the clip saw and the update that was applied, with SGD
 (training stops) and AdamW (the damage hides), and shows the recipes that are right.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_04_gradient_clipping.py
+
 **What you will learn**
 
 * clip in ``on_before_optimizer_step``, which Lightning calls inside ``opt.step()`` after unscaling;
@@ -134,23 +141,27 @@ record = runner.run_example("plot_04_gradient_clipping", recipes, RUNS, CLAIMS)
 # Right: the norm of each applied update. With SGD the scaled clip leaves updates about 65536
 # times smaller; AdamW divides by its running gradient RMS, which shrinks by the same factor.
 
-fig, (seen, applied) = plt.subplots(1, 2, figsize=(12, 4))
+fig, (seen, applied) = plotting.figure(1, 2, 12, 5.4)
+plotting.describe(fig, "Clipping between backward and step under 16-mixed sees scaled norms and applies tiny updates")
 ids = ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "adamw-fp32", "adamw-fp16"]
 plotting.plot_extra_series(seen, record, ids, "seen_norm", "Gradient norm seen by the clip", "L2 norm")
 plotting.plot_extra_series(applied, record, ids, "update_norm", "Norm of the applied update", "L2 norm")
 for ax in (seen, applied):
     ax.set_yscale("log")
 plotting.save_figure(fig, record["example"], "norms")
+plt.show()
 
 # %%
 # Loss curves
 # -----------
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 12, 5)
+plotting.describe(fig, "SGD stalls when it clips scaled gradients; AdamW keeps training but ends higher")
 plotting.plot_loss_curves(left, record, ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "sgd-fp16-plugin"], "SGD",
                           {"sgd-fp16": "#D55E00", "sgd-fp16-plugin": "#CC79A7"})
 plotting.plot_loss_curves(right, record, ["adamw-fp32", "adamw-fp16"], "AdamW", {"adamw-fp16": "#D55E00"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # The captured errors

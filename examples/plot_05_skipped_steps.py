@@ -3,11 +3,20 @@ Skipped steps, learning-rate schedulers and step counts under 16-mixed
 ======================================================================
 
 GradScaler starts at a loss scale of 65536 and halves it each time the scaled gradients overflow,
-**skipping** that optimizer step. Several skips at the start of a run are normal. But a scheduler
-stepped every batch still advances on skipped steps, so the first real update uses a later
-learning rate, and torch warns "Detected call of ``lr_scheduler.step()`` before
-``optimizer.step()``". This example records, per step, the loss scale, whether the step was
-skipped, and the learning rate used, with and without skip-aware stepping.
+**skipping** that optimizer step. Skips at the start of a run are normal when the gradients are
+large enough to overflow fp16 at that scale, as this example's summed loss makes them (runs whose
+gradients stay small skip none). But a scheduler stepped every batch still advances on skipped
+steps, so the first real update uses a later learning rate, and torch warns "Detected call of
+``lr_scheduler.step()`` before ``optimizer.step()``". This example records, per step, the loss
+scale, whether the step was skipped, and the learning rate used, with and without skip-aware
+stepping.
+
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_05_skipped_steps.py
 
 **What you will learn**
 
@@ -102,23 +111,19 @@ record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS)
 # %%
 # Loss scale, skipped steps and learning rate
 # -------------------------------------------
-# Top: the loss scale of each 16-mixed run; every drop is a skipped step. Bottom: the learning
-# rate each step used. The naive run has moved down its schedule while nothing was updated; the
+# Left: the loss scale of each 16-mixed run; every drop is a skipped step. Right: the learning
+# rate each batch used. The naive run has moved down its schedule while nothing was updated; the
 # skip-aware run starts its schedule at the first applied update, like fp32.
 
-fig, (scale_ax, lr_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-for run_id, color in (("fp16-naive", "#D55E00"), ("fp16-skip-aware", "#009E73")):
-    run = plotting.run_by_id(record, run_id)
-    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color, label=run["label"])
-for run_id, color in (("fp32", "#0072B2"), ("fp16-naive", "#D55E00"), ("fp16-skip-aware", "#009E73")):
-    run = plotting.run_by_id(record, run_id)
-    lr_ax.plot(run["lr"], color=color, label=run["label"])
-scale_ax.set(yscale="log", ylabel="loss scale at batch start", title="GradScaler scale and learning rate")
-lr_ax.set(yscale="log", ylabel="learning rate used", xlabel="optimizer step (batch)")
-for ax in (scale_ax, lr_ax):
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, frameon=False)
+fig, (scale_ax, lr_ax) = plotting.figure(1, 2, 12, 5)
+plotting.describe(fig, "Skipped steps lower the loss scale; a naive per-batch scheduler decays on them, a skip-aware one does not")
+colors = {"fp16-naive": "#D55E00", "fp16-skip-aware": "#009E73"}
+plotting.plot_run_series(scale_ax, record, ["fp16-naive", "fp16-skip-aware"], "loss_scale", colors, steps=True)
+plotting.plot_run_series(lr_ax, record, ["fp32", "fp16-naive", "fp16-skip-aware"], "lr", colors)
+scale_ax.set(yscale="log", ylabel="loss scale at batch start", title="GradScaler's loss scale")
+lr_ax.set(yscale="log", ylabel="learning rate used", title="Learning rate")
 plotting.save_figure(fig, record["example"], "scale_lr")
+plt.show()
 
 # %%
 # Step counts

@@ -8,6 +8,13 @@ the end of each window of N. Done right, the curve equals Lightning's automatic 
 every precision. This example checks that, shows the two common mistakes, and follows the loss
 scale through the windows of a 16-mixed run, including a window with an overflow.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_06_accumulation.py
+
 **What you will learn**
 
 * the accumulation recipe, and why dividing matters with SGD;
@@ -131,14 +138,17 @@ record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS)
 # %%
 # Curves
 # ------
-# Left: manual accumulation (dashed) on top of automatic accumulation (solid) in every precision.
+# Left: manual and automatic accumulation in every precision (identical, so each pair is drawn once).
 # Right: the two mistakes against the correct manual run in fp32.
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-plotting.plot_loss_curves(left, record, [r[0] for r in RUNS[:6]], "Automatic (solid) vs manual (dashed), N = 4")
+fig, (left, right) = plotting.figure(1, 2, 12, 5, sharey=True)
+plotting.describe(fig, "Manual accumulation equals automatic accumulation; both mistakes diverge")
+acc_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
+plotting.plot_loss_curves(left, record, acc_ids, "Automatic vs manual accumulation, N = 4")
 plotting.plot_loss_curves(right, record, ["manual-fp32", "no-division", "zero-grad"], "Accumulation mistakes",
                           {"no-division": "#D55E00", "zero-grad": "#CC79A7"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # The loss scale, micro-batch by micro-batch
@@ -148,15 +158,17 @@ plotting.save_figure(fig, record["example"], "curves")
 # update at all, and the scale halves once, at that window's ``opt.step()``.
 
 run = plotting.run_by_id(record, "overflow-fp16")
-fig, ax = plt.subplots(figsize=(9, 3.5))
+fig, ax = plotting.figure(1, 1, 9, 4.2)
+plotting.describe(fig, "The loss scale is constant inside each window; the window with the overflow is skipped")
 shown = 40
 ax.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale at micro-batch start")
 for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
     ax.axvspan(w * N, (w + 1) * N, color="#D55E00" if not moved else "#999999", alpha=0.25 if not moved else 0.06)
 ax.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
-ax.set(yscale="log", xlabel="micro-batch", ylabel="loss scale", title="Windows of 4 micro-batches (red: skipped)")
-ax.legend(fontsize=8, frameon=False)
+ax.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale", title="Windows of 4 micro-batches (red: skipped)")
+ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # right of the data
 plotting.save_figure(fig, record["example"], "windows")
+plt.show()
 
 # %%
 # Verdicts

@@ -9,6 +9,13 @@ bf16-mixed the same code runs silently, because there is no scaler to skip. Seco
 ``Trainer(precision="16-mixed")`` on a CPU quietly trains in bf16-mixed with no scaler at all;
 to test fp16 and GradScaler on a CPU, pass the plugin explicitly.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_07_backward_and_flags.py
+
 **What you will learn**
 
 * why ``manual_backward`` is not optional under 16-mixed, and why bf16-mixed hides it;
@@ -116,10 +123,12 @@ for run in record["runs"]:
 # ``torch.amp.GradScaler`` and an fp16 autocast region.
 
 fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]
-fig, ax = plt.subplots(figsize=(8, 3.8))
+fig, ax = plotting.figure(1, 1, 8, 5)
+plotting.describe(fig, "loss.backward() equals manual_backward under bf16-mixed; the CPU 16-mixed flag trains in bf16")
 plotting.plot_loss_curves(ax, record, fig_runs, "Runs that trained", {"bf16-loss-backward": "#D55E00",
                                                                       "flag-16-mixed": "#CC79A7"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # Verdicts

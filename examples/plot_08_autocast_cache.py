@@ -3,7 +3,7 @@ The autocast cache: a fixed bug and a hazard that remains
 =========================================================
 
 Inside ``torch.autocast``, weights cast to bf16/fp16 can be cached for the rest of the autocast
-region (``cache_enabled=True`` is the default). Two consequences matter in manual optimization:
+region (with ``cache_enabled=True``, the default). Two consequences matter in manual optimization:
 
 1. **History.** A forward under ``torch.no_grad()`` followed by a forward *with* gradients through
    the same weights, in one caching region, used to reuse the cached cast made without autograd
@@ -13,6 +13,13 @@ region (``cache_enabled=True`` is the default). Two consequences matter in manua
 2. **Hazard.** ``opt.step()`` changes the weights in place, but the cache keeps the casts made
    before the step. A second forward after the step, inside the same caching region, silently
    uses the old weights.
+
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_08_autocast_cache.py
 
 **What you will learn**: which versions were affected, how to check yours, and the safe recipe.
 """
@@ -101,10 +108,12 @@ CLAIMS = [
 
 record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS)
 
-fig, ax = plt.subplots(figsize=(8, 3.8))
+fig, ax = plotting.figure(1, 1, 8, 5)
+plotting.describe(fig, "A no_grad forward before a graded one no longer breaks training in a caching autocast")
 plotting.plot_loss_curves(ax, record, ["fp32", "lightning-bf16", "caching-bf16"], "Self-distillation",
                           {"caching-bf16": "#D55E00"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
 
 # %%
 # Verdicts

@@ -136,3 +136,50 @@ def page_entries(example: str) -> list[PageRecord]:
         verdicts, stale = evaluate(record, ref, reference=True)
         entries.append(PageRecord(f"reference: {ref.parent.name}", record, verdicts, stale, ref))
     return entries
+
+
+def captured_texts(run: dict[str, Any]) -> list[str]:
+    """What a run captured: ``"Type: message"`` of its error (if any) and each recorded warning."""
+    texts = [str(w) for w in run.get("warnings") or []]
+    if run.get("error"):
+        texts.append(f"{run['error']['type']}: {run['error']['message']}")
+    return texts
+
+
+def check_quoted_messages(records: dict[str, dict[str, Any]],
+                          quoted: Sequence[tuple[str, str, str]], page: str = "the guide page") -> None:
+    """Fail when a message a page quotes was not captured by the run that is said to produce it.
+
+    Args:
+        records: example name -> results record (this build's).
+        quoted: ``(example, run id, exact text)``; the text must occur in the run's error message or
+            in one of its recorded warnings.
+        page: named in the error message.
+
+    Raises:
+        ValueError: one line per missing message, naming example, run, text and what to update.
+    """
+    missing = []
+    for example, run_id, text in quoted:
+        if example not in records:
+            missing.append(f"{example}: no record (quoted: {text!r})")
+            continue
+        run = next((r for r in records[example]["runs"] if r["id"] == run_id), None)
+        if run is None:
+            missing.append(f"{example}: no run {run_id!r} (quoted: {text!r})")
+        elif not any(text in t for t in captured_texts(run)):
+            missing.append(f"{example} run {run_id!r} did not capture {text!r}")
+    if missing:
+        raise ValueError(f"{page} quotes messages this build did not produce; update the quote or the run:\n  "
+                         + "\n  ".join(missing))
+
+
+def short_paths(text: str) -> str:
+    """``text`` with machine-specific folders cut: ``/any/where/site-packages/torch/x.py`` -> ``torch/x.py``.
+
+    Tracebacks captured in records carry the absolute paths of the machine that ran them; a page
+    shows the package-relative part only.
+    """
+    import re
+
+    return re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\](?:site|dist)-packages[/\\]", "", text)

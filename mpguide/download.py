@@ -1,0 +1,85 @@
+"""What a reader downloads: the helper library as a wheel published by the docs build, and its install line.
+
+Every downloaded example imports ``mpguide`` (the run harness writes the results record and
+checks the claims), so the site must offer the library itself. The docs build writes
+``_static/<WHEEL_NAME>`` next to the pages (:func:`~mpguide.download.write_wheel`, connected in
+``conf.py``), every example page links it, and :data:`~mpguide.download.INSTALL_LINE` is the one
+line a reader runs in the folder holding the wheel and the downloaded example. The wheel is built
+here, from the package's own source files, with no build backend and no network: a pure-Python
+wheel is a zip archive with ``METADATA``, ``WHEEL``, ``entry_points.txt`` and ``RECORD``
+(PEP 427, PEP 376). Entries carry a fixed date, so the same sources give the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+from . import __version__
+
+#: Distribution name and version of the wheel (``mpguide.__version__``).
+DIST = "mpguide"
+#: File name of the wheel the site offers, name-version-python-abi-platform as PEP 427 spells it.
+WHEEL_NAME = f"{DIST}-{__version__}-py3-none-any.whl"
+#: What the examples import besides mpguide and torch, pinned as in ``requirements.txt``.
+READER_REQUIREMENTS = ("lightning==2.6.6", "scikit-learn==1.9.1", "matplotlib==3.11.2")
+#: The instruction printed on every example page and in the header of every downloaded file.
+INSTALL_LINE = f"pip install {WHEEL_NAME} {' '.join(READER_REQUIREMENTS)}"
+_DATE = (2026, 1, 1, 0, 0, 0)  # fixed entry date: reproducible bytes
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def wheel_files(package_dir: Path | None = None) -> dict[str, bytes]:
+    """Archive path -> bytes of every file of the wheel, ``RECORD`` last.
+
+    Args:
+        package_dir: folder of the ``mpguide`` package (default: the one this module is in).
+
+    Raises:
+        FileNotFoundError: ``package_dir`` holds no ``__init__.py``.
+    """
+    package_dir = Path(package_dir or Path(__file__).parent)
+    if not (package_dir / "__init__.py").is_file():
+        raise FileNotFoundError(f"{package_dir}: not the mpguide package (no __init__.py); pass its folder")
+    info = f"{DIST}-{__version__}.dist-info"
+    files = {f"{DIST}/{p.name}": p.read_bytes() for p in sorted(package_dir.glob("*.py"))}
+    files[f"{info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {__version__}\n"
+        "Summary: Helper library of the verified guide to manual optimization under mixed precision\n"
+        "Requires-Python: >=3.10\n").encode()
+    files[f"{info}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: mpguide.download\nRoot-Is-Purelib: true\nTag: py3-none-any\n").encode()
+    files[f"{info}/entry_points.txt"] = b"[console_scripts]\nmpguide-gate = mpguide.gate:main\n"
+    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
+    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    return files
+
+
+def write_wheel(directory: Path, package_dir: Path | None = None) -> Path:
+    """Write ``<directory>/<WHEEL_NAME>`` (created if missing) and return its path."""
+    path = Path(directory) / WHEEL_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in wheel_files(package_dir).items():
+            entry = zipfile.ZipInfo(name, _DATE)
+            entry.external_attr = 0o644 << 16
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(entry, data)
+    tmp.replace(path)
+    return path
+
+
+def publish_wheel(app, exception) -> None:
+    """Sphinx ``build-finished`` handler: put the wheel in the HTML output's ``_static`` folder.
+
+    Only for HTML builders and successful builds; the example pages link ``../_static/<WHEEL_NAME>``.
+    """
+    if exception is None and getattr(app.builder, "format", "") == "html":
+        write_wheel(Path(app.outdir) / "_static")

@@ -1,0 +1,140 @@
+"""What a reader does: take an example from the built site, install what the site says, run it.
+
+The slow test follows the site's own words: the example page's install line and wheel link, the
+``.py`` and ``.ipynb`` from its download links, an empty folder, a fresh virtual environment that
+cannot see this repository, and the test preset. The fast tests keep the instruction identical
+everywhere it is printed and prove the wheel is a valid archive.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from mpguide import download
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = "plot_05_skipped_steps"  # the quickest example at the test preset
+
+
+def test_install_line_is_printed_identically_everywhere():
+    """Every example's header and the gallery's README carry the current wheel name and install line."""
+    places = sorted((ROOT / "examples").glob("plot_*.py")) + [ROOT / "examples" / "README.rst"]
+    for path in places:
+        text = path.read_text()
+        assert download.INSTALL_LINE in text, f"{path.name}: lacks the install line {download.INSTALL_LINE!r}"
+        assert f"<../_static/{download.WHEEL_NAME}>`_" in text, f"{path.name}: lacks the wheel link"
+        docstring = text.split('"""')[1] if path.suffix == ".py" else text
+        assert download.INSTALL_LINE in docstring, f"{path.name}: install line outside the header"
+
+
+def test_pages_link_the_current_wheel():
+    for page in (ROOT / "docs" / "index.md", ROOT / "docs" / "model" / "manual_optimization.md"):
+        text = page.read_text()
+        assert f'_static/{download.WHEEL_NAME}">' in text, f"{page.name}: no link to {download.WHEEL_NAME}"
+        assert download.INSTALL_LINE in text, f"{page.name}: lacks the install line"
+
+
+def test_reader_requirements_are_the_pins_of_requirements_txt():
+    pins = dict(line.split("#")[0].strip().split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
+                if "==" in line.split("#")[0])
+    for requirement in download.READER_REQUIREMENTS:
+        name, version = requirement.split("==")
+        assert pins.get(name) == version, f"{requirement} differs from requirements.txt ({pins.get(name)})"
+
+
+def test_wheel_is_a_complete_reproducible_archive(tmp_path):
+    first = download.write_wheel(tmp_path / "a")
+    second = download.write_wheel(tmp_path / "b")
+    assert first.name == download.WHEEL_NAME
+    assert first.read_bytes() == second.read_bytes(), "the same sources must give the same wheel"
+    with zipfile.ZipFile(first) as archive:
+        names = set(archive.namelist())
+        record = archive.read(f"mpguide-{download.__version__}.dist-info/RECORD").decode()
+    sources = {f"mpguide/{p.name}" for p in (ROOT / "mpguide").glob("*.py")}
+    assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
+    listed = {line.split(",")[0] for line in record.splitlines()}
+    assert listed == names, f"RECORD and archive differ: {sorted(listed ^ names)}"
+
+
+def test_wheel_refuses_a_folder_that_is_not_the_package(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no __init__.py"):
+        download.wheel_files(tmp_path)
+
+
+def _page_instruction(page: Path) -> tuple[str, Path, Path, Path]:
+    """The install line, the wheel, the .py and the .ipynb, as the example page links them."""
+    text = page.read_text()
+    plain = html.unescape(re.sub(r"<[^>]+>", "", text))
+    lines = [line.strip() for line in plain.splitlines() if line.strip().startswith("pip install ")]
+    assert lines, f"{page}: no 'pip install' line on the page"
+    hrefs = [html.unescape(h) for h in re.findall(r'href="([^"#]+)"', text)]
+
+    def linked(suffix: str) -> Path:
+        found = [h for h in hrefs if h.endswith(suffix)]
+        assert found, f"{page}: no link to a *{suffix}"
+        path = (page.parent / found[0]).resolve()
+        assert path.is_file(), f"{page}: link {found[0]} points to nothing"
+        return path
+
+    return lines[0], linked(".whl"), linked(f"{EXAMPLE}.py"), linked(f"{EXAMPLE}.ipynb")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} (in {cwd}) failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+    return proc
+
+
+@pytest.mark.slow
+def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_path):
+    out, _ = built_site
+    line, wheel, script, notebook = _page_instruction(out / "html" / "auto_examples" / f"{EXAMPLE}.html")
+    assert line == download.INSTALL_LINE
+    folder, nb_folder = tmp_path / "reader", tmp_path / "reader-notebook"
+    folder.mkdir()
+    nb_folder.mkdir()
+    for source, target in ((wheel, folder), (script, folder), (notebook, nb_folder)):
+        shutil.copy(source, target / source.name)
+
+    # a fresh venv, outside the repository, with no PYTHONPATH and no mpguide settings
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("MPGUIDE_")}
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    python = str(venv / "bin" / "python")
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv))
+    _run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], folder, env)
+    _run([python, "-m", *line.split()], folder, env)  # exactly the page's line ("pip install ...")
+    where = _run([python, "-c", "import mpguide; print(mpguide.__file__)"], folder, env).stdout.strip()
+    assert Path(where).is_relative_to(venv), f"mpguide came from {where}, not from the installed wheel"
+
+    env["MPGUIDE_PRESET"] = "test"
+    _run([python, script.name], folder, env)
+    _run([python, "-m", "mpguide.gate", str(folder / "results" / "local")], folder, env)
+
+    _run([python, "-m", "pip", "install", "-q", "nbclient", "ipykernel"], folder, env)
+    execute = ("import nbclient, nbformat, sys; nb = nbformat.read(sys.argv[1], as_version=4); "
+               "nbclient.NotebookClient(nb, timeout=900, kernel_name='python3', "
+               "resources={'metadata': {'path': '.'}}).execute()")
+    _run([python, "-c", execute, notebook.name], nb_folder, env)
+    _run([python, "-m", "mpguide.gate", str(nb_folder / "results" / "local")], nb_folder, env)
+
+
+def test_page_instruction_fails_without_install_line_or_wheel(tmp_path):
+    """The reader test's page parser refuses a page that lacks the line, or links a wheel that is not there."""
+    page = tmp_path / "auto_examples" / f"{EXAMPLE}.html"
+    page.parent.mkdir()
+    page.write_text("<p>no instruction here</p>")
+    with pytest.raises(AssertionError, match="no 'pip install' line"):
+        _page_instruction(page)
+    page.write_text(f'<pre>{download.INSTALL_LINE}</pre><a href="../_static/{download.WHEEL_NAME}">wheel</a>')
+    with pytest.raises(AssertionError, match="points to nothing"):
+        _page_instruction(page)
