@@ -13,6 +13,13 @@ measures how far a faithful manual port of a Muon model drifts from automatic op
 shows that :class:`~mpguide.precision.ManualMixedPrecision`, which steps with autocast disabled,
 makes the two bitwise identical.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_09_optimizer_under_autocast.py
+
 **What you will learn**
 
 * which parts of a manual ``training_step`` run under autocast;

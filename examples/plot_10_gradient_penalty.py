@@ -9,6 +9,13 @@ multiplies it by the loss scale: its fp16 backward runs unscaled. This example t
 with the R1 penalty on scikit-learn's digits three ways (fp32, the naive penalty, and the penalty
 computed with the trainer's GradScaler as in PyTorch's AMP recipe) and measures what each does.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_10_gradient_penalty.py
+
 **What you will learn**
 
 * the loss-scaled gradient penalty in Lightning terms, and what bf16-mixed needs (nothing extra);

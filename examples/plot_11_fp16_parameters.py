@@ -10,6 +10,13 @@ unscale FP16 gradients.``; under bf16-mixed with gradient clipping it fails with
 ``RuntimeError: Unexpected floating ScalarType in at::autocast::prioritize``. This example captures
 both and shows the fix.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_11_fp16_parameters.py
+
 **What you will learn**
 
 * why GradScaler refuses fp16 gradients;

@@ -11,6 +11,13 @@ The scale never comes down, every later gradient overflows too, and the model ne
 This example measures it and shows the guard that works: always call ``opt.step()``, and find out
 afterwards whether GradScaler skipped it.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_12_nonfinite_guard.py
+
 **What you will learn**
 
 * why a user-side finite check and GradScaler's own check must not both decide;

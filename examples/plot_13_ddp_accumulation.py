@@ -9,6 +9,13 @@ that: wrap the others in ``opt.toggle_model(sync_grad=False)``, which enters the
 trains two real processes over gloo on the CPU and checks that skipping the synchronisation
 changes nothing but the traffic, in fp32 and in 16-mixed.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_13_ddp_accumulation.py
+
 **What you will learn**
 
 * the accumulation loop with ``toggle_model(sync_grad=...)``, and what it saves (all-reduces, bytes);

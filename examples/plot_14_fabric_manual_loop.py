@@ -10,6 +10,13 @@ library's ``ManualMixedPrecision`` included, cannot be passed to Fabric. This ex
 all three and gives Fabric users a plugin that fixes the first two:
 :class:`mpguide.fabric.FabricManualMixedPrecision`.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_14_fabric_manual_loop.py
+
 **What you will learn**
 
 * that one backward feeding two optimizers doubles the second one's update after an overflow;

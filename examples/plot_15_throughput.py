@@ -8,6 +8,13 @@ loop without Lightning, in fp32, bf16-mixed and 16-mixed. The three variants are
 process, their windows interleaved, so that the ratios between them mean something even on a
 busy machine.
 
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_15_throughput.py
+
 **What you will learn**
 
 * how to time training steps fairly: warm-up excluded, device synchronised, median of several
