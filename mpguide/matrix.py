@@ -14,7 +14,8 @@
     ``"ran"``, or ``"could not run"`` with ``error`` = ``{"stage": "install" | "import", "message"}``
     when the release could not be installed or imported (a result, not a crash).
 ``library_sha256``
-    :func:`mpguide.records.library_digest` of the library the matrix was produced with.
+    :func:`mpguide.records.library_digest` of the library the matrix was produced with, without the
+    modules that only draw (:data:`mpguide.records.PRESENTATION_MODULES`): no verdict depends on them.
 ``examples``
     example -> ``{"example_sha256", "status" ("ran" or "could not run"), "error", "seconds",
     "claims": [{"id", "kind", "runs", "title", "verdict" ("pass" | "fail" | "not judged"),
@@ -175,7 +176,7 @@ def new_summary(version: str, status: str = "ran", error: dict[str, str] | None 
     out: dict[str, Any] = {
         "schema": SCHEMA, "lightning": version, "torch": torch_version, "python": platform.python_version(),
         "device": f"CPU ({os.cpu_count()} cores)", "preset": "test", "created": records.utc_now(),
-        "status": status, "error": error, "library_sha256": records.library_digest(), "examples": {},
+        "status": status, "error": error, "library_sha256": verdict_library_digest(), "examples": {},
         "plugin_tests": None,
     }
     for example in examples:
@@ -246,12 +247,17 @@ def load_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
     return sorted(found, key=lambda s: version_key(s["lightning"]))
 
 
+def verdict_library_digest() -> str:
+    """Digest of the library code verdicts depend on (figures and tables left out), for staleness."""
+    return records.library_digest(exclude=records.PRESENTATION_MODULES)
+
+
 def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str]:
     """Why ``summary`` no longer describes the current sources (empty list when it does).
 
     Compares the recorded digests with today's: every ``examples/plot_*.py`` must be in the summary
     with the same SHA-256, no example may have been removed, and the library digest
-    (:func:`mpguide.records.library_digest`) must be the same.
+    (:func:`~mpguide.matrix.verdict_library_digest`) must be the same.
     """
     folder = Path(examples or declarations.examples_dir())
     current = {p.stem: records.file_digest(p) for p in sorted(folder.glob("plot_*.py"))}
@@ -262,7 +268,7 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
     added, removed = sorted(set(current) - set(recorded)), sorted(set(recorded) - set(current))
     reasons += [f"{where}: examples/{name}.py is not in the matrix" for name in added]
     reasons += [f"{where}: the matrix holds {name}, which no longer exists" for name in removed]
-    if summary["library_sha256"] != records.library_digest():
+    if summary["library_sha256"] != verdict_library_digest():
         reasons.append(f"{where}: the mpguide library changed since the matrix was produced")
     return reasons
 

@@ -44,7 +44,7 @@ from torch.amp.grad_scaler import OptState
 from torch.optim import LBFGS, Optimizer
 from typing_extensions import override
 
-#: Lightning minor versions whose internals this plugin was checked against (tested: 2.6.6).
+#: Lightning minor versions whose internals this plugin was checked against (tested with 2.6.6).
 SUPPORTED_LIGHTNING = ("2.6",)
 
 

@@ -115,19 +115,24 @@ def file_digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
-#: Library modules only the docs build and the gate use: no example runs their code, so editing them
-#: does not make a record stale (and does not rerun the examples).
-BUILD_ONLY_MODULES = frozenset({"gate.py", "pagecheck.py", "reference.py", "sphinx_ext.py", "matrix.py"})
+#: Library modules that only the docs build and the gate use. No example runs their code, so editing
+#: them does not make a record stale (and does not rerun the examples).
+BUILD_ONLY_MODULES = frozenset({"gate.py", "pagecheck.py", "reference.py", "sphinx_ext.py", "matrix.py",
+                                "download.py"})
+#: Library modules that only draw figures and tables. Examples run them, so they are part of a
+#: record's library digest, but no verdict depends on them: the version matrix leaves them out.
+PRESENTATION_MODULES = frozenset({"plotting.py", "report.py"})
 
 
-def library_digest() -> str:
+def library_digest(exclude: frozenset[str] = frozenset()) -> str:
     """SHA-256 (hex) over the names and bytes of the library sources examples run, in name order.
 
-    Every ``mpguide/*.py`` except :data:`~mpguide.records.BUILD_ONLY_MODULES`.
+    Every ``mpguide/*.py`` except :data:`~mpguide.records.BUILD_ONLY_MODULES` and ``exclude``
+    (e.g. :data:`~mpguide.records.PRESENTATION_MODULES` for a digest of what verdicts depend on).
     """
     digest = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name in BUILD_ONLY_MODULES:
+        if path.name in BUILD_ONLY_MODULES or path.name in exclude:
             continue
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
