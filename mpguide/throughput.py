@@ -62,9 +62,9 @@ class Size:
         return 3 * 2 * self.batch * self.width * self.width * self.layers
 
 
-#: Sizes per (accelerator, preset). CPU sizes fit 2 shared cores: the whole benchmark at the quick
-#: preset (three precisions, three variants) stays under about 20 s. The CUDA ``full`` size is the
-#: reference measured before this project (H200: 8 x Linear(4096), batch 8192).
+#: Model and timing sizes by accelerator and preset. The CPU sizes fit 2 shared cores (the whole
+#: benchmark at the quick preset, three precisions and three variants, stays under about 20 s). The
+#: CUDA ``full`` size is the reference measured before this project (H200, 8 x Linear(4096), batch 8192).
 SIZES: dict[tuple[str, str], Size] = {
     ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=3),
     ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5),
