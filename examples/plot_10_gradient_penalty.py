@@ -120,7 +120,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from mpguide.data import digits_loader
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-pl.seed_everything(0, verbose=False)
+pl.seed_everything(0)
 trainer = pl.Trainer(accelerator=device, devices=1, max_steps=40, plugins=[MixedPrecision("16-mixed", device)],
                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False)

@@ -72,7 +72,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from mpguide.data import digits_loader
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-pl.seed_everything(0, verbose=False)
+pl.seed_everything(0)
 model = SkipIfNotFinite()
 initial_weights = model.weights()
 trainer = pl.Trainer(accelerator=device, devices=1, max_epochs=1, limit_train_batches=16,

@@ -245,7 +245,7 @@ def _train_ddp(spec: Any, module_factory: Callable[[], Any], preset: hardware.Pr
 
     hardware.check_precision(spec.precision)
     quiet_lightning()
-    pl.seed_everything(spec.seed, verbose=False)
+    pl.seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it
     module = module_factory()
     loader = sharded_digits_loader(preset.batch_size, seed=spec.seed)
     saved_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}

@@ -202,7 +202,7 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
 
     hardware.check_precision(spec.precision)
     quiet_lightning()
-    seed_everything(spec.seed, verbose=False)
+    seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it
     recipe = recipe_factory()
     loader = digits_loader(preset.batch_size, seed=spec.seed)
     result = RunResult(id=spec.id, mode="manual", precision=spec.precision, precision_plugin="?",

@@ -161,37 +161,41 @@ def train_run(
     loader = digits_loader(preset.batch_size, seed=spec.seed)
     recorder = StepRecorder()
     # warnings are captured from Trainer construction on (Lightning warns about precision there)
+    result = RunResult(
+        id=spec.id,
+        mode="automatic" if module.automatic_optimization else "manual",
+        precision=spec.precision,
+        precision_plugin="(not created)",
+        recipe=spec.recipe,
+        seed=spec.seed,
+        steps=preset.epochs * len(loader),
+        plugin=spec.plugin,
+        trainer_kwargs=dict(spec.trainer_kwargs),
+        plain_flag=spec.plain_flag,
+        label=spec.label or spec.id,
+    )
+    trainer = None
+    # warnings are captured from Trainer construction on (Lightning warns about precision there), and
+    # an error there (a plugin refusing this Lightning version, say) is this run's result too
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = pl.Trainer(
-            accelerator=accelerator,
-            devices=1,
-            max_epochs=preset.epochs,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            callbacks=[recorder, *probes.callbacks()],
-            **({"precision": spec.precision} if spec.plain_flag else
-               hardware.trainer_precision_kwargs(spec.precision, accelerator, plugin_factory)),
-            **spec.trainer_kwargs,
-        )
-        result = RunResult(
-            id=spec.id,
-            mode="automatic" if module.automatic_optimization else "manual",
-            precision=spec.precision,
-            precision_plugin=type(trainer.precision_plugin).__name__,
-            recipe=spec.recipe,
-            seed=spec.seed,
-            steps=preset.epochs * len(loader),
-            plugin=spec.plugin,
-            trainer_kwargs=dict(spec.trainer_kwargs),
-            plain_flag=spec.plain_flag,
-            label=spec.label or spec.id,
-        )
         start = time.perf_counter()
         try:
+            trainer = pl.Trainer(
+                accelerator=accelerator,
+                devices=1,
+                max_epochs=preset.epochs,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                callbacks=[recorder, *probes.callbacks()],
+                **({"precision": spec.precision} if spec.plain_flag else
+                   hardware.trainer_precision_kwargs(spec.precision, accelerator, plugin_factory)),
+                **spec.trainer_kwargs,
+            )
+            result.precision_plugin = type(trainer.precision_plugin).__name__
             trainer.fit(module, loader)
         except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
             frames = traceback.format_exception(type(err), err, err.__traceback__)
@@ -205,11 +209,13 @@ def train_run(
     result.seconds = round(time.perf_counter() - start, 3)
     result.loss, result.lr, result.skipped_steps = recorder.loss, recorder.lr, sum(recorder.skipped_per_step)
     result.loss_scale = recorder.scale or None
-    result.extra["global_step"] = trainer.global_step
     result.extra["batches"] = len(result.loss)
     if recorder.skipped_per_step:
         result.extra["skipped_per_step"] = recorder.skipped_per_step
     result.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    if trainer is None:  # the Trainer could not be built: nothing ran, nothing more to measure
+        return result
+    result.extra["global_step"] = trainer.global_step
     result.extra.update(probes.collect(trainer))
     extra = getattr(module, "record_extra", None)
     if callable(extra):
