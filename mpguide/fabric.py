@@ -28,7 +28,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 
 from . import hardware
 from .data import digits_loader
-from .runner import RunResult, quiet_lightning
+from .runner import RunResult, quiet_lightning, record_extra
 
 
 class EmptyStepWarning(UserWarning):
@@ -241,5 +241,5 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
     result.extra["batches"] = len(result.loss)
     if skipped:
         result.extra["skipped_per_step"] = skipped
-    result.extra.update(recipe.record_extra())
+    record_extra(result, recipe.record_extra)
     return result

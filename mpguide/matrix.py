@@ -66,8 +66,9 @@ CELL_WORDS = {"pass": "pass", "fail": "fail", "not judged": "not judged", "could
 RUNS_ROW = "runs complete"
 #: The tests of the plugin run in every environment.
 PLUGIN_TESTS = "tests/test_precision.py"
-#: Text the plugin's refusal of a release must contain to count as a clear refusal (not a failure).
-REFUSAL_MARK = "ManualMixedPrecision does not support Lightning"
+#: Text the plugin's refusal of a release must contain to count as a clear refusal (not a failure):
+#: the name of the error :func:`mpguide.precision.check_versions` raises.
+REFUSAL_MARK = "UnsupportedVersionError"
 
 
 class MatrixError(ValueError):
@@ -441,20 +442,22 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
 def run_plugin_tests(python: str, root: Path, timeout: float = 600) -> dict[str, Any]:
     """Run :data:`~mpguide.matrix.PLUGIN_TESTS` with ``python -m pytest`` and classify the outcome.
 
-    ``refused`` when every failure carries :data:`~mpguide.matrix.REFUSAL_MARK` (the plugin declines
-    that Lightning release with a clear error), ``pass`` when nothing failed, else ``fail``.
+    ``refused`` when every failing test of pytest's short summary carries
+    :data:`~mpguide.matrix.REFUSAL_MARK` (the plugin declines that Lightning release with a clear
+    error and nothing else went wrong), ``pass`` when nothing failed, else ``fail``.
     """
-    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", PLUGIN_TESTS],
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", PLUGIN_TESTS],
                           cwd=root, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=str(root)))
+                          env=dict(os.environ, PYTHONPATH=str(root), COLUMNS="1000"))  # no cut summary lines
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|error|errors)", tail[-1] if tail else "")}
     failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    # pytest's short summary (-ra) has one "FAILED ..."/"ERROR ..." line per failing test
+    summary = [line for line in tail if line.startswith(("FAILED ", "ERROR "))]
     if proc.returncode == 0:
         status = "pass"
-    elif REFUSAL_MARK in proc.stdout + proc.stderr and failed and \
-            (proc.stdout + proc.stderr).count(REFUSAL_MARK) >= 1:
-        status = "refused"
+    elif summary and all(REFUSAL_MARK in line for line in summary):
+        status = "refused"  # every failure is the plugin declining this release, nothing else
     else:
         status = "fail" if counts else "could not run"
     first_error = next((line for line in tail if line.startswith(("E ", "FAILED", "ERROR"))), "")

@@ -219,8 +219,22 @@ def train_run(
     result.extra.update(probes.collect(trainer))
     extra = getattr(module, "record_extra", None)
     if callable(extra):
-        result.extra.update(extra())
+        record_extra(result, extra)
     return result
+
+
+def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> None:
+    """Add ``measure()`` (a recipe's own measurements) to ``result.extra``.
+
+    A measurement that fails after a run that already raised is dropped (the run's error is what
+    counts); one that fails after a run that trained becomes the run's error, so the gate fails it.
+    """
+    try:
+        result.extra.update(measure())
+    except Exception as err:  # noqa: BLE001 - recorded, judged by the claims
+        if result.error is None:
+            result.error = {"type": type(err).__name__, "message": f"record_extra() failed: {err}".strip(),
+                            "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__)[-4:])}
 
 
 def run_example(

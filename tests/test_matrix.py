@@ -124,3 +124,23 @@ def test_rate_ratio_claim_parity_and_speedup():
 def test_committed_matrix_is_current():
     """CI fails when results/matrix was produced from other example or library sources."""
     matrix.check_current()
+
+
+@pytest.mark.parametrize("bodies, status", [
+    (["pass"], "pass"),
+    (["raise UnsupportedVersionError('found 2.2.5')", "raise UnsupportedVersionError('found 2.2.5')"], "refused"),
+    (["raise UnsupportedVersionError('found 2.2.5')", "assert 1 == 2"], "fail"),  # a refusal hides nothing else
+])
+def test_plugin_tests_are_classified(tmp_path, bodies, status):
+    """``refused`` only when every failing test is the plugin's version refusal."""
+    import sys
+
+    from mpguide import matrix
+
+    (tmp_path / "tests").mkdir()
+    lines = ["class UnsupportedVersionError(RuntimeError):", "    pass", ""]
+    for i, body in enumerate(bodies):
+        lines += [f"def test_{i}():", f"    {body}", ""]
+    (tmp_path / matrix.PLUGIN_TESTS).write_text("\n".join(lines))
+    outcome = matrix.run_plugin_tests(sys.executable, tmp_path)
+    assert outcome["status"] == status, outcome
