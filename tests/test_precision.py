@@ -78,16 +78,20 @@ class Pair(pl.LightningModule):
             opt_b.step()
             self.b_updates.append(float((before - self.b.weight.detach()).abs().sum()))
         elif self.mode == "gan":  # backward a, step a, backward b, step b
-            with self.toggled_optimizer(opt_a):
-                opt_a.zero_grad()
-                loss_a = self.a(x).pow(2).mean()
-                self.manual_backward(loss_a)
-                opt_a.step()
-            with self.toggled_optimizer(opt_b):
-                opt_b.zero_grad()
-                loss_b = (self.b(x) - 1).pow(2).mean()
-                self.manual_backward(loss_b)
-                opt_b.step()
+            # toggle_/untoggle_optimizer rather than the toggled_optimizer context manager, which
+            # Lightning < 2.5 lacks: on those releases only the plugin's own refusal may fail a test
+            self.toggle_optimizer(opt_a)
+            opt_a.zero_grad()
+            loss_a = self.a(x).pow(2).mean()
+            self.manual_backward(loss_a)
+            opt_a.step()
+            self.untoggle_optimizer(opt_a)
+            self.toggle_optimizer(opt_b)
+            opt_b.zero_grad()
+            loss_b = (self.b(x) - 1).pow(2).mean()
+            self.manual_backward(loss_b)
+            opt_b.step()
+            self.untoggle_optimizer(opt_b)
             loss = loss_a + loss_b
         else:  # "accumulate": a steps every batch, b accumulates over windows of 2 batches
             opt_a.zero_grad()
