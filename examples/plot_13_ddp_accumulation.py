@@ -153,7 +153,8 @@ record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, t
 # Left: the smoothed loss of the global batch (the mean of the two ranks' losses). The DDP runs
 # and the single process lie on top of each other. Right: what each run all-reduced per rank.
 
-fig, (curves, traffic) = plt.subplots(1, 2, figsize=(12, 4))
+fig, (curves, traffic) = plotting.figure(1, 2, 12, 5)
+plotting.describe(fig, "DDP with manual accumulation: the same curve with a quarter of the all-reduces")
 plotting.plot_loss_curves(curves, record, ["single-fp32", "ddp-fp32-every", "ddp-fp32-window-end"],
                           "Loss of the global batch", colors={"ddp-fp32-every": "#E69F00", "ddp-fp32-window-end": "#009E73"})
 ids = ["ddp-fp32-every", "ddp-fp32-window-end", "ddp-16-window-end", "ddp-16-never"]
@@ -165,6 +166,7 @@ for y, r in enumerate(runs):
 traffic.set(xlabel="gradient bytes all-reduced per rank (MB)", title="Communication per run")
 traffic.invert_yaxis()
 plotting.save_figure(fig, record["example"], "traffic")
+plt.show()
 
 # %%
 # In numbers:
@@ -187,7 +189,7 @@ print(f"saved: {saved_calls} all-reduces and {saved_bytes / 1e6:.2f} MB per rank
 # rank 1 in the all-reduce of the window's last micro-batch, so both skip that step and halve their
 # scale. Never synchronising, rank 0 skips alone and the two processes now hold different models.
 
-fig, ax = plt.subplots(figsize=(9, 2.8))
+fig, ax = plotting.figure(1, 1, 10, 3.4)
 for row, run_id in enumerate(["ddp-16-window-end", "ddp-16-never"]):
     run = plotting.run_by_id(record, run_id)
     for rank, skipped in enumerate(run["extra"]["skipped_batches_per_rank"]):
@@ -199,6 +201,7 @@ ax.set_yticks(range(4), ["sync at window end, rank 0", "sync at window end, rank
 ax.set(xlabel="micro-batch (x = GradScaler skipped the step ending here)", xlim=(-2, 60), ylim=(-0.7, 3.7),
        title="Skipped optimizer steps per rank, 16-mixed")
 plotting.save_figure(fig, record["example"], "skips")
+plt.show()
 
 # %%
 # Verdicts

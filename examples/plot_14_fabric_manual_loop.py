@@ -190,11 +190,14 @@ record = runner.run_example("plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS,
 
 import matplotlib.pyplot as plt
 
-fig, ax = plt.subplots(figsize=(9, 4))
+fig, ax = plotting.figure(1, 1, 9, 4.8)
+plotting.describe(fig, "Fabric, one backward and two optimizers: the head's update doubles after each "
+                  "overflow with Fabric's plugin, never with the fix")
 plotting.plot_extra_series(ax, record, ["fp16-stock", "fp16-fixed", "fp32"], "head_update_factor",
                            "Head update relative to the fp32-equivalent update", "applied / expected update",
                            log_base=2)
 plotting.save_figure(fig, record["example"], "factor")
+plt.show()
 for run_id in ("fp16-stock", "fp16-fixed"):
     factors = plotting.run_by_id(record, run_id)["extra"]["head_update_factor"][:3]
     print(f"{run_id}: head update factor on batches 0, 1, 2 = {', '.join(f'{f:.4f}' for f in factors)}")

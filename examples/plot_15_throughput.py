@@ -132,7 +132,8 @@ record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS)
 # matmuls are slow on CPUs without fp16 units); the whiskers span the slowest and fastest window,
 # the noise the medians and the interleaving absorb.
 
-fig, ax = plt.subplots(figsize=(8, 4))
+fig, ax = plotting.figure(1, 1, 9, 4.6)
+plotting.describe(fig, "Automatic, manual and a plain loop train at about the same speed in each precision")
 colors = {"automatic": "#0072B2", "manual": "#D55E00", "plain loop": "#009E73"}
 for i, precision in enumerate(hardware.PRECISIONS):
     bench = plotting.run_by_id(record, RUNS[i][0])["extra"]["benchmark"]
@@ -145,8 +146,9 @@ ax.set_xticks(range(3), [hardware.PRECISION_LABELS[p] for p in hardware.PRECISIO
 clock = "GPU wall time" if accelerator == "cuda" else "CPU time, 1 thread"
 ax.set(yscale="log", ylabel=f"training steps per second\n(median; {clock})",
        title=f"{size.layers} x Linear({size.width}), batch {size.batch}, {hardware.device_name(accelerator)}")
-ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # constrained layout keeps it in view
 plotting.save_figure(fig, record["example"], "steps_per_s")
+plt.show()
 
 # %%
 # The numbers

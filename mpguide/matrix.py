@@ -504,8 +504,29 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
     summary["plugin_tests"] = run_plugin_tests(sys.executable, root, timeout)
     print(f"  Lightning {version}: plugin tests {summary['plugin_tests']['status']}: "
           f"{summary['plugin_tests']['message'][:160]}", flush=True)
+    summary = merge_into_previous(summary, out_dir)
     write_summary(summary, out_dir)
     return summary
+
+
+def merge_into_previous(summary: dict[str, Any], directory: Path | None = None) -> dict[str, Any]:
+    """``summary`` with the examples it did not run taken from the release's previous summary.
+
+    Lets ``MPGUIDE_MATRIX_EXAMPLES`` rerun only the examples that changed. Entries are taken over
+    only from a previous summary of the same library digest and status ``"ran"``; each keeps its
+    own ``example_sha256``, so :func:`~mpguide.matrix.staleness` still names every entry that
+    describes an older example.
+    """
+    path = summary_path(summary["lightning"], directory)
+    try:
+        previous = load(path)
+    except MatrixError:
+        return summary
+    if previous.get("library_sha256") != summary["library_sha256"] or previous.get("status") != "ran":
+        return summary
+    merged = dict(summary, examples={**previous["examples"], **summary["examples"]})
+    merged["examples"] = dict(sorted(merged["examples"].items()))
+    return merged
 
 
 def _last_error(stderr: str, lines: int = 3) -> str:

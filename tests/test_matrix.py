@@ -144,3 +144,16 @@ def test_plugin_tests_are_classified(tmp_path, bodies, status):
     (tmp_path / matrix.PLUGIN_TESTS).write_text("\n".join(lines))
     outcome = matrix.run_plugin_tests(sys.executable, tmp_path)
     assert outcome["status"] == status, outcome
+
+
+def test_a_partial_rerun_keeps_the_other_examples_of_the_same_library(tmp_path):
+    """``MPGUIDE_MATRIX_EXAMPLES`` reruns some examples; the others come from the previous summary."""
+    old = summary("2.4.0", {"c": "pass"})
+    old["examples"]["plot_98_other"] = dict(old["examples"]["plot_99_fake"], example_sha256="aa")
+    matrix.write_summary(old, tmp_path)
+    new = summary("2.4.0", {"c": "fail"})  # reran plot_99_fake only
+    merged = matrix.merge_into_previous(new, tmp_path)
+    assert merged["examples"]["plot_98_other"]["example_sha256"] == "aa"
+    assert merged["examples"]["plot_99_fake"]["claims"][0]["verdict"] == "fail"
+    new["library_sha256"] = "another library"  # nothing is taken over from another library's run
+    assert list(matrix.merge_into_previous(new, tmp_path)["examples"]) == ["plot_99_fake"]
