@@ -37,7 +37,7 @@ SITE_ENV = ROOT / ".nox" / "site"
 nox.options.sessions = ["tests", "docs"]
 nox.options.reuse_venv = "yes"
 
-SPHINX = ["sphinx-build", "-c", str(ROOT), str(ROOT / "docs")]
+SPHINX = ["-m", "sphinx", "-c", str(ROOT), str(ROOT / "docs")]  # after the shared environment's python
 STRICT = ["-W", "--keep-going", "-b", "html"]
 PREVIEW = ["-b", "html", "-D", "mpguide_gate=0", "-D", "nb_execution_mode=off", "-D", "plot_gallery=0"]
 #: The workflow linter. Its build downloads the actionlint binary from GitHub, so it is not part of the
@@ -55,6 +55,15 @@ def _python_in(env_dir: Path) -> Path:
     return env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+def site_python() -> str:
+    """The interpreter of the shared environment (the current one with ``--no-venv``).
+
+    Sessions run tools as ``<site_python> -m tool`` by absolute path: nox looks programs up on its own
+    PATH, not on the ``env`` passed to ``session.run``, so a bare ``pytest`` could be another one.
+    """
+    return sys.executable if OWN_ENV else str(_python_in(SITE_ENV))
+
+
 def site_env(session: nox.Session) -> dict[str, str]:
     """Create or update the shared environment; return the variables that make commands run in it.
 
@@ -63,7 +72,7 @@ def site_env(session: nox.Session) -> dict[str, str]:
     environment is updated instead, without any stamp (pip decides what is missing).
     """
     torch_spec = os.environ.get("MPGUIDE_TORCH", "torch==2.13.0")
-    python = sys.executable if OWN_ENV else str(_python_in(SITE_ENV))
+    python = site_python()
     env = {"PATH": os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")])}
     if not OWN_ENV:
         env["VIRTUAL_ENV"] = str(SITE_ENV)
@@ -102,7 +111,8 @@ def clean_build() -> None:
 
 def strict_build(session: nox.Session, env: dict[str, str]) -> None:
     """The strict build into _build/html (records in _build/results): warnings are errors, gate on."""
-    session.run(*SPHINX, str(BUILD / "html"), *STRICT, "-d", str(BUILD / "doctrees"), env=env, external=True)
+    session.run(site_python(), *SPHINX, str(BUILD / "html"), *STRICT, "-d", str(BUILD / "doctrees"), env=env,
+                external=True)
     session.log(f"built {BUILD / 'html' / 'index.html'}")
 
 
@@ -122,7 +132,7 @@ def docs(session: nox.Session) -> None:
 def docs_preview(session: nox.Session) -> None:
     """Fast preview for writers: no example and no page cell runs, the gate is off."""
     env = site_env(session)
-    session.run(*SPHINX, str(BUILD / "preview"), *PREVIEW, "-d", str(BUILD / "preview-doctrees"),
+    session.run(site_python(), *SPHINX, str(BUILD / "preview"), *PREVIEW, "-d", str(BUILD / "preview-doctrees"),
                 env=env, external=True)
     session.log(f"preview at {BUILD / 'preview' / 'index.html'}")
 
@@ -131,7 +141,7 @@ def docs_preview(session: nox.Session) -> None:
 def docs_live(session: nox.Session) -> None:
     """Live-reloading preview on http://127.0.0.1:8000 (no execution), rebuilt on every save."""
     env = site_env(session)
-    session.run("sphinx-autobuild", *SPHINX[1:], str(BUILD / "live"), *PREVIEW,
+    session.run(site_python(), "-m", "sphinx_autobuild", *SPHINX[2:], str(BUILD / "live"), *PREVIEW,
                 "--watch", str(ROOT / "mpguide"), "--watch", str(ROOT / "examples"),
                 "--ignore", str(ROOT / "docs" / "auto_examples"), "--port", "8000", env=env, external=True)
 
@@ -153,14 +163,14 @@ def tests(session: nox.Session) -> None:
     """The test suite (unit tests, examples at the test preset, real builds, a real browser)."""
     env = site_env(session)
     install_browser(session)
-    session.run("pytest", *session.posargs, env=env, external=True)
+    session.run(site_python(), "-m", "pytest", *session.posargs, env=env, external=True)
 
 
 @nox.session(venv_backend="none")
 def gate(session: nox.Session) -> None:
     """Judge the records of the last docs build and the committed GPU references."""
     env = site_env(session)
-    session.run("python", "-m", "mpguide.gate", str(BUILD / "results"), "--reference",
+    session.run(site_python(), "-m", "mpguide.gate", str(BUILD / "results"), "--reference",
                 str(ROOT / "results" / "reference"), env=env, external=True)
 
 
