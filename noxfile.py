@@ -170,8 +170,7 @@ def tests(session: nox.Session) -> None:
 def gate(session: nox.Session) -> None:
     """Judge the records of the last docs build and the committed GPU references."""
     env = site_env(session)
-    session.run(site_python(), "-m", "mpguide.gate", str(BUILD / "results"), "--reference",
-                str(ROOT / "results" / "reference"), env=env, external=True)
+    session.run(site_python(), "-m", "mpguide.gate", env=env, external=True)  # = _build/results + references
 
 
 # --- GPU ------------------------------------------------------------------------------------------

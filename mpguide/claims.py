@@ -407,8 +407,9 @@ class Verdict:
         if self.observed:
             value = self.observed
         word = {"pass": "passed", "FAIL": "FAILED"}.get(self.status, self.status)
+        measured = value if value.startswith(f"{self.metric} =") else f"{self.metric} = {value}"
         return (f"{self.example}: {self.kind}({', '.join(self.runs)}) {word}"
-                f" [{self.title}]: {self.metric} = {value}, threshold {self.threshold}. {self.detail}"
+                f" [{self.title}]: {measured}, threshold {self.threshold}. {self.detail}"
                 f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
 
 
@@ -502,9 +503,11 @@ def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = N
         if bad:
             detail = (f"the loss is {loss[bad[0]]} at step {bad[0]} (counted from 0); {len(bad)} of {len(loss)} "
                       f"steps are not finite")
+        elif len(loss) != run["steps"] or not loss:
+            detail = f"run too short: {len(loss)} losses recorded for {run['steps']} steps"
         elif short:
-            detail = (f"run too short: {len(loss)} losses recorded for {run['steps']} steps; preset "
-                      f"{record.get('preset')!r} plans {planned} steps")
+            detail = (f"the run has {run['steps']} steps, but preset {record.get('preset')!r} plans "
+                      f"{planned}: the record's preset and its runs disagree")
         verdicts.append(verdict(kind="finite", runs=[run_id], title=f"{run_id} has a finite loss at every step",
                                 metric="non-finite steps", value=float(len(bad)), threshold="== 0",
                                 passed=not bad and not short, detail=detail))

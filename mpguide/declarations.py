@@ -131,6 +131,14 @@ def examples_dir() -> Path:
     return Path(os.environ.get(EXAMPLES_ENV) or Path(__file__).resolve().parent.parent / "examples")
 
 
+def example_names(directory: Path | None = None) -> list[str]:
+    """Stems of the gallery examples that train (``plot_*.py``) in ``directory``, sorted.
+
+    ``directory`` defaults to :func:`~mpguide.declarations.examples_dir`.
+    """
+    return sorted(p.stem for p in Path(directory or examples_dir()).glob("plot_*.py"))
+
+
 def example_file(example: str, directory: Path | None = None) -> Path:
     """Path of the example ``example`` (a file stem such as ``"plot_01_porting_to_manual"``)."""
     return Path(directory or examples_dir()) / f"{example}.py"

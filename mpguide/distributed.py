@@ -30,7 +30,6 @@ import os
 import socket
 import tempfile
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, T
 
 from . import hardware
 from .data import digits_tensors
-from .runner import RunResult, StepRecorder, parameter_digest, quiet_lightning, train_run as single_train_run
+from .runner import RunResult, StepRecorder, error_record, parameter_digest, quiet_lightning, train_run as single_train_run
 
 #: Number of processes of every DDP run.
 WORLD_SIZE = 2
@@ -264,9 +263,7 @@ def _train_ddp(spec: Any, module_factory: Callable[[], Any], preset: hardware.Pr
             start = time.perf_counter()
             trainer.fit(module, loader)
         except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
-            frames = traceback.format_exception(type(err), err, err.__traceback__)
-            error = {"type": type(err).__name__, "message": str(err).strip(),
-                     "traceback": "".join(frames[:1] + frames[-4:])}
+            error = error_record(err)
         finally:
             for key, value in saved_env.items():
                 if value is None:

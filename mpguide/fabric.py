@@ -19,7 +19,6 @@ Fabric examples are judged by the same gate.
 from __future__ import annotations
 
 import time
-import traceback
 import warnings
 from typing import Any, Callable
 
@@ -28,7 +27,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 
 from . import hardware
 from .data import digits_loader
-from .runner import RunResult, quiet_lightning, record_extra
+from .runner import RunResult, error_record, quiet_lightning, record_extra
 
 
 class EmptyStepWarning(UserWarning):
@@ -231,9 +230,7 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
                         scales.append(before)
                         skipped.append(loss_scale(fabric) < before)
         except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
-            frames = traceback.format_exception(type(err), err, err.__traceback__)
-            result.error = {"type": type(err).__name__, "message": str(err).strip(),
-                            "traceback": "".join(frames[:1] + frames[-4:])}
+            result.error = error_record(err)
     result.seconds = round(time.perf_counter() - start, 3)
     result.loss_scale = scales or None
     result.skipped_steps = sum(skipped)

@@ -118,7 +118,8 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
     current = file_digest(declarations.example_file(record["example"], examples))
     if source.get("example_sha256") != current:
         reasons.append(f"examples/{record['example']}.py changed since the record was made"
-                       + (f" at commit {source['commit'][:7]}" if source.get("commit") else ""))
+                       + (f" at commit {source['commit'][:7]}" if source.get("commit") else "")
+                       + " (or the record's source digest was edited)")
     if include_library and source.get("library_sha256") != library_digest():
         reasons.append("the mpguide library changed since the record was made")
     return "; ".join(reasons)
@@ -207,9 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry; returns the exit status (see :data:`~mpguide.gate.EXIT_CODES`)."""
     parser = argparse.ArgumentParser(
         prog="python -m mpguide.gate", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Judge results records against the claims their examples declare.\n\nWithout arguments: "
-                    "this build's records in _build/results and the committed references in results/reference "
-                    "(what `nox -s gate` does).", epilog=EXIT_CODES)
+        description="Judge results records against the claims their examples declare.\n\nWithout record paths: "
+                    "this build's records in _build/results (one for every example in examples/ must be "
+                    "there) and the committed references in results/reference (what `nox -s gate` does).",
+        epilog=EXIT_CODES)
     parser.add_argument("paths", nargs="*", type=Path,
                         help="this build's record files or folders (searched recursively)")
     parser.add_argument("--reference", action="append", default=None, type=Path, metavar="PATH",
@@ -218,11 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="example whose record must exist in --expect-dir (repeatable)")
     parser.add_argument("--expect-dir", type=Path, default=None, help="folder of the expected records")
     args = parser.parse_args(argv)
-    paths = args.paths
-    refs = args.reference
-    if not paths and refs is None:
-        paths, refs = [DEFAULT_BUILD_RESULTS], [reference_dir()]
-    report = judge(find_records(paths), args.expect, args.expect_dir, find_records(r for r in refs or [] if r.exists()))
+    paths, refs, expect, expect_dir = args.paths, args.reference, args.expect, args.expect_dir
+    if not paths and refs is None:  # the last build (every example must have left its record) + references
+        paths, refs, expect_dir = [DEFAULT_BUILD_RESULTS], [reference_dir()], DEFAULT_BUILD_RESULTS
+        expect = expect or declarations.example_names()
+    report = judge(find_records(paths), expect, expect_dir, find_records(r for r in refs or [] if r.exists()))
     if report.verdicts:
         print(format_table(verdict_rows(report.verdicts), ("verdict", "claim", "runs", "value", "threshold",
                                                            "hardware")))

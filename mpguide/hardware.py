@@ -61,12 +61,12 @@ def select_preset(name: str | None = None) -> Preset:
     Raises:
         ConfigurationError: the name is not one of :data:`~mpguide.hardware.PRESETS`.
     """
-    name = name or os.environ.get("MPGUIDE_PRESET", "quick")
+    name = (name or os.environ.get("MPGUIDE_PRESET") or "quick").lower()  # empty means the default
     try:
         return PRESETS[name]
     except KeyError:
         raise ConfigurationError(
-            f"unknown preset {name!r} (from MPGUIDE_PRESET or --preset); use one of {sorted(PRESETS)}"
+            f"unknown preset {name!r} (from MPGUIDE_PRESET); use one of {sorted(PRESETS)}"
         ) from None
 
 

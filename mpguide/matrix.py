@@ -335,11 +335,13 @@ def _anchor(version: str, example: str, cid: str) -> str:
 
 
 def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | None = None) -> str:
-    """The matrix as MyST Markdown: one row per claim, one column per release, then every message.
+    """The matrix as MyST Markdown: per example a table with one row per claim and one column per
+    release, then every message.
 
     Each cell reads ``pass``, ``fail``, ``not judged`` or ``could not run`` and links to its
-    message below the table (an HTML anchor, so no Sphinx reference can dangle). Non-passing
-    messages are listed openly; passing ones sit in a collapsed ``<details>`` block per release.
+    message below the tables (an HTML anchor, so no Sphinx reference can dangle). The messages sit
+    in one collapsed ``<details>`` block per release (a browser opens it when a link points inside),
+    the non-passing ones first; identical messages of one release are listed once.
 
     Args:
         summaries: from :func:`~mpguide.matrix.load_matrix`.
@@ -352,10 +354,14 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
     summaries = sorted(summaries, key=lambda s: version_key(s["lightning"]))
     wanted = None if examples is None else set(examples)
     table_rows = [r for r in rows(summaries) if wanted is None or r[0] in wanted]
-    head = ["example", "claim"] + [f"Lightning {s['lightning']}" for s in summaries]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = ["claim"] + [f"Lightning {s['lightning']}" for s in summaries]
+    lines: list[str] = []
     messages: dict[str, list[tuple[str, str, str]]] = {s["lightning"]: [] for s in summaries}
+    current = None
     for example, cid, title in table_rows:
+        if example != current:  # one table per example: the claim column keeps its width
+            current = example
+            lines += ["", f"**{_md(example)}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         cells = []
         for summary in summaries:
             word, message = cell(summary, example, cid)
@@ -363,24 +369,31 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
             text = html.escape(CELL_WORDS.get(word, word))
             cells.append(f'<a href="#{anchor}">{"<b>" + text + "</b>" if word != "pass" else text}</a>')
             messages[summary["lightning"]].append((anchor, word, message))
-        lines.append("| " + " | ".join([_md(example), _md(title)] + cells) + " |")
+        lines.append("| " + " | ".join([_md(title)] + cells) + " |")
     lines.append("")
     for summary in summaries:
         version = summary["lightning"]
         lines.append(f"**Lightning {version}** (torch {summary.get('torch')}, {summary.get('device')}, preset "
                      f"{summary.get('preset')}, {str(summary.get('created', ''))[:10]})")
         lines.append("")
-        bad = [m for m in messages[version] if m[1] != "pass"]
-        good = [m for m in messages[version] if m[1] == "pass"]
+        ordered = [m for m in messages[version] if m[1] != "pass"] + [m for m in messages[version] if m[1] == "pass"]
+        bad = sum(m[1] != "pass" for m in ordered)
         # one element per line: docutils refuses lines over 10,000 characters; no blank line inside
-        # the block, which would end the raw HTML block in CommonMark
-        items = [f'<li id="{a}"><b>{html.escape(w)}</b>: {html.escape(m)}</li>' for a, w, m in bad]
-        passed = [f'<li id="{a}">pass: {html.escape(m)}</li>' for a, w, m in good]
-        block = ['<div class="mpguide-matrix-messages">']
-        block += ["<ul>", *items, "</ul>"] if bad else []
-        block += [f"<details><summary>{len(good)} passing claims</summary>", "<ul>", *passed, "</ul>",
-                  "</details>"] if good else []
-        lines += [*block, "</div>", ""]
+        # the block, which would end the raw HTML block in CommonMark. A message already listed is
+        # not repeated: the later anchors point to a short "same as above" item.
+        seen: dict[tuple[str, str], str] = {}
+        items = []
+        for anchor, word, message in ordered:
+            if (word, message) in seen:
+                items.append(f'<li id="{anchor}">{html.escape(word)}: same message as '
+                             f'<a href="#{seen[(word, message)]}">above</a></li>')
+                continue
+            seen[(word, message)] = anchor
+            shown = f"<b>{html.escape(word)}</b>" if word != "pass" else html.escape(word)
+            items.append(f'<li id="{anchor}">{shown}: {html.escape(message)}</li>')
+        lines += ['<div class="mpguide-matrix-messages">',
+                  f"<details><summary>Messages of Lightning {html.escape(version)}: {bad} not passing, "
+                  f"{len(ordered) - bad} passing</summary>", "<ul>", *items, "</ul>", "</details>", "</div>", ""]
     return "\n".join(lines)
 
 
@@ -426,14 +439,10 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
         if s["lightning"] not in ok:
             words = {cell(s, ex, cid)[0] for ex, cid in claims} - {"pass"}
             others.append(f"{s['lightning']} ({' / '.join(sorted(words))})")
-    first, last = tested.index(ok[0]), tested.index(ok[-1])
-    contiguous = tested[first:last + 1] == ok
-    span = f"Lightning {ok[0]} to {ok[-1]}" if len(ok) > 1 else f"Lightning {ok[0]}"
-    if contiguous and not others:
-        return f"This applies to {span} (every release tested)."
-    if contiguous:
-        return f"This applies to {span}; not on {', '.join(others)}."
-    return f"This applies to Lightning {', '.join(ok)}; not on {', '.join(others)}."
+    listed = ", ".join(ok)
+    if not others:
+        return f"This applies to every Lightning release tested: {listed}."
+    return f"This applies to the tested Lightning releases {listed}; not on {', '.join(others)}."
 
 
 # ------------------------------------------------------------------------------------ producing

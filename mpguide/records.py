@@ -165,7 +165,7 @@ def run_env(swaps: dict[str, str]) -> dict[str, Any]:
         ``{"MPGUIDE_PRESET": name, "MPGUIDE_DEVICE": "auto" | "cpu" | "cuda", "swaps": {...}}`` with the
         defaults filled in (``quick``, ``auto``).
     """
-    return {"MPGUIDE_PRESET": os.environ.get("MPGUIDE_PRESET") or "quick",
+    return {"MPGUIDE_PRESET": (os.environ.get("MPGUIDE_PRESET") or "quick").lower(),
             "MPGUIDE_DEVICE": (os.environ.get("MPGUIDE_DEVICE") or "auto").lower(),
             "swaps": dict(sorted(swaps.items()))}
 

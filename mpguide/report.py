@@ -178,8 +178,12 @@ def short_paths(text: str) -> str:
     """``text`` with machine-specific folders cut: ``/any/where/site-packages/torch/x.py`` -> ``torch/x.py``.
 
     Tracebacks captured in records carry the absolute paths of the machine that ran them; a page
-    shows the package-relative part only.
+    shows the package-relative part only, and paths inside this repository relative to its root
+    (``examples/plot_02_two_optimizers.py``).
     """
     import re
 
+    from .records import REPO_ROOT
+
+    text = text.replace(f"{REPO_ROOT}/", "").replace(f"{REPO_ROOT}\\", "")
     return re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\](?:site|dist)-packages[/\\]", "", text)

@@ -198,12 +198,7 @@ def train_run(
             result.precision_plugin = type(trainer.precision_plugin).__name__
             trainer.fit(module, loader)
         except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
-            frames = traceback.format_exception(type(err), err, err.__traceback__)
-            result.error = {
-                "type": type(err).__name__,
-                "message": str(err).strip(),
-                "traceback": "".join(frames[:1] + frames[-4:]),
-            }
+            result.error = error_record(err)
     if accelerator == "cuda":
         torch.cuda.synchronize()
     result.seconds = round(time.perf_counter() - start, 3)
@@ -233,8 +228,20 @@ def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> No
         result.extra.update(measure())
     except Exception as err:  # noqa: BLE001 - recorded, judged by the claims
         if result.error is None:
-            result.error = {"type": type(err).__name__, "message": f"record_extra() failed: {err}".strip(),
-                            "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__)[-4:])}
+            result.error = error_record(err, prefix="record_extra() failed: ")
+
+
+def error_record(err: BaseException, prefix: str = "") -> dict[str, str]:
+    """The ``error`` field of a run: exception type, message, first and last four traceback entries.
+
+    Machine paths are shortened (:func:`mpguide.report.short_paths`), so records and pages show
+    ``torch/amp/grad_scaler.py`` or ``examples/plot_02_two_optimizers.py``, never a home folder.
+    """
+    from .report import short_paths
+
+    frames = traceback.format_exception(type(err), err, err.__traceback__)
+    return {"type": type(err).__name__, "message": short_paths(f"{prefix}{err}".strip()),
+            "traceback": short_paths("".join(frames[:1] + frames[-4:]))}
 
 
 def run_example(

@@ -33,19 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from sphinx.application import Sphinx
-from sphinx.errors import ExtensionError
+from sphinx.errors import ConfigError, ExtensionError
 from sphinx.util import logging
 
 from . import gate
-from .declarations import EXAMPLES_ENV, SWAP_ENV, parse_swaps
+from .declarations import EXAMPLES_ENV, SWAP_ENV, example_names, parse_swaps
 from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
 logger = logging.getLogger(__name__)
-
-
-def example_names(examples_dir: Path) -> list[str]:
-    """Stems of the gallery examples that train (``plot_*.py``) in ``examples_dir``, sorted."""
-    return sorted(p.stem for p in Path(examples_dir).glob("plot_*.py"))
 
 
 def remove_deleted_examples(examples_dir: Path, gallery_dir: Path, results_dir: Path) -> list[str]:
@@ -125,20 +120,34 @@ def _on_builder_inited(app: Sphinx) -> None:
         logger.info("[mpguide] preview build: examples are not run and the claim gate is off")
         return
     examples = Path(cfg.mpguide_examples_dir)
-    try:
-        swaps = parse_swaps(os.environ.get(SWAP_ENV))
-    except ValueError as err:
-        raise ExtensionError(f"[mpguide] {err}") from None
-    unknown = sorted({ex for ex, _ in swaps} - set(example_names(examples)))
-    if unknown:
-        raise ExtensionError(f"[mpguide] {SWAP_ENV} names example(s) {unknown} that {examples} does not have; "
-                             f"examples: {example_names(examples)}")
+    check_run_environment(examples)
     gone = remove_deleted_examples(examples, Path(cfg.mpguide_gallery_dir), results)
     if gone:
         logger.info(f"[mpguide] removed the generated files and records of deleted examples: {', '.join(gone)}")
     stale = invalidate_stale_examples(examples, Path(cfg.mpguide_gallery_dir), results)
     for name, why in stale.items():
         logger.info(f"[mpguide] {name} runs: {why}")
+
+
+def check_run_environment(examples: Path) -> None:
+    """Refuse, before any example runs, an ``MPGUIDE_PRESET``, ``MPGUIDE_DEVICE`` or ``MPGUIDE_SWAP_RECIPE``
+    that names something unknown (a typo must not let a build pass unswapped or fail late).
+
+    Raises:
+        sphinx.errors.ConfigError: one line naming the variable, the value and what is accepted.
+    """
+    from .hardware import select_accelerator, select_preset  # imports torch: only for builds that run
+
+    try:
+        select_preset()
+        select_accelerator()
+        swaps = parse_swaps(os.environ.get(SWAP_ENV))
+    except ValueError as err:
+        raise ConfigError(f"[mpguide] {err}") from None
+    unknown = sorted({ex for ex, _ in swaps} - set(example_names(examples)))
+    if unknown:
+        raise ConfigError(f"[mpguide] {SWAP_ENV} names example(s) {unknown} that {examples} does not have; "
+                          f"examples: {example_names(examples)}")
 
 
 def _record_files(app: Sphinx, references: bool | None = None) -> list[Path]:

@@ -202,6 +202,6 @@ def test_runs_shorter_than_the_preset_plans_fail(good_record):
         entry["loss"], entry["steps"] = entry["loss"][:40], 40  # consistently truncated
     finite = by_kind(evaluate_record(good_record), "finite")
     assert finite and not any(v.passed for v in finite)
-    assert "preset 'test' plans 140" in finite[0].detail
+    assert "the run has 40 steps, but preset 'test' plans 140" in finite[0].detail
     good_record["preset"] = "gigantic"
     assert not any(v.passed for v in by_kind(evaluate_record(good_record), "finite"))

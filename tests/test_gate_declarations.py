@@ -53,7 +53,7 @@ def test_flipped_expected_value(tmp_path, good_record, capsys):
     status, out = gate_run(tmp_path, capsys)
     assert status == 1
     assert "expected is False in the record, True in examples/plot_99_fake.py" in out
-    assert "expect(broken) FAILED [the broken recipe stalls]: stalled = stalled = False, threshold == True" in out
+    assert "expect(broken) FAILED [the broken recipe stalls]: stalled = False, threshold == True" in out
 
 
 def test_deleted_run_with_its_claims(tmp_path, good_record, capsys):
@@ -169,3 +169,14 @@ def test_verdict_values_for_every_kind(good_record):
     rows = report.verdict_rows(claims.evaluate_record(good_record, "", decl))
     assert [r["value"] for r in rows][-1] == "stalled = True"
     assert all(r["value"] not in ("-", "", "1", "n/a") for r in rows), rows
+
+
+def test_no_arguments_fails_when_an_example_left_no_record(tmp_path, good_record, fake_examples, monkeypatch, capsys):
+    build = tmp_path / "_build" / "results"
+    monkeypatch.setattr(gate, "DEFAULT_BUILD_RESULTS", build)
+    monkeypatch.setenv(records.REFERENCE_ENV, str(tmp_path / "no-references"))
+    write(build, good_record)
+    assert gate.main([]) == 0
+    (fake_examples / "plot_98_second.py").write_text(FAKE_EXAMPLE)  # an example whose record is missing
+    assert gate.main([]) == 2
+    assert "plot_98_second.json: results record not found" in capsys.readouterr().err

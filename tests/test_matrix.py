@@ -82,8 +82,9 @@ def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
     sums = [summary("2.6.6", {"c1": "pass", "c2": "pass"}), summary("2.2.5", {"c1": "fail", "c2": "pass"}),
             summary("2.3.3", {}, status="could not run")]
     text = matrix.render_table(sums)
-    header = text.splitlines()[0]
+    header = next(line for line in text.splitlines() if line.startswith("| claim"))
     assert header.index("Lightning 2.2.5") < header.index("Lightning 2.3.3") < header.index("Lightning 2.6.6")
+    assert "**plot\\_99\\_fake**" in text or "**plot_99_fake**" in text  # one table per example, named
     row = next(line for line in text.splitlines() if "title of c1" in line)
     assert row.count("<a href=") == 3 and "<b>fail</b>" in row and "<b>could not run</b>" in row
     anchor = row.split('href="#')[1].split('"')[0]
@@ -94,10 +95,10 @@ def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
 def test_applies_sentence_is_drawn_from_the_table():
     sums = [summary(v, {"c": w}) for v, w in (("2.2.5", "fail"), ("2.4.0", "pass"), ("2.6.6", "pass"))]
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "This applies to Lightning 2.4.0 to 2.6.6; not on 2.2.5 (fail)."
+        "This applies to the tested Lightning releases 2.4.0, 2.6.6; not on 2.2.5 (fail)."
     sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "This applies to Lightning 2.2.5 to 2.6.6 (every release tested)."
+        "This applies to every Lightning release tested: 2.2.5, 2.4.0, 2.6.6."
     sums[1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "fail"
     assert "2.2.5, 2.6.6; not on 2.4.0 (fail)" in matrix.applies_sentence(sums, [("plot_99_fake", "c")])
     with pytest.raises(matrix.MatrixError, match="no release of the matrix has claim"):

@@ -88,16 +88,23 @@ def test_swap_naming_an_unknown_example_stops_the_build(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     import pytest
-    from sphinx.errors import ExtensionError
+    from sphinx.errors import ConfigError
 
     examples, gallery, results = layout(tmp_path, monkeypatch)
     config = SimpleNamespace(mpguide_results_dir=str(results), mpguide_reference_dir="", mpguide_gate=True,
                              mpguide_examples_dir=str(examples), mpguide_gallery_dir=str(gallery))
     monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "plot_01_porting:manual-bf16=x")  # misspelled example
-    with pytest.raises(ExtensionError, match=r"names example\(s\) \['plot_01_porting'\]"):
+    with pytest.raises(ConfigError, match=r"names example\(s\) \['plot_01_porting'\]"):
         sphinx_ext._on_builder_inited(SimpleNamespace(config=config))
     monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "no equals sign")
-    with pytest.raises(ExtensionError, match="example:run_id=recipe"):
+    with pytest.raises(ConfigError, match="example:run_id=recipe"):
         sphinx_ext._on_builder_inited(SimpleNamespace(config=config))
     monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "plot_01_a:run=recipe")
     sphinx_ext._on_builder_inited(SimpleNamespace(config=config))  # a known example passes
+    monkeypatch.setenv("MPGUIDE_PRESET", "huge")
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        sphinx_ext._on_builder_inited(SimpleNamespace(config=config))
+    monkeypatch.setenv("MPGUIDE_PRESET", "test")
+    monkeypatch.setenv("MPGUIDE_DEVICE", "tpu")
+    with pytest.raises(ConfigError, match="unknown device 'tpu'"):
+        sphinx_ext._on_builder_inited(SimpleNamespace(config=config))
