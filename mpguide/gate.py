@@ -140,8 +140,16 @@ def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = Fa
         A stale record of this build is one failed verdict instead.
     """
     hardware = hardware_label(record.get("env", {}))
+    source = declarations.example_file(record["example"], examples)
+    if not source.parent.is_dir():  # a reader's folder with a downloaded example: no checkout to compare with
+        note = Verdict(record["example"], "declaration", [], "compared with the example's declaration", "declaration",
+                       None, "examples/ present", False, record=str(path), hardware=hardware, judged=False,
+                       observed="not compared",
+                       detail=f"there is no examples folder ({source.parent}), as after downloading one example: "
+                              f"the record's own claims are judged, not compared with a declaration")
+        return [note] + evaluate_record(record, str(path)), ""
     try:
-        declaration = declarations.read(declarations.example_file(record["example"], examples))
+        declaration = declarations.read(source)
     except declarations.DeclarationError as err:
         gone = not declarations.example_file(record["example"], examples).is_file()
         detail = (f"the record is of example {record['example']!r}, which no longer exists; delete the record"

@@ -180,3 +180,16 @@ def test_no_arguments_fails_when_an_example_left_no_record(tmp_path, good_record
     (fake_examples / "plot_98_second.py").write_text(FAKE_EXAMPLE)  # an example whose record is missing
     assert gate.main([]) == 2
     assert "plot_98_second.json: results record not found" in capsys.readouterr().err
+
+
+def test_without_any_examples_folder_the_records_own_claims_are_judged_and_said_so(tmp_path, good_record,
+                                                                                    monkeypatch, capsys):
+    """A reader who downloaded one example has no examples/ folder: the gate judges, and says it compared nothing."""
+    write(tmp_path, good_record)
+    monkeypatch.setenv("MPGUIDE_EXAMPLES_DIR", str(tmp_path / "no-checkout"))
+    status, out = gate_run(tmp_path, capsys)
+    assert status == 0 and "not compared" in out and "1 not judged" in out
+    good_record["runs"][1]["loss"] = curve(scale=3.0)  # the claims themselves are still judged
+    write(tmp_path, good_record)
+    status, out = gate_run(tmp_path, capsys)
+    assert status == 1 and "match(manual, auto) FAILED [port]" in out
