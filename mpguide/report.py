@@ -67,24 +67,6 @@ def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLU
     return "\n".join(out)
 
 
-def page_records(example: str) -> list[tuple[str, dict[str, Any]]]:
-    """Records of ``example`` for a page: this build's first, then committed GPU references.
-
-    Returns:
-        ``[(source, record)]`` where source is ``"this build"`` or ``"reference: <folder>"``.
-
-    Raises:
-        mpguide.records.RecordError: this build's record is missing or unreadable (the message
-            names the file and the command that writes it). Reference records are optional.
-    """
-    from .records import load_record, record_path, reference_dir
-
-    found = [("this build", load_record(record_path(example)))]
-    for path in sorted(reference_dir().glob(f"*/{example}.json")):
-        found.append((f"reference: {path.parent.name}", load_record(path)))
-    return found
-
-
 @dataclass
 class PageRecord:
     """One record as a page shows it: where it comes from, its verdicts as the gate judges them.

@@ -72,14 +72,15 @@ def test_reference_records_are_judged_and_listed_for_pages(tmp_path, good_record
     gpu = json.loads(json.dumps(good_record))
     gpu["env"].update(device="NVIDIA H200", cuda="13.0", accelerator="cuda")
     write(reference, gpu)
-    found = report.page_records("plot_99_fake")
-    assert [source for source, _ in found] == ["this build", "reference: nvidia-h200"]
-    assert found[1][1]["env"]["device"] == "NVIDIA H200"
-    assert gate.judge(gate.find_records([build, tmp_path / "reference"])).ok
+    found = report.page_entries("plot_99_fake")
+    assert [entry.source for entry in found] == ["this build", "reference: nvidia-h200"]
+    assert found[1].record["env"]["device"] == "NVIDIA H200" and not found[1].stale
+    assert "NVIDIA H200, CUDA 13.0" in found[1].label and all(v.passed for v in found[1].verdicts)
+    assert gate.judge(gate.find_records([build]), references=gate.find_records([tmp_path / "reference"])).ok
 
     gpu["runs"][1]["loss"] = [v * 2 for v in gpu["runs"][1]["loss"]]  # a later threshold change breaks it
     write(reference, gpu)
-    report_ = gate.judge(gate.find_records([build, tmp_path / "reference"]))
+    report_ = gate.judge(gate.find_records([build]), references=gate.find_records([tmp_path / "reference"]))
     assert not report_.ok
     assert "NVIDIA H200, CUDA 13.0" in report_.failure_message()
     assert "reference/nvidia-h200/plot_99_fake.json" in report_.failure_message()
