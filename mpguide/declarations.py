@@ -1,6 +1,6 @@
 """What each example promises, read from its source without training: the ``RUNS`` and ``CLAIMS`` tables.
 
-Every example declares, in its "Runs and claims" section before it trains, two literal tables::
+Every example declares two literal tables at module level, before it trains::
 
     RUNS = [
         # run id        recipe       precision      options (optional)
