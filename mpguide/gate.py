@@ -151,9 +151,8 @@ def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = Fa
     try:
         declaration = declarations.read(source)
     except declarations.DeclarationError as err:
-        gone = not declarations.example_file(record["example"], examples).is_file()
         detail = (f"the record is of example {record['example']!r}, which no longer exists; delete the record"
-                  if gone else f"{err}; fix the example's tables")
+                  if not source.is_file() else f"{err}; fix the example's tables")
         return [Verdict(record["example"], "declaration", [], "the example declares these claims", "declaration",
                         None, "example exists", False, detail=detail, record=str(path), hardware=hardware,
                         observed="no declaration")], ""
