@@ -62,6 +62,9 @@ sphinx_gallery_conf = {
     "matplotlib_animations": False,
     "show_memory": False,
     "parallel": gallery_jobs if gallery_jobs > 1 else False,
+    # matplotlib's reset, and on a GPU every Trainer.fit holds a shared device lock so that plot_15's
+    # benchmark, which takes it exclusively, times an otherwise idle GPU (a string: workers import it)
+    "reset_modules": ("matplotlib", "mpguide.sphinx_ext.share_device_in_fits"),
     # the file names' order (plot_01 ... plot_08), not sphinx-gallery's default (code size); a string,
     # because a function object in the configuration breaks the environment cache
     "within_subsection_order": "FileNameSortKey",

@@ -188,6 +188,18 @@ print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.
 """
 
 
+#: Run by docs_gpu --no-install: what the build imports must be there, and mpguide must be this checkout's.
+IMPORT_PROBE = f"""\
+import importlib.metadata as md, pathlib
+import sphinx, sphinx_gallery, myst_nb, pydata_sphinx_theme, ipykernel, sklearn, matplotlib, lightning, mpguide
+where = pathlib.Path(mpguide.__file__).resolve().parent
+if where != pathlib.Path({str(ROOT / "mpguide")!r}):
+    raise SystemExit(f"mpguide is imported from {{where}}, not from this checkout (put the checkout on PYTHONPATH)")
+print("packages: " + ", ".join(f"{{n}} {{md.version(n)}}" for n in ("sphinx", "sphinx-gallery", "myst-nb",
+      "torch", "lightning", "scikit-learn", "matplotlib", "numpy")))
+"""
+
+
 def cuda_refusal(python: str) -> str | None:
     """None when ``python``'s torch sees a CUDA device, else the one-line reason docs_gpu refuses."""
     probe = subprocess.run([python, "-c", CUDA_PROBE], capture_output=True, text=True)
@@ -205,15 +217,24 @@ def docs_gpu(session: nox.Session) -> None:
 
     Runs in the environment that runs nox (it must hold a CUDA build of torch; nothing replaces it:
     requirements.txt's `torch>=2.4` is already satisfied). Always a clean build. Pass
-    `-- --update-reference` to copy the records to results/reference/<device-slug>/ afterwards.
+    `-- --update-reference` to copy the records to results/reference/<device-slug>/ afterwards, and
+    `-- --no-install` on a machine without a package index (the lent GPU machine, see .ci/gpu-evidence):
+    nothing is installed, the packages already there (and mpguide on PYTHONPATH) are used as they are.
     """
     refusal = cuda_refusal(sys.executable)
     if refusal:
         session.error(refusal)
-    session.run(sys.executable, "-m", "pip", "install", "--quiet", "-r", str(ROOT / "requirements.txt"),
-                external=True)
-    session.run(sys.executable, "-m", "pip", "install", "--quiet", "-e", str(ROOT), "--no-deps",
-                external=True)
+    if "--no-install" in session.posargs:
+        probe = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True)
+        if probe.returncode:
+            session.error(f"docs_gpu --no-install: {(probe.stderr.strip() or probe.stdout.strip()).splitlines()[-1]}; "
+                          f"install requirements.txt, or on the lent GPU machine the wheels of .ci/gpu-wheels.txt")
+        session.log(probe.stdout.strip())
+    else:
+        session.run(sys.executable, "-m", "pip", "install", "--quiet", "-r", str(ROOT / "requirements.txt"),
+                    external=True)
+        session.run(sys.executable, "-m", "pip", "install", "--quiet", "-e", str(ROOT), "--no-deps",
+                    external=True)
     clean_build()
     env = {"MPGUIDE_PRESET": "full", "MPGUIDE_DEVICE": "cuda",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}

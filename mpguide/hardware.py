@@ -13,10 +13,13 @@ Precision names are Lightning's own: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import tempfile
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -165,3 +168,71 @@ def device_slug(name: str | None = None) -> str:
     if not slug:
         raise ConfigurationError(f"device name {name!r} has no letter or digit to build a folder name from")
     return slug
+
+
+#: Accelerators whose lock this process holds, and whether exclusively (see :func:`device_lock`).
+_HELD: dict[str, bool] = {}
+
+
+@contextlib.contextmanager
+def device_lock(accelerator: str, exclusive: bool = False) -> Iterator[float]:
+    """Hold this machine's lock on ``accelerator`` for the ``with`` block; yields the seconds waited for it.
+
+    The docs build runs examples in parallel worker processes (``conf.py``). On one GPU their kernels
+    would share the device, which is harmless for curves but not for timings: every training run
+    therefore holds the **shared** lock on CUDA (:func:`mpguide.runner.run_example`), and the throughput
+    benchmark takes it **exclusive**, so it times an otherwise idle GPU. A waiting exclusive holder
+    has priority: it first takes a turnstile that new shared holders must pass, so examples that start
+    later cannot keep it waiting. On CPU, and where ``fcntl`` is missing (Windows), nothing is locked
+    and 0.0 is yielded (the CPU benchmark measures process CPU time, which other processes barely move).
+
+    The lock files are ``<tempdir>/mpguide-<accelerator>.lock`` and ``...turnstile``
+    (``tempfile.gettempdir()``; ``MPGUIDE_LOCK_DIR`` sets another folder), advisory ``flock`` locks
+    that the kernel releases when a holder exits, even by a crash.
+
+    The lock is re-entrant within a process: a request while this process already holds it (a
+    ``Trainer.fit`` inside a locked run, or inside the benchmark) takes nothing more and yields 0.0.
+
+    Args:
+        accelerator: ``"cpu"`` or ``"cuda"``; only ``"cuda"`` locks unless ``MPGUIDE_LOCK_DIR`` is set
+            (the test suite sets it to check the lock on CPU).
+        exclusive: take the lock alone (the benchmark) rather than shared (training runs).
+
+    Yields:
+        Seconds spent waiting for the lock (wall time).
+
+    Raises:
+        RuntimeError: ``exclusive`` was asked for while this process holds the shared lock (a benchmark
+            started inside a training run would otherwise wait for itself forever).
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        fcntl = None  # type: ignore[assignment]
+    folder = os.environ.get("MPGUIDE_LOCK_DIR")
+    if fcntl is None or (accelerator != "cuda" and not folder):
+        yield 0.0
+        return
+    if accelerator in _HELD:
+        if exclusive and not _HELD[accelerator]:
+            raise RuntimeError(f"device_lock: asked for {accelerator} exclusively while this process holds it "
+                               f"shared (inside a training run); time the device outside Trainer.fit and run_example")
+        yield 0.0
+        return
+    base = os.path.join(folder or tempfile.gettempdir(), f"mpguide-{accelerator}")
+    started = time.perf_counter()
+    with open(base + ".turnstile", "a") as turnstile, open(base + ".lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            if exclusive:  # keep the turnstile closed until this holder is done: no new shared holder gets in
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            else:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            waited = time.perf_counter() - started
+            _HELD[accelerator] = exclusive
+            yield waited
+        finally:
+            _HELD.pop(accelerator, None)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -169,3 +169,32 @@ def short_paths(text: str) -> str:
 
     text = text.replace(f"{REPO_ROOT}/", "").replace(f"{REPO_ROOT}\\", "")
     return re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\](?:site|dist)-packages[/\\]", "", text)
+
+
+def speedup_rows(entries: Sequence[PageRecord]) -> list[dict[str, str]]:
+    """Rows of the guide's GPU speed-up table from plot_15 records (:func:`page_entries` of it).
+
+    One row per CUDA record, run (precision) and variant other than the automatic loop and the plain
+    loop: steps/s (median over rounds), the factor over the plain manual loop of the same precision,
+    achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
+    records give no rows (they time no speed-up; see :data:`mpguide.throughput.TUNED`).
+
+    Raises:
+        KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
+            that did not come from plot_15).
+    """
+    rows = []
+    for entry in entries:
+        env = entry.record.get("env", {})
+        if env.get("accelerator") != "cuda":
+            continue
+        for run in entry.record["runs"]:
+            bench, peak = run["extra"]["benchmark"], run["extra"].get("peak_bf16_tflops")
+            for variant in (v for v in bench if v not in ("automatic", "plain loop")):
+                timed = bench[variant]
+                rows.append({"record": entry.label, "precision": run["precision"],
+                             "variant": variant, "steps/s": f"{timed['steps_per_s']:.1f}",
+                             "vs manual": f"x{timed['steps_per_s'] / bench['manual']['steps_per_s']:.2f}",
+                             "TFLOP/s": f"{timed['tflops']:.0f}",
+                             "of bf16 peak": f"{timed['tflops'] / peak:.0%}" if peak else "not measured"})
+    return rows

@@ -313,8 +313,9 @@ def run_example(
         if recipe != spec.recipe:
             progress(f"  note: {SWAP_ENV} trains run {spec.id!r} with recipe {recipe!r}")
         run_spec = dataclasses.replace(spec, recipe=recipe)
-        res = (train or train_run)(run_spec, recipes[recipe], accelerator, preset,
-                                   plugins[spec.plugin] if spec.plugin else None)
+        with hardware.device_lock(accelerator):  # shared; the throughput benchmark takes the GPU alone
+            res = (train or train_run)(run_spec, recipes[recipe], accelerator, preset,
+                                       plugins[spec.plugin] if spec.plugin else None)
         if recipe != spec.recipe:
             res.swapped_from = spec.recipe
         status = (f"raised {res.error['type']}" if res.error else

@@ -195,6 +195,38 @@ def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
     logger.info(f"[mpguide] {report.summary()}")
 
 
+def share_device_in_fits(gallery_conf: dict[str, Any], fname: Any, when: str) -> None:
+    """sphinx-gallery ``reset_modules`` hook: every ``Trainer.fit`` of the examples holds the device lock.
+
+    Runs in the process (or parallel worker) that is about to execute an example, and wraps
+    :meth:`lightning.pytorch.Trainer.fit` once per process so that each fit holds the shared lock
+    of its device (:func:`mpguide.hardware.device_lock`). :func:`mpguide.runner.run_example` already
+    holds it around each declared run; this also covers the fits an example shows in plain sight, so
+    that the throughput benchmark, which holds the lock exclusively, times a GPU no other example
+    uses. On CPU the lock does nothing. Nothing an example computes changes.
+    """
+    if when != "before":
+        return
+    import functools
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    from .hardware import device_lock
+
+    if getattr(pl.Trainer.fit, "mpguide_device_lock", False):
+        return
+    fit = pl.Trainer.fit
+
+    @functools.wraps(fit)
+    def fit_holding_the_device(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+        with device_lock("cuda" if isinstance(trainer.accelerator, CUDAAccelerator) else "cpu"):
+            return fit(trainer, *args, **kwargs)
+
+    fit_holding_the_device.mpguide_device_lock = True  # type: ignore[attr-defined]
+    pl.Trainer.fit = fit_holding_the_device
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the configuration values and event handlers (see the module docstring)."""
     app.add_config_value("mpguide_results_dir", "", "env", types=[str])

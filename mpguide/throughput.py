@@ -16,11 +16,16 @@ The Lightning variants are real :class:`lightning.pytorch.Trainer` fits (``max_s
 logger, checkpointing and progress bar off); their windows are timed by a callback from the end of
 the last warm-up batch to the end of the last batch, so Trainer setup is not counted, Lightning's
 per-step loop and hooks are. On CUDA, :func:`~mpguide.throughput.matmul_peak_tflops` measures a
-bf16 matmul peak in the same process, on the same GPU, to put achieved TFLOP/s in proportion.
+bf16 matmul peak in the same process, on the same GPU, to put achieved TFLOP/s in proportion, and
+the GPU sizes also time :data:`~mpguide.throughput.TUNED`: the manual variant with one standard
+speed-up at a time (TF32 matmuls in fp32; a fused optimizer, ``torch.compile`` or both in bf16-mixed),
+so the page can say what each one moves. On a GPU the whole benchmark holds the device alone
+(:func:`mpguide.hardware.device_lock`), although the docs build runs other examples in parallel.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -33,8 +38,51 @@ from torch import nn
 
 from . import hardware
 
-#: The variants, in the order of the first round.
+#: The baseline variants, timed in every precision and compared by the parity claims, in the order of
+#: the first round.
 VARIANTS: tuple[str, ...] = ("automatic", "manual", "plain loop")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Standard speed-ups applied to the manual variant (see :data:`~mpguide.throughput.TUNED`).
+
+    Attributes:
+        fused: ``torch.optim.SGD(..., fused=True)``: one kernel updates every parameter.
+        compiled: the MLP wrapped in ``torch.compile`` (default mode) once per variant and precision;
+            its compilation happens in the warm-up steps of the first window.
+        tf32: ``torch.set_float32_matmul_precision("high")`` for the window (TF32 tensor-core matmuls
+            for fp32 tensors; restored afterwards). Only fp32 runs fp32 matmuls, so only fp32 uses it.
+    """
+
+    fused: bool = False
+    compiled: bool = False
+    tf32: bool = False
+
+
+#: The tuned variants of each precision, as variant name -> :class:`~mpguide.throughput.Tuning`. They
+#: are timed (interleaved with the baseline variants) only when :attr:`Size.tuned` is set, i.e. on
+#: CUDA, where the aim is more than 70 % of the measured bf16 matmul peak in bf16-mixed.
+TUNED: dict[str, dict[str, Tuning]] = {
+    "32-true": {"manual, TF32 matmuls": Tuning(tf32=True)},
+    "bf16-mixed": {
+        "manual, fused SGD": Tuning(fused=True),
+        "manual, compiled": Tuning(compiled=True),
+        "manual, compiled + fused SGD": Tuning(fused=True, compiled=True),
+    },
+    "16-mixed": {},
+}
+
+
+def variant_key(variant: str) -> str:
+    """The variant's name as a record key prefix: ``"plain loop"`` -> ``"plain_loop"``,
+    ``"manual, compiled + fused SGD"`` -> ``"manual_compiled_fused_sgd"``."""
+    return "_".join(re.findall(r"[a-z0-9]+", variant.lower()))
+
+
+def variants_for(precision: str, size: "Size") -> tuple[str, ...]:
+    """The variants timed in ``precision``: :data:`VARIANTS`, then the tuned ones when ``size.tuned``."""
+    return VARIANTS + (tuple(TUNED.get(precision, {})) if size.tuned else ())
 
 
 @dataclass(frozen=True)
@@ -48,6 +96,7 @@ class Size:
         warmup: untimed steps at the start of every window.
         steps: timed steps per window.
         rounds: windows per variant (the median is taken over these).
+        tuned: also time the :data:`~mpguide.throughput.TUNED` variants.
     """
 
     width: int
@@ -56,6 +105,7 @@ class Size:
     warmup: int
     steps: int
     rounds: int
+    tuned: bool = False
 
     def flops_per_step(self) -> float:
         """Matmul FLOPs of one training step: forward ``2*B*W*W`` per layer, backward twice that (3x in all)."""
@@ -64,14 +114,17 @@ class Size:
 
 #: Model and timing sizes by accelerator and preset. The CPU sizes fit 2 shared cores (the whole
 #: benchmark at the quick preset, three precisions and three variants, stays under about 20 s). The
-#: CUDA ``full`` size is the reference measured before this project (H200, 8 x Linear(4096), batch 8192).
+#: CUDA sizes use the model of the reference measured before this project (H200, 8 x Linear(4096),
+#: batch 8192: about 73 steps/s in bf16-mixed, about 7.8 in fp32). Their windows are short because fp32
+#: dominates the time: at the full size fp32 takes 3 variants x 5 rounds x 25 steps / 7.8 steps/s, about
+#: 50 s, the tuned variants (one compilation included) and the mixed precisions about 40 s more.
 SIZES: dict[tuple[str, str], Size] = {
     ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=3),
     ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5),
     ("cpu", "full"): Size(width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7),
-    ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=3),
-    ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5),
-    ("cuda", "full"): Size(width=4096, layers=8, batch=8192, warmup=10, steps=50, rounds=7),
+    ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=3, tuned=True),
+    ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5, tuned=True),
+    ("cuda", "full"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5, tuned=True),
 }
 
 
@@ -106,9 +159,10 @@ class _RepeatBatch(torch.utils.data.IterableDataset):
 class _Timed(pl.LightningModule):
     """The MLP with SGD, trained by Lightning with automatic or manual optimization."""
 
-    def __init__(self, net: nn.Module, manual: bool) -> None:
+    def __init__(self, net: nn.Module, manual: bool, fused: bool = False) -> None:
         super().__init__()
         self.net = net
+        self.fused = fused
         self.automatic_optimization = not manual
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -122,7 +176,7 @@ class _Timed(pl.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.net.parameters(), lr=1e-3)
+        return torch.optim.SGD(self.net.parameters(), lr=1e-3, fused=self.fused or None)
 
 
 class _WindowClock(Callback):
@@ -142,7 +196,7 @@ class _WindowClock(Callback):
 
 
 def _lightning_window(net: nn.Module, manual: bool, batch: Any, size: Size, precision: str,
-                      accelerator: str) -> float:
+                      accelerator: str, tuning: Tuning = Tuning()) -> float:
     """Seconds of ``size.steps`` timed Trainer steps after ``size.warmup`` untimed ones."""
     n = size.warmup + size.steps
     clock = _WindowClock(size.warmup, accelerator)
@@ -151,7 +205,13 @@ def _lightning_window(net: nn.Module, manual: bool, batch: Any, size: Size, prec
                          num_sanity_val_steps=0, callbacks=[clock],
                          **hardware.trainer_precision_kwargs(precision, accelerator))
     loader = torch.utils.data.DataLoader(_RepeatBatch(batch, n), batch_size=None)
-    trainer.fit(_Timed(net, manual), loader)
+    before = torch.get_float32_matmul_precision()
+    if tuning.tf32:
+        torch.set_float32_matmul_precision("high")
+    try:
+        trainer.fit(_Timed(net, manual, fused=tuning.fused), loader)
+    finally:
+        torch.set_float32_matmul_precision(before)
     return clock.end - clock.start
 
 
@@ -208,11 +268,14 @@ class Timing:
         precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
         size: the model and timing size.
         seconds: variant -> seconds of each timed window (``size.steps`` steps), in round order.
+        device_wait_s: seconds the benchmark waited for the GPU to itself (0.0 on CPU; see
+            :func:`mpguide.hardware.device_lock`).
     """
 
     precision: str
     size: Size
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    device_wait_s: float = 0.0
 
     def steps_per_s(self, variant: str) -> float:
         """Median over windows of ``steps / seconds`` for ``variant``."""
@@ -228,7 +291,7 @@ class Timing:
 
     def spread(self, variant: str) -> float:
         """(max - min) / median of the per-window rates of ``variant`` (a fraction; noise indicator)."""
-        rates = [self.size.steps / s for s in self.seconds[variant]]
+        rates = self.round_rates(variant)
         return (max(rates) - min(rates)) / statistics.median(rates)
 
     def summary(self) -> dict[str, Any]:
@@ -237,13 +300,29 @@ class Timing:
                     "tflops": self.tflops(v), "spread": self.spread(v), "window_seconds": self.seconds[v]}
                 for v in self.seconds}
 
+    def round_rates(self, variant: str) -> list[float]:
+        """Steps/s of each window of ``variant``, in round order (round ``r`` of every variant ran back to back)."""
+        return [self.size.steps / s for s in self.seconds[variant]]
+
+    def rates(self) -> dict[str, Any]:
+        """Flat record entries for every timed variant (see :func:`variant_key`): ``<key>_steps_per_s`` and
+        ``<key>_samples_per_s`` (medians) and ``<key>_round_steps_per_s`` (a list, one rate per round), the
+        numbers :func:`mpguide.claims.rate_ratio` claims divide (lists: paired by round)."""
+        out: dict[str, Any] = {}
+        for v in self.seconds:
+            out[f"{variant_key(v)}_steps_per_s"] = self.steps_per_s(v)
+            out[f"{variant_key(v)}_samples_per_s"] = self.samples_per_s(v)
+            out[f"{variant_key(v)}_round_steps_per_s"] = self.round_rates(v)
+        return out
+
 
 def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
                 progress: Callable[[str], None] = print) -> dict[str, Timing]:
-    """Time the three :data:`~mpguide.throughput.VARIANTS` in every precision, interleaved.
+    """Time the variants of every precision (:func:`~mpguide.throughput.variants_for`), interleaved.
 
     Each variant keeps its own copy of the same initial weights across rounds (it goes on training),
-    so no variant times a cold model the others have warmed.
+    so no variant times a cold model the others have warmed. On CUDA the benchmark holds the GPU alone
+    (:func:`mpguide.hardware.device_lock`, exclusive) from the first window to the last.
 
     Args:
         precisions: Lightning precision names.
@@ -253,39 +332,58 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
 
     Returns:
         precision -> :class:`~mpguide.throughput.Timing`.
-    """
-    from .runner import quiet_lightning
 
-    quiet_lightning()
-    batch = one_batch(size, accelerator)
-    nets = {(p, v): build_mlp(size).to(accelerator) for p in precisions for v in VARIANTS}
-    plain_state: dict[str, dict[str, Any]] = {p: {} for p in precisions}
-    out = {p: Timing(p, size, {v: [] for v in VARIANTS}) for p in precisions}
+    Raises:
+        hardware.ConfigurationError: an unknown precision or accelerator.
+    """
     import warnings
 
+    from .runner import quiet_lightning
+
+    for p in precisions:
+        hardware.check_precision(p)
+    quiet_lightning()
+    batch = one_batch(size, accelerator)
+    variants = {p: variants_for(p, size) for p in precisions}
+    tunings = {p: {**{v: Tuning() for v in VARIANTS}, **TUNED.get(p, {})} for p in precisions}
+    nets: dict[tuple[str, str], nn.Module] = {}
+    for p in precisions:
+        for v in variants[p]:
+            net = build_mlp(size).to(accelerator)
+            nets[(p, v)] = torch.compile(net) if tunings[p][v].compiled else net
+    plain_state: dict[str, dict[str, Any]] = {p: {} for p in precisions}
+    out = {p: Timing(p, size, {v: [] for v in variants[p]}) for p in precisions}
     threads = torch.get_num_threads()
     if accelerator == "cpu":
         torch.set_num_threads(1)  # CPU time of one thread = the step's work, whoever else uses the cores
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Lightning's "few batches" and precision notes are not timed facts
-        for r in range(size.rounds):
-            for p in precisions:
-                order = VARIANTS[r % 3:] + VARIANTS[:r % 3]  # rotate: no variant always goes first
-                for v in order:
-                    net = nets[(p, v)]
-                    seconds = (_plain_window(net, batch, size, p, accelerator, plain_state[p]) if v == "plain loop"
-                               else _lightning_window(net, v == "manual", batch, size, p, accelerator))
-                    out[p].seconds[v].append(seconds)
-            progress(f"  round {r + 1}/{size.rounds}: " + ", ".join(
-                f"{p} " + "/".join(f"{size.steps / out[p].seconds[v][-1]:.1f}" for v in VARIANTS)
-                for p in precisions)
-                + " steps/s (automatic/manual/plain)")
-    torch.set_num_threads(threads)
+    try:
+        with hardware.device_lock(accelerator, exclusive=True) as waited, warnings.catch_warnings():
+            if waited > 1.0:
+                progress(f"  waited {waited:.1f} s for the GPU to itself")
+            warnings.simplefilter("ignore")  # Lightning's "few batches" and precision notes are not timed facts
+            for r in range(size.rounds):
+                for p in precisions:
+                    out[p].device_wait_s = waited
+                    names = variants[p]
+                    order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
+                    for v in order:
+                        net = nets[(p, v)]
+                        seconds = (_plain_window(net, batch, size, p, accelerator, plain_state[p]) if v == "plain loop"
+                                   else _lightning_window(net, v != "automatic", batch, size, p, accelerator,
+                                                          tunings[p][v]))
+                        out[p].seconds[v].append(seconds)
+                progress(f"  round {r + 1}/{size.rounds}: " + ", ".join(
+                    f"{p} " + "/".join(f"{size.steps / out[p].seconds[v][-1]:.1f}" for v in VARIANTS)
+                    for p in precisions)
+                    + " steps/s (automatic/manual/plain)")
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
 def matmul_peak_tflops(n: int = 8192, repeats: int = 50) -> float:
-    """Measured bf16 matmul rate of this GPU in TFLOP/s: ``repeats`` ``n x n @ n x n`` products, after warm-up.
+    """Measured bf16 matmul rate of this GPU in TFLOP/s: ``repeats`` ``n x n @ n x n`` products, after warm-up,
+    with the GPU held alone (:func:`mpguide.hardware.device_lock`).
 
     Raises:
         RuntimeError: CUDA is not available.
@@ -294,11 +392,12 @@ def matmul_peak_tflops(n: int = 8192, repeats: int = 50) -> float:
         raise RuntimeError("matmul_peak_tflops needs CUDA")
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(5):
-        a @ b
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    torch.cuda.synchronize()
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12
+    with hardware.device_lock("cuda", exclusive=True):  # no other example's kernels in the way
+        for _ in range(5):
+            a @ b
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        torch.cuda.synchronize()
+        return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12

@@ -203,3 +203,52 @@ def test_site_env_is_made_once_and_reinstalled_only_when_requirements_change(tmp
     (project / "requirements.txt").write_text("# changed\n")
     noxfile.site_env(Session())
     assert len(installs) == 2 * first, "requirements.txt changed: installed again"
+
+
+# --- the GPU evidence run on a lent machine (.ci/gpu-wheels, .ci/gpu-evidence) -----------------------
+
+def _pins(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        spec = line.split("#")[0].strip()
+        if "==" in spec:
+            name, version = spec.split("==")
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+    return out
+
+
+def test_gpu_wheels_pin_what_the_cpu_build_pins():
+    """The carried Sphinx stack must be the one the CPU build uses, or the GPU build tests another site."""
+    carried = _pins(ROOT / ".ci" / "gpu-wheels.txt")
+    pinned = _pins(ROOT / "requirements.txt")
+    for name in ("sphinx", "sphinx-gallery", "myst-nb", "pydata-sphinx-theme", "sphinx-copybutton"):
+        assert carried.get(name) == pinned[name], f".ci/gpu-wheels.txt pins {name} {carried.get(name)}, " \
+                                                  f"requirements.txt {pinned[name]}"
+    nox_pin = re.search(r'"nox==([^"]+)"', (ROOT / "noxfile.py").read_text()).group(1)
+    assert carried["nox"] == nox_pin
+    assert "torch" not in carried and "lightning" not in carried, "the GPU machine's own CUDA torch must stay"
+
+
+def test_gpu_evidence_without_wheels_says_what_to_do(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "gpu-evidence", repo / ".ci" / "gpu-evidence")
+    proc = subprocess.run(["bash", str(repo / ".ci" / "gpu-evidence")], capture_output=True, text=True,
+                          env={**os.environ, "OUT": str(tmp_path / "out")}, timeout=60)
+    assert proc.returncode == 2
+    assert "no wheels in .whl/; run 'bash .ci/gpu-wheels' here first and carry .whl" in proc.stdout
+    assert (tmp_path / "out" / "build.log").is_file()
+
+
+def test_docs_gpu_no_install_refuses_a_foreign_mpguide(tmp_path):
+    """--no-install uses what is there; an mpguide from another folder would build another library's site."""
+    exec(compile((ROOT / "noxfile.py").read_text(), str(ROOT / "noxfile.py"), "exec"),
+         namespace := {"__file__": str(ROOT / "noxfile.py"), "__name__": "noxfile"})
+    shutil.copytree(ROOT / "mpguide", tmp_path / "mpguide")
+    proc = subprocess.run([sys.executable, "-c", namespace["IMPORT_PROBE"]], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert proc.returncode != 0
+    assert "not from this checkout (put the checkout on PYTHONPATH)" in proc.stderr
+    ok = subprocess.run([sys.executable, "-c", namespace["IMPORT_PROBE"]], capture_output=True, text=True,
+                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.startswith("packages: sphinx 9.0.4"), ok.stderr

@@ -122,6 +122,38 @@ def test_rate_ratio_claim_parity_and_speedup():
         claims.rate_ratio("r", "a", "throughput-parity")
 
 
+def _judge_rates(extra, key="m/a", tolerance="throughput-parity-cpu"):
+    rec = {"example": "x", "env": {}, "preset": "test", "runs": [dict(run("r", curve()), extra=extra)],
+           "claims": [claims.rate_ratio("r", key, tolerance, "t")]}
+    return claims.evaluate_record(rec)[0]
+
+
+def test_rate_ratio_pairs_per_round_rates():
+    """Lists are paired by round. These are plot_15's bf16 windows from a build on a loaded machine: the
+    medians of the two variants fell into different load regimes (ratio 0.769), each round's pair did not."""
+    manual = [264.1, 283.8, 284.9, 395.1, 384.9]
+    automatic = [269.7, 282.6, 382.1, 370.7, 380.7]
+    unpaired = _judge_rates({"m": 284.9, "a": 370.7})
+    assert not unpaired.passed
+    paired = _judge_rates({"m": manual, "a": automatic})
+    assert paired.passed and paired.value == pytest.approx(abs(283.8 / 282.6 - 1), rel=1e-9)
+    assert "median over 5 rounds" in paired.shown_value() and "per-round ratios 0.979, 1.004, 0.746" in paired.detail
+    slow = _judge_rates({"m": [r / 2 for r in manual], "a": automatic})  # half as fast in every round
+    assert not slow.passed and slow.value == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"m": [1.0, 2.0], "a": [1.0]}, "recorded 2 rounds of 'm' but 1 of 'a'; a paired ratio needs the same rounds"),
+    ({"m": [1.0, 2.0], "a": 1.0}, "did not record a non-empty list of positive numbers 'a'"),
+    ({"m": [], "a": []}, "did not record a non-empty list of positive numbers 'm'"),
+    ({"m": [1.0, float("nan")], "a": [1.0, 1.0]}, "did not record a non-empty list of positive numbers 'm'"),
+    ({"m": [1.0, 1.0], "a": [1.0, 0.0]}, "did not record a non-empty list of positive numbers 'a'"),
+])
+def test_rate_ratio_refuses_lists_it_cannot_pair(extra, message):
+    verdict = _judge_rates(extra)
+    assert not verdict.passed and verdict.value is None and message in verdict.detail
+
+
 def test_committed_matrix_is_current():
     """CI fails when results/matrix was produced from other example or library sources."""
     matrix.check_current()

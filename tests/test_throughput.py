@@ -1,0 +1,216 @@
+"""The throughput benchmark's plumbing (mpguide.throughput) and the device lock it times under.
+
+The rates themselves are judged by plot_15's claims in the docs build; here: which variants run,
+in which order, that tuned settings are undone, and that the GPU lock really excludes other runs.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from mpguide import hardware, throughput
+
+TINY = throughput.Size(width=32, layers=2, batch=16, warmup=2, steps=2, rounds=2, tuned=True)
+
+
+def test_variant_keys_are_record_safe():
+    assert throughput.variant_key("plain loop") == "plain_loop"
+    assert throughput.variant_key("manual, compiled + fused SGD") == "manual_compiled_fused_sgd"
+    for p in hardware.PRECISIONS:  # one record per precision: keys must differ within it
+        keys = [throughput.variant_key(v) for v in throughput.variants_for(p, TINY)]
+        assert len(keys) == len(set(keys)), keys
+
+
+def test_tuned_variants_only_when_the_size_asks():
+    untuned = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=1)
+    assert throughput.variants_for("bf16-mixed", untuned) == throughput.VARIANTS
+    assert throughput.variants_for("bf16-mixed", TINY)[3:] == tuple(throughput.TUNED["bf16-mixed"])
+    assert all(size.tuned == (accel == "cuda") for (accel, _), size in throughput.SIZES.items())
+
+
+def test_every_variant_leads_one_round(monkeypatch):
+    calls: list[tuple[str, str]] = []
+
+    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning()):
+        calls.append((precision, "automatic" if not manual else repr(tuning)))
+        return 1.0
+
+    def fake_plain(net, batch, size, precision, accelerator, state):
+        calls.append((precision, "plain"))
+        return 1.0
+
+    monkeypatch.setattr(throughput, "_lightning_window", fake_lightning)
+    monkeypatch.setattr(throughput, "_plain_window", fake_plain)
+    n = len(throughput.variants_for("bf16-mixed", TINY))
+    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=n, tuned=True)
+    out = throughput.interleaved(("bf16-mixed",), size, "cpu", progress=lambda line: None)
+    firsts = {calls[r * n] for r in range(n)}
+    assert len(firsts) == n, f"a variant led more than one round: {calls}"
+    assert all(len(w) == n for w in out["bf16-mixed"].seconds.values())
+    assert out["bf16-mixed"].steps_per_s("manual, compiled") == 2.0
+
+
+def test_tuned_variants_train_for_real_and_undo_tf32():
+    """One real interleaved run on CPU with every tuned variant (torch.compile included, ~15-30 s)."""
+    before = torch.get_float32_matmul_precision()
+    out = throughput.interleaved(("32-true", "bf16-mixed"), TINY, "cpu", progress=lambda line: None)
+    assert torch.get_float32_matmul_precision() == before
+    assert set(out["32-true"].seconds) == {*throughput.VARIANTS, "manual, TF32 matmuls"}
+    assert set(out["bf16-mixed"].seconds) == {*throughput.VARIANTS, *throughput.TUNED["bf16-mixed"]}
+    for timing in out.values():
+        assert all(len(w) == TINY.rounds and min(w) > 0 for w in timing.seconds.values())
+    rates = out["bf16-mixed"].rates()
+    assert rates["manual_compiled_fused_sgd_steps_per_s"] > 0
+    assert rates["plain_loop_samples_per_s"] == pytest.approx(rates["plain_loop_steps_per_s"] * TINY.batch)
+
+
+def test_unknown_precision_is_refused_before_training():
+    with pytest.raises(hardware.ConfigurationError, match="unknown precision 'bf16'"):
+        throughput.interleaved(("bf16",), TINY, "cpu")
+
+
+HOLD_SHARED = """
+import sys
+from mpguide import hardware
+print("asking", flush=True)
+with hardware.device_lock("cpu"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def _holder(env: dict[str, str]) -> subprocess.Popen:
+    """A process that takes the shared lock like a training run; it says "asking", then "held" once it has it."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_SHARED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            bufsize=0, env=env)  # unbuffered: readline() never reads past one line
+    assert proc.stdout.readline() == b"asking\n"
+    return proc
+
+
+def _says_within(proc: subprocess.Popen, seconds: float) -> bool:
+    return bool(select.select([proc.stdout], [], [], seconds)[0])
+
+
+def test_exclusive_lock_waits_for_training_runs_and_goes_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPGUIDE_LOCK_DIR", str(tmp_path))
+    env = {**os.environ, "MPGUIDE_LOCK_DIR": str(tmp_path)}
+    first = _holder(env)
+    assert first.stdout.readline() == b"held\n"
+    got, done = threading.Event(), threading.Event()
+    waited: list[float] = []
+
+    def benchmark():
+        with hardware.device_lock("cpu", exclusive=True) as w:
+            waited.append(w)
+            got.set()
+            time.sleep(1.0)  # hold it: a run asking now must wait until this ends
+        done.set()
+
+    thread = threading.Thread(target=benchmark)
+    thread.start()
+    assert not got.wait(1.0), "the exclusive lock was granted while a training run held the shared one"
+    late = _holder(env)  # a training run that asks while the benchmark waits
+    assert not _says_within(late, 1.0), "a run that asked after the benchmark got the GPU before it"
+    first.stdin.close()
+    assert got.wait(10), "the exclusive lock never came after the training run ended"
+    assert waited[0] >= 1.0
+    assert late.stdout.readline() == b"held\n"
+    assert done.is_set(), "the late run got the lock while the benchmark still held it"
+    thread.join()
+    late.stdin.close()
+    assert late.wait(10) == 0 and first.wait(10) == 0
+
+
+def test_no_lock_on_cpu_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("MPGUIDE_LOCK_DIR", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with hardware.device_lock("cpu", exclusive=True) as waited:
+        assert waited == 0.0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_speedup_rows_of_the_guide_table():
+    """The guide's GPU table: a row per tuned (and plain manual) variant of CUDA records, none for CPU ones."""
+    from pathlib import Path
+
+    from mpguide import report
+
+    size = throughput.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
+    timing = throughput.Timing("bf16-mixed", size, {v: [0.25, 0.25] for v in throughput.variants_for("bf16-mixed", size)})
+    timing.seconds["manual, compiled"] = [0.2, 0.2]  # 100 steps/s against the manual loop's 80
+    run = {"id": "bench-bf16", "precision": "bf16-mixed",
+           "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0}}
+    gpu_env = {"accelerator": "cuda", "device": "NVIDIA H200", "torch": "2.11.0", "lightning": "2.6.6", "cuda": "13.0"}
+    gpu = report.PageRecord("reference: nvidia-h200", {"env": gpu_env, "runs": [run], "preset": "full",
+                                                        "created": "2026-12-01T00:00:00Z"}, [], "", Path("x.json"))
+    cpu = report.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
+    rows = report.speedup_rows([cpu, gpu])
+    assert [r["variant"] for r in rows] == ["manual", *throughput.TUNED["bf16-mixed"]]
+    compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
+    tflops = 100 * size.flops_per_step() / 1e12
+    assert compiled["record"].startswith("reference: NVIDIA H200") and "preset full, 2026-12-01" in compiled["record"]
+    assert compiled == {"record": compiled["record"], "precision": "bf16-mixed",
+                        "variant": "manual, compiled", "steps/s": "100.0", "vs manual": "x1.25",
+                        "TFLOP/s": f"{tflops:.0f}", "of bf16 peak": f"{tflops / 800:.0%}"}
+    assert report.speedup_rows([cpu]) == []
+
+
+def test_the_lock_is_reentrant_within_a_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPGUIDE_LOCK_DIR", str(tmp_path))
+    with hardware.device_lock("cpu"):
+        with hardware.device_lock("cpu") as nested:  # a Trainer.fit inside a locked run
+            assert nested == 0.0
+        with pytest.raises(RuntimeError, match="exclusively while this process holds it shared"):
+            with hardware.device_lock("cpu", exclusive=True):
+                pass
+    with hardware.device_lock("cpu", exclusive=True):
+        with hardware.device_lock("cpu") as nested:  # the benchmark's own Trainer windows
+            assert nested == 0.0
+    assert hardware._HELD == {}
+
+
+FIT_UNDER_THE_HOOK = """
+import lightning.pytorch as pl, torch
+from mpguide import runner, sphinx_ext
+runner.quiet_lightning()
+sphinx_ext.share_device_in_fits({}, None, when="before")
+sphinx_ext.share_device_in_fits({}, None, when="before")  # a second example in the same worker
+assert pl.Trainer.fit.__wrapped__.__name__ == "fit", "wrapped twice"
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2)
+trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+print("asking", flush=True)
+trainer.fit(Tiny(), data)
+print("fitted", flush=True)
+"""
+
+
+def test_gallery_hook_makes_every_fit_wait_for_the_benchmark(tmp_path, monkeypatch):
+    """conf.py's reset_modules hook: an example's own Trainer.fit holds the shared lock, so it waits."""
+    monkeypatch.setenv("MPGUIDE_LOCK_DIR", str(tmp_path))
+    env = {**os.environ, "MPGUIDE_LOCK_DIR": str(tmp_path)}
+    with hardware.device_lock("cpu", exclusive=True):
+        proc = subprocess.Popen([sys.executable, "-c", FIT_UNDER_THE_HOOK], stdout=subprocess.PIPE, bufsize=0,
+                                env=env)
+        assert proc.stdout.readline() == b"asking\n"
+        assert not _says_within(proc, 2.0), "a Trainer.fit ran while the benchmark held the device"
+    assert proc.stdout.readline() == b"fitted\n"
+    assert proc.wait(60) == 0
