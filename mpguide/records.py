@@ -53,6 +53,24 @@ _REQUIRED_TOP = {"example": str, "schema_version": int, "created": str, "preset"
 _REQUIRED_RUN = {"id": str, "mode": str, "precision": str, "recipe": str, "loss": list, "steps": int}
 _REQUIRED_CLAIM = {"kind": str, "runs": list}
 
+#: Every field schema 2 defines, per object (the layout in this module's docstring). A field not
+#: listed here is refused: a typo, a record of a newer schema, or a hand edit would otherwise be
+#: ignored silently. Runs hold the fields of :class:`mpguide.runner.RunResult`; claims hold the
+#: defining keys of :data:`mpguide.declarations.CLAIM_KEYS`, a title and what the run judged.
+SCHEMA_FIELDS: dict[str, frozenset[str]] = {
+    "record": frozenset(_REQUIRED_TOP),
+    "env": frozenset({"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"}),
+    "source": frozenset({"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty", "run_env",
+                         "upgraded_from_schema"}),
+    "run_env": frozenset({"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}),
+    "run": frozenset({"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps", "plugin",
+                      "trainer_kwargs", "plain_flag", "swapped_from", "label", "loss", "lr", "loss_scale",
+                      "skipped_steps", "seconds", "error", "warnings", "extra"}),
+    "error": frozenset({"type", "message", "traceback"}),
+    "claim": frozenset({"kind", "runs", "title", "tolerance", "exception", "message", "category", "key", "expected",
+                        "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}),
+}
+
 
 class RecordError(Exception):
     """A results record is missing, unreadable, or does not follow the schema.
@@ -243,9 +261,15 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
                           + (" (a committed reference of version 1 can be converted with "
                              "`python -m mpguide.records upgrade PATH --commit SHA`)" if version == 1 else ""))
     _check_fields(record, _REQUIRED_TOP, f"{path}", fix)
+    _check_known(record, "record", f"{path}", path)
+    _check_known(record["env"], "env", f"{path}: env", path)
+    _check_known(record["source"], "source", f"{path}: source", path)
+    if isinstance(record["source"].get("run_env"), dict):
+        _check_known(record["source"]["run_env"], "run_env", f"{path}: source.run_env", path)
     seen = set()
     for i, run in enumerate(record["runs"]):
         _check_fields(run, _REQUIRED_RUN, f"{path}: runs[{i}]", fix)
+        _check_known(run, "run", f"{path}: runs[{i}] ({run['id']})", path)
         if run["id"] in seen:
             raise RecordError(f"{path}: run id {run['id']!r} appears twice; {fix}")
         seen.add(run["id"])
@@ -256,6 +280,8 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
                                       and error["type"] and isinstance(error.get("message"), str)):
             raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'error' must be null or an object with "
                               f"string 'type' and 'message'; {fix}")
+        if error is not None:
+            _check_known(error, "error", f"{path}: runs[{i}] ({run['id']}).error", path)
         if not isinstance(run.get("extra", {}), dict) or not isinstance(run.get("warnings", []), list):
             raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'extra' must be an object and 'warnings' a list; {fix}")
     if not record["claims"]:
@@ -263,6 +289,7 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
     for i, claim in enumerate(record["claims"]):
         where = f"{path}: claims[{i}]"
         _check_fields(claim, _REQUIRED_CLAIM, where, fix)
+        _check_known(claim, "claim", where, path)
         kind, ids = claim["kind"], claim["runs"]
         needs = _CLAIM_FIELDS.get(kind)
         if needs is None:
@@ -284,6 +311,22 @@ _CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
     "no_warning": (1, ("message",)), "expect": (1, ("key",)), "same": (2, ("key",)),
     "rate_ratio": (1, ("tolerance", "key")),
 }
+
+
+def _check_known(obj: dict[str, Any], part: str, where: str, path: Path | str) -> None:
+    """Refuse the first field of ``obj`` that :data:`~mpguide.records.SCHEMA_FIELDS` does not define for ``part``."""
+    import difflib
+
+    unknown = sorted(set(obj) - SCHEMA_FIELDS[part], key=str)
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(str(name), sorted(SCHEMA_FIELDS[part]), n=1)
+    typo = f"a typo of {close[0]!r}" if close else "a typo"
+    raise RecordError(f"{where}: unknown field {name!r}, which schema {SCHEMA_VERSION} does not define "
+                      f"({len(unknown)} unknown field(s) in all): {typo} (fix the name), a field of a newer mpguide "
+                      f"(update this checkout) or a hand edit; rerun python examples/{Path(path).stem}.py to write "
+                      f"a fresh record")
 
 
 def _check_fields(obj: Any, required: dict[str, type], where: str, fix: str) -> None:
