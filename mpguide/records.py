@@ -10,21 +10,29 @@ claim gate. Layout (``schema_version`` 2)::
       "preset": "quick",                        # size preset, see mpguide.hardware
       "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"},
       "source": {"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty",
-                 "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}},
+                 "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}, "upgraded_from_schema"?},
       "runs": [{"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps",
-                "plugin", "trainer_kwargs", "plain_flag", "swapped_from"?,
+                "plugin", "trainer_kwargs", "plain_flag", "swapped_from"?, "label",
                 "loss": [float] * steps, "lr": [float] * steps, "loss_scale": [float] * steps | null,
                 "skipped_steps": int, "seconds": float, "error": null | {"type", "message", "traceback"},
                 "warnings": [str], "extra": {}}],
-      "claims": [{"kind", "runs", "tolerance", "threshold", "value", "verdict", "detail", ...}]
+      "claims": [{"kind", "runs", "title", "tolerance" | "exception" | "message" | "category" | "key"
+                  | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 
+Every field is listed in :data:`~mpguide.records.SCHEMA_FIELDS`; a record with any other field
+(top level, ``env``, ``source``, ``run_env``, a run, its ``error``, a claim) is refused. A run's
+``extra`` is the one free-form object: each recipe records its own measurements there.
+
 ``source`` says what the record was produced from: SHA-256 digests of the example file, of the
-helper library's sources (:func:`~mpguide.records.library_digest`) and of the example's declared
-runs and claims, the git commit when known (``dirty`` when the example or library differed from
-it), and the environment variables that steer a run. The claim gate compares the record with the
-example's declaration (:mod:`mpguide.declarations`) and calls a record **stale** when the example
-file changed since it was written.
+helper library's sources (:func:`~mpguide.records.library_digest`) and of the runs and claims the
+example declared for this record (:func:`mpguide.declarations.digest_of`; the claims of the
+record's accelerator only), the git commit when known (``dirty`` when the example or library
+differed from it), and the environment variables that steer a run. The claim gate compares the
+record with the example's declaration (:mod:`mpguide.declarations`), calls a record **stale**
+when the example file changed since it was written, and checks that the runs and claims the
+record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
+is noticed even in a stale reference, which is not compared with today's declaration).
 
 Non-finite losses are stored as JSON's ``NaN``/``Infinity`` tokens (Python's :mod:`json` reads them
 back), so a NaN curve stays visible to the gate instead of being dropped.
@@ -346,7 +354,10 @@ def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, libra
     record was made at and the example's and library's sources at that commit (for example from
     ``git show COMMIT:examples/NAME.py``); their digests become ``source``. Runs keep every field;
     the run options schema 1 did not store (``plugin``, ``trainer_kwargs``, ``plain_flag``) stay
-    absent, and the gate then compares only what is present (see :mod:`mpguide.claims`).
+    absent, and the gate then compares only what is present (see :mod:`mpguide.claims`). A schema-1
+    record holds every claim its example made, so ``declaration_sha256`` is the digest of the runs
+    and claims the record holds (:func:`mpguide.declarations.digest_of`): the gate notices a run or
+    claim deleted or edited after the conversion.
 
     Args:
         record: a parsed schema-1 record.
@@ -366,9 +377,13 @@ def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, libra
     for name in sorted(library_sources):
         library.update(name.encode())
         library.update(library_sources[name])
+    from .declarations import digest_of
+
     out = dict(record, schema_version=SCHEMA_VERSION)
     out["source"] = {"example_sha256": hashlib.sha256(example_source).hexdigest(),
-                     "library_sha256": library.hexdigest(), "declaration_sha256": None, "commit": commit,
+                     "library_sha256": library.hexdigest(),
+                     "declaration_sha256": digest_of(record.get("runs") or [], record.get("claims") or []),
+                     "commit": commit,
                      "dirty": False, "run_env": {"MPGUIDE_PRESET": record.get("preset"), "MPGUIDE_DEVICE": None,
                                                  "swaps": {}},
                      "upgraded_from_schema": 1}
