@@ -299,6 +299,11 @@ def read(path: Path) -> Declaration:
     return from_tables(path.stem, tables["RUNS"], tables["CLAIMS"], where=str(path))
 
 
+def example_swaps(example: str, swaps: dict[tuple[str, str], str]) -> dict[str, str]:
+    """The entries of parsed ``MPGUIDE_SWAP_RECIPE`` ``swaps`` that apply to ``example``: run id -> recipe."""
+    return {run: recipe for (name, run), recipe in swaps.items() if name == example}
+
+
 def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
     """Parse ``MPGUIDE_SWAP_RECIPE`` (``"example:run_id=recipe,..."``) into ``{(example, run_id): recipe}``.
 

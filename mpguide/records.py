@@ -196,6 +196,30 @@ def run_env(swaps: dict[str, str]) -> dict[str, Any]:
             "swaps": dict(sorted(swaps.items()))}
 
 
+#: The fields of ``source`` that name a record's inputs: the docs build reruns an example whose record
+#: holds other values than :func:`~mpguide.records.source_inputs` gives now.
+INPUT_FIELDS = ("example_sha256", "library_sha256", "run_env")
+
+
+def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None = None) -> dict[str, Any]:
+    """The :data:`~mpguide.records.INPUT_FIELDS` of a record's ``source``, as a run would write them now.
+
+    The one place these fields are built: :func:`mpguide.runner.source_info` writes them into every
+    record, and :func:`mpguide.sphinx_ext.examples_to_rerun` compares a record's with them. Reads
+    files only (no torch, no git).
+
+    Args:
+        example_path: the example file (its SHA-256 becomes ``example_sha256``; ``None`` when absent).
+        swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply to this example.
+        library: :func:`~mpguide.records.library_digest`, when the caller already computed it.
+
+    Returns:
+        ``{"example_sha256": hex | None, "library_sha256": hex, "run_env": {...}}``.
+    """
+    return {"example_sha256": file_digest(example_path), "library_sha256": library or library_digest(),
+            "run_env": run_env(swaps)}
+
+
 def utc_now() -> str:
     """The current UTC time as ``YYYY-MM-DDTHH:MM:SSZ``."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
