@@ -355,7 +355,10 @@ class Verdict:
 
     Attributes:
         example: the record's example name.
-        kind: ``match``, ``diverge``, ``raises``, ``finite`` or ``completes``.
+        kind: a claim kind (``match``, ``diverge``, ``raises``, ...), an implicit check (``finite``,
+            ``completes``), or a gate check of the record itself (``declaration``: it differs from
+            its example's declaration; ``stale``: made from older sources; ``record``: its runs and
+            claims were edited after it was written, or its hardware fields disagree).
         runs: run ids involved.
         title: human description.
         metric: what ``value`` measures (e.g. ``"max rel. diff"``).
@@ -407,7 +410,7 @@ class Verdict:
 
     def message(self) -> str:
         """One line naming example, claim, runs, metric vs threshold, record and hardware."""
-        if self.kind in ("declaration", "stale"):
+        if self.kind in ("declaration", "stale", "record"):
             return (f"{self.example}: {self.kind} FAILED [{self.title}]: {self.detail}"
                     f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
         value = "n/a" if self.value is None else f"{self.value:.4g}"

@@ -33,7 +33,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from . import claims as claims_mod
 
@@ -115,15 +115,53 @@ class Declaration:
         """Claims that apply to a record made on ``accelerator`` (``"cpu"`` or ``"cuda"``)."""
         return [c for c in self.claims if c.get("only_on") in (None, accelerator)]
 
-    def digest(self) -> str:
-        """SHA-256 (hex) of the canonical JSON of every run spec and claim definition."""
-        payload = {"runs": [r.spec() for r in self.runs], "claims": [claim_identity(c) for c in self.claims]}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    def digest(self, accelerator: str | None = None) -> str:
+        """SHA-256 (hex) of every run spec and claim definition (:func:`~mpguide.declarations.digest_of`).
+
+        Args:
+            accelerator: ``"cpu"`` or ``"cuda"``: only the claims that apply to a record made there
+                (:meth:`claims_for`), i.e. the digest of what such a record must hold (what a record's
+                ``source.declaration_sha256`` stores); ``None``: every claim.
+        """
+        claims = self.claims if accelerator is None else self.claims_for(accelerator)
+        return digest_of([r.spec() for r in self.runs], claims)
 
 
 def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
     """The defining keys of a claim (:data:`~mpguide.declarations.CLAIM_KEYS`), as compared by the gate."""
     return {k: claim[k] for k in CLAIM_KEYS if k in claim}
+
+
+def digest_of(runs: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> str:
+    """SHA-256 (hex) of the canonical JSON of run specs and claim definitions, in the order given.
+
+    Only the defining keys count (:data:`~mpguide.declarations.RUN_KEYS` present in each run,
+    :func:`~mpguide.declarations.claim_identity` of each claim): measured values, titles, labels
+    and judged values do not. A declaration's runs and claims and the copy a record holds of them
+    give the same digest (:func:`~mpguide.declarations.record_digest`).
+
+    Args:
+        runs: run dicts (a record's ``runs`` or :meth:`RunDecl.spec` of declared runs).
+        claims: claim dicts (a record's ``claims`` or declared claims).
+    """
+    payload = {"runs": [{k: run[k] for k in RUN_KEYS if k in run} for run in runs],
+               "claims": [claim_identity(c) for c in claims]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """:func:`~mpguide.declarations.digest_of` the runs and claims a record holds, as they were declared.
+
+    A run trained with a swapped recipe (``MPGUIDE_SWAP_RECIPE``) counts with its declared recipe
+    (``swapped_from``), as the declaration digest the record stores was computed from it. Equal to
+    the record's ``source.declaration_sha256`` unless a run or claim was deleted, added or edited
+    after the record was written.
+
+    Args:
+        record: a record that passed :func:`mpguide.records.validate_record`.
+    """
+    runs = [dict(run, recipe=run["swapped_from"]) if run.get("swapped_from") else run for run in record["runs"]]
+    return digest_of(runs, record["claims"])
 
 
 def examples_dir() -> Path:
@@ -259,6 +297,11 @@ def read(path: Path) -> Declaration:
             raise DeclarationError(f"{path}:{found[name].lineno}: {name} is not a literal (it uses names, calls "
                                    f"or comprehensions); write it out with strings, numbers and dicts only") from None
     return from_tables(path.stem, tables["RUNS"], tables["CLAIMS"], where=str(path))
+
+
+def example_swaps(example: str, swaps: dict[tuple[str, str], str]) -> dict[str, str]:
+    """The entries of parsed ``MPGUIDE_SWAP_RECIPE`` ``swaps`` that apply to ``example``: run id -> recipe."""
+    return {run: recipe for (name, run), recipe in swaps.items() if name == example}
 
 
 def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:

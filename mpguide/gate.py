@@ -11,6 +11,11 @@ records:
   from an older version of the example. A stale reference is labelled as such, and only the
   declared claims it already held, on unchanged runs, are judged; the others are "not judged".
 
+Every record is also checked in itself (:func:`~mpguide.gate.integrity_problems`): its runs and
+claims must still hash to the ``source.declaration_sha256`` it was written with (so a claim deleted
+from a stale reference fails instead of turning into "not judged"), its hardware fields must agree
+with each other, and a reference must lie in the folder of the device it was made on.
+
 Used three ways, always through :func:`~mpguide.gate.judge`:
 
 * ``python -m mpguide.gate`` (also installed as ``mpguide-gate``; see ``--help`` for exit codes);
@@ -37,7 +42,9 @@ DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"
 #: The exit statuses of ``python -m mpguide.gate``, as ``--help`` prints them.
 EXIT_CODES = """exit status:
   0  every judged claim passed (stale references are reported, not failed)
-  1  a claim failed, or a record differs from its example's declaration, or a build record is stale
+  1  a claim failed, or a record differs from its example's declaration, or a build record is stale,
+     or a record was edited after it was written (its runs or claims no longer hash to its
+     source.declaration_sha256, its hardware fields disagree, a reference lies in another device's folder)
   2  a record is missing, unreadable or of another schema, or no record was found"""
 
 
@@ -125,6 +132,101 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
     return "; ".join(reasons)
 
 
+def _fix(record: dict[str, Any], path: Path | str, reference: bool) -> str:
+    """How to get a good record again: restore or refresh a committed reference, rerun a build's example."""
+    if reference:
+        return (f"restore the committed file (git checkout -- {path}) or refresh the references on that GPU "
+                f"(nox -s docs_gpu -- --update-reference)")
+    return f"rerun the example (python examples/{record['example']}.py, or rebuild the docs)"
+
+
+def integrity_problems(record: dict[str, Any], path: Path | str = "", reference: bool = False
+                       ) -> list[tuple[str, str]]:
+    """What is wrong with a record in itself, whatever its example declares today.
+
+    Three checks, each giving at most one ``(title, detail)`` problem whose detail says what differs
+    and the fix:
+
+    * **runs and claims as written**: the record's runs and claims must still hash to the
+      ``source.declaration_sha256`` it was written with (:func:`mpguide.declarations.record_digest`),
+      so a run or claim deleted, added or edited later is noticed even in a stale reference, which
+      is not compared with today's declaration;
+    * **hardware fields agree**: ``env.accelerator`` is ``"cpu"`` or ``"cuda"``; a CPU record has a
+      CPU device label (``"CPU (<n> cores)"``) and ``env.cuda == "cpu"``, a CUDA record neither; the
+      ``MPGUIDE_DEVICE`` and ``MPGUIDE_PRESET`` in ``source.run_env`` (when set) agree with
+      ``env.accelerator`` and ``preset``;
+    * **reference folder** (``reference=True``): a committed reference was made on CUDA and lies in
+      the folder named by its device (``results/reference/<slug>/``, :func:`mpguide.hardware.device_slug`
+      of ``env.device``), as :func:`mpguide.reference.update_reference` writes it.
+
+    Args:
+        record: a record that passed :func:`mpguide.records.validate_record`.
+        path: where it was read from (its folder name is checked for a reference).
+        reference: a committed reference rather than this build's record.
+
+    Returns:
+        ``[(title, detail), ...]``, empty for a sound record.
+    """
+    fix = _fix(record, path, reference)
+    problems: list[tuple[str, str]] = []
+    stored = (record.get("source") or {}).get("declaration_sha256")
+    actual = declarations.record_digest(record)
+    counts = f"its {len(record['runs'])} run(s) and {len(record['claims'])} claim(s)"
+    if not isinstance(stored, str) or not stored:
+        problems.append(("runs and claims as written",
+                         f"source.declaration_sha256 is {stored!r}, so a run or claim deleted from the record "
+                         f"could not be noticed; {fix}"))
+    elif stored != actual:
+        problems.append(("runs and claims as written",
+                         f"{counts} hash to {actual[:12]}, not to the source.declaration_sha256 {stored[:12]} "
+                         f"the record was written with: a run or claim was deleted, added or edited since; {fix}"))
+
+    env = record["env"]
+    run_env = (record.get("source") or {}).get("run_env") or {}
+    accelerator, device, cuda = env.get("accelerator"), str(env.get("device", "")), env.get("cuda")
+    cpu_label = device.startswith("CPU")
+    clashes = []
+    if accelerator not in ("cpu", "cuda"):
+        clashes.append(f"env.accelerator is {accelerator!r}, not 'cpu' or 'cuda'")
+    elif accelerator == "cuda" and cpu_label:
+        clashes.append(f"env.accelerator is 'cuda' but env.device is {device!r}, a CPU label")
+    elif accelerator == "cpu" and not cpu_label:
+        clashes.append(f"env.accelerator is 'cpu' but env.device is {device!r}, not a CPU label ('CPU (<n> cores)')")
+    if accelerator == "cuda" and cuda == "cpu":
+        clashes.append("env.accelerator is 'cuda' but env.cuda is 'cpu'")
+    elif accelerator == "cpu" and cuda != "cpu":
+        clashes.append(f"env.accelerator is 'cpu' but env.cuda is {cuda!r}, not 'cpu'")
+    if run_env.get("MPGUIDE_DEVICE") in ("cpu", "cuda") and run_env["MPGUIDE_DEVICE"] != accelerator:
+        clashes.append(f"source.run_env.MPGUIDE_DEVICE is {run_env['MPGUIDE_DEVICE']!r} but env.accelerator "
+                       f"is {accelerator!r}")
+    if isinstance(run_env.get("MPGUIDE_PRESET"), str) and run_env["MPGUIDE_PRESET"] != record["preset"]:
+        clashes.append(f"source.run_env.MPGUIDE_PRESET is {run_env['MPGUIDE_PRESET']!r} but preset is "
+                       f"{record['preset']!r}")
+    if clashes:
+        problems.append(("hardware fields agree", "; ".join(clashes) + f": the fields were edited or come from "
+                                                                         f"two records; {fix}"))
+
+    if reference:
+        from .hardware import ConfigurationError, device_slug  # imports torch: only when judging references
+
+        folder = Path(path).parent.name
+        try:
+            slug = device_slug(device)
+        except ConfigurationError:
+            slug = ""
+        if accelerator != "cuda":
+            problems.append(("reference made on a GPU",
+                             f"a committed GPU reference has env.accelerator {accelerator!r} ({device!r}); "
+                             f"references come from nox -s docs_gpu -- --update-reference on a CUDA machine: "
+                             f"delete it or refresh the folder there"))
+        elif slug != folder:
+            problems.append(("reference in its device's folder",
+                             f"it lies in reference folder {folder!r} but env.device is {device!r} (device slug "
+                             f"{slug!r}); move it to results/reference/{slug or '<device-slug>'}/, or refresh "
+                             f"the references on that GPU (nox -s docs_gpu -- --update-reference)"))
+    return problems
+
+
 def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = False,
              examples: Path | None = None) -> tuple[list[Verdict], str]:
     """Judge one record against its example's declaration.
@@ -137,9 +239,14 @@ def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = Fa
 
     Returns:
         ``(verdicts, stale)``: the verdicts, and why a reference is stale (``""`` when current).
-        A stale record of this build is one failed verdict instead.
+        A stale record of this build is one failed verdict instead. Each problem of the record in
+        itself (:func:`~mpguide.gate.integrity_problems`) comes first, as a failed verdict of kind
+        ``"record"``.
     """
     hardware = hardware_label(record.get("env", {}))
+    checks = [Verdict(record["example"], "record", [], title, "record", None, "as written", False,
+                      record=str(path), hardware=hardware, observed="differs", detail=detail)
+              for title, detail in integrity_problems(record, path, reference)]
     source = declarations.example_file(record["example"], examples)
     if not source.parent.is_dir():  # a reader's folder with a downloaded example: no checkout to compare with
         note = Verdict(record["example"], "declaration", [], "compared with the example's declaration", "declaration",
@@ -147,22 +254,22 @@ def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = Fa
                        observed="not compared",
                        detail=f"there is no examples folder ({source.parent}), as after downloading one example: "
                               f"the record's own claims are judged, not compared with a declaration")
-        return [note] + evaluate_record(record, str(path)), ""
+        return checks + [note] + evaluate_record(record, str(path)), ""
     try:
         declaration = declarations.read(source)
     except declarations.DeclarationError as err:
         detail = (f"the record is of example {record['example']!r}, which no longer exists; delete the record"
                   if not source.is_file() else f"{err}; fix the example's tables")
-        return [Verdict(record["example"], "declaration", [], "the example declares these claims", "declaration",
-                        None, "example exists", False, detail=detail, record=str(path), hardware=hardware,
-                        observed="no declaration")], ""
+        return checks + [Verdict(record["example"], "declaration", [], "the example declares these claims",
+                                 "declaration", None, "example exists", False, detail=detail, record=str(path),
+                                 hardware=hardware, observed="no declaration")], ""
     stale = staleness(record, examples, include_library=not reference)
     if stale and not reference:
         verdict = Verdict(record["example"], "stale", [], "the record is current", "source", None,
                           "made from the current sources", False, record=str(path), hardware=hardware,
                           observed="stale", detail=f"{stale}; rerun the example (or rebuild the docs)")
-        return [verdict] + evaluate_record(record, str(path), declaration), ""
-    return evaluate_record(record, str(path), declaration, stale=bool(stale)), stale
+        return checks + [verdict] + evaluate_record(record, str(path), declaration), ""
+    return checks + evaluate_record(record, str(path), declaration, stale=bool(stale)), stale
 
 
 def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None,

@@ -10,21 +10,29 @@ claim gate. Layout (``schema_version`` 2)::
       "preset": "quick",                        # size preset, see mpguide.hardware
       "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"},
       "source": {"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty",
-                 "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}},
+                 "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}, "upgraded_from_schema"?},
       "runs": [{"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps",
-                "plugin", "trainer_kwargs", "plain_flag", "swapped_from"?,
+                "plugin", "trainer_kwargs", "plain_flag", "swapped_from"?, "label",
                 "loss": [float] * steps, "lr": [float] * steps, "loss_scale": [float] * steps | null,
                 "skipped_steps": int, "seconds": float, "error": null | {"type", "message", "traceback"},
                 "warnings": [str], "extra": {}}],
-      "claims": [{"kind", "runs", "tolerance", "threshold", "value", "verdict", "detail", ...}]
+      "claims": [{"kind", "runs", "title", "tolerance" | "exception" | "message" | "category" | "key"
+                  | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 
+Every field is listed in :data:`~mpguide.records.SCHEMA_FIELDS`; a record with any other field
+(top level, ``env``, ``source``, ``run_env``, a run, its ``error``, a claim) is refused. A run's
+``extra`` is the one free-form object: each recipe records its own measurements there.
+
 ``source`` says what the record was produced from: SHA-256 digests of the example file, of the
-helper library's sources (:func:`~mpguide.records.library_digest`) and of the example's declared
-runs and claims, the git commit when known (``dirty`` when the example or library differed from
-it), and the environment variables that steer a run. The claim gate compares the record with the
-example's declaration (:mod:`mpguide.declarations`) and calls a record **stale** when the example
-file changed since it was written.
+helper library's sources (:func:`~mpguide.records.library_digest`) and of the runs and claims the
+example declared for this record (:func:`mpguide.declarations.digest_of`; the claims of the
+record's accelerator only), the git commit when known (``dirty`` when the example or library
+differed from it), and the environment variables that steer a run. The claim gate compares the
+record with the example's declaration (:mod:`mpguide.declarations`), calls a record **stale**
+when the example file changed since it was written, and checks that the runs and claims the
+record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
+is noticed even in a stale reference, which is not compared with today's declaration).
 
 Non-finite losses are stored as JSON's ``NaN``/``Infinity`` tokens (Python's :mod:`json` reads them
 back), so a NaN curve stays visible to the gate instead of being dropped.
@@ -52,6 +60,24 @@ _REQUIRED_TOP = {"example": str, "schema_version": int, "created": str, "preset"
                  "source": dict, "runs": list, "claims": list}
 _REQUIRED_RUN = {"id": str, "mode": str, "precision": str, "recipe": str, "loss": list, "steps": int}
 _REQUIRED_CLAIM = {"kind": str, "runs": list}
+
+#: Every field schema 2 defines, per object (the layout in this module's docstring). A field not
+#: listed here is refused: a typo, a record of a newer schema, or a hand edit would otherwise be
+#: ignored silently. Runs hold the fields of :class:`mpguide.runner.RunResult`; claims hold the
+#: defining keys of :data:`mpguide.declarations.CLAIM_KEYS`, a title and what the run judged.
+SCHEMA_FIELDS: dict[str, frozenset[str]] = {
+    "record": frozenset(_REQUIRED_TOP),
+    "env": frozenset({"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"}),
+    "source": frozenset({"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty", "run_env",
+                         "upgraded_from_schema"}),
+    "run_env": frozenset({"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}),
+    "run": frozenset({"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps", "plugin",
+                      "trainer_kwargs", "plain_flag", "swapped_from", "label", "loss", "lr", "loss_scale",
+                      "skipped_steps", "seconds", "error", "warnings", "extra"}),
+    "error": frozenset({"type", "message", "traceback"}),
+    "claim": frozenset({"kind", "runs", "title", "tolerance", "exception", "message", "category", "key", "expected",
+                        "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}),
+}
 
 
 class RecordError(Exception):
@@ -170,6 +196,30 @@ def run_env(swaps: dict[str, str]) -> dict[str, Any]:
             "swaps": dict(sorted(swaps.items()))}
 
 
+#: The fields of ``source`` that name a record's inputs: the docs build reruns an example whose record
+#: holds other values than :func:`~mpguide.records.source_inputs` gives now.
+INPUT_FIELDS = ("example_sha256", "library_sha256", "run_env")
+
+
+def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None = None) -> dict[str, Any]:
+    """The :data:`~mpguide.records.INPUT_FIELDS` of a record's ``source``, as a run would write them now.
+
+    The one place these fields are built: :func:`mpguide.runner.source_info` writes them into every
+    record, and :func:`mpguide.sphinx_ext.examples_to_rerun` compares a record's with them. Reads
+    files only (no torch, no git).
+
+    Args:
+        example_path: the example file (its SHA-256 becomes ``example_sha256``; ``None`` when absent).
+        swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply to this example.
+        library: :func:`~mpguide.records.library_digest`, when the caller already computed it.
+
+    Returns:
+        ``{"example_sha256": hex | None, "library_sha256": hex, "run_env": {...}}``.
+    """
+    return {"example_sha256": file_digest(example_path), "library_sha256": library or library_digest(),
+            "run_env": run_env(swaps)}
+
+
 def utc_now() -> str:
     """The current UTC time as ``YYYY-MM-DDTHH:MM:SSZ``."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -243,9 +293,15 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
                           + (" (a committed reference of version 1 can be converted with "
                              "`python -m mpguide.records upgrade PATH --commit SHA`)" if version == 1 else ""))
     _check_fields(record, _REQUIRED_TOP, f"{path}", fix)
+    _check_known(record, "record", f"{path}", path)
+    _check_known(record["env"], "env", f"{path}: env", path)
+    _check_known(record["source"], "source", f"{path}: source", path)
+    if isinstance(record["source"].get("run_env"), dict):
+        _check_known(record["source"]["run_env"], "run_env", f"{path}: source.run_env", path)
     seen = set()
     for i, run in enumerate(record["runs"]):
         _check_fields(run, _REQUIRED_RUN, f"{path}: runs[{i}]", fix)
+        _check_known(run, "run", f"{path}: runs[{i}] ({run['id']})", path)
         if run["id"] in seen:
             raise RecordError(f"{path}: run id {run['id']!r} appears twice; {fix}")
         seen.add(run["id"])
@@ -256,6 +312,8 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
                                       and error["type"] and isinstance(error.get("message"), str)):
             raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'error' must be null or an object with "
                               f"string 'type' and 'message'; {fix}")
+        if error is not None:
+            _check_known(error, "error", f"{path}: runs[{i}] ({run['id']}).error", path)
         if not isinstance(run.get("extra", {}), dict) or not isinstance(run.get("warnings", []), list):
             raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'extra' must be an object and 'warnings' a list; {fix}")
     if not record["claims"]:
@@ -263,6 +321,7 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
     for i, claim in enumerate(record["claims"]):
         where = f"{path}: claims[{i}]"
         _check_fields(claim, _REQUIRED_CLAIM, where, fix)
+        _check_known(claim, "claim", where, path)
         kind, ids = claim["kind"], claim["runs"]
         needs = _CLAIM_FIELDS.get(kind)
         if needs is None:
@@ -286,6 +345,22 @@ _CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 
 
+def _check_known(obj: dict[str, Any], part: str, where: str, path: Path | str) -> None:
+    """Refuse the first field of ``obj`` that :data:`~mpguide.records.SCHEMA_FIELDS` does not define for ``part``."""
+    import difflib
+
+    unknown = sorted(set(obj) - SCHEMA_FIELDS[part], key=str)
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(str(name), sorted(SCHEMA_FIELDS[part]), n=1)
+    typo = f"a typo of {close[0]!r}" if close else "a typo"
+    raise RecordError(f"{where}: unknown field {name!r}, which schema {SCHEMA_VERSION} does not define "
+                      f"({len(unknown)} unknown field(s) in all): {typo} (fix the name), a field of a newer mpguide "
+                      f"(update this checkout) or a hand edit; rerun python examples/{Path(path).stem}.py to write "
+                      f"a fresh record")
+
+
 def _check_fields(obj: Any, required: dict[str, type], where: str, fix: str) -> None:
     if not isinstance(obj, dict):
         raise RecordError(f"{where}: expected a JSON object, found {type(obj).__name__}; {fix}")
@@ -303,7 +378,10 @@ def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, libra
     record was made at and the example's and library's sources at that commit (for example from
     ``git show COMMIT:examples/NAME.py``); their digests become ``source``. Runs keep every field;
     the run options schema 1 did not store (``plugin``, ``trainer_kwargs``, ``plain_flag``) stay
-    absent, and the gate then compares only what is present (see :mod:`mpguide.claims`).
+    absent, and the gate then compares only what is present (see :mod:`mpguide.claims`). A schema-1
+    record holds every claim its example made, so ``declaration_sha256`` is the digest of the runs
+    and claims the record holds (:func:`mpguide.declarations.digest_of`): the gate notices a run or
+    claim deleted or edited after the conversion.
 
     Args:
         record: a parsed schema-1 record.
@@ -323,9 +401,13 @@ def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, libra
     for name in sorted(library_sources):
         library.update(name.encode())
         library.update(library_sources[name])
+    from .declarations import digest_of
+
     out = dict(record, schema_version=SCHEMA_VERSION)
     out["source"] = {"example_sha256": hashlib.sha256(example_source).hexdigest(),
-                     "library_sha256": library.hexdigest(), "declaration_sha256": None, "commit": commit,
+                     "library_sha256": library.hexdigest(),
+                     "declaration_sha256": digest_of(record.get("runs") or [], record.get("claims") or []),
+                     "commit": commit,
                      "dirty": False, "run_env": {"MPGUIDE_PRESET": record.get("preset"), "MPGUIDE_DEVICE": None,
                                                  "swaps": {}},
                      "upgraded_from_schema": 1}

@@ -13,6 +13,12 @@ COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
 SHORT_COLUMNS = ("verdict", "claim", "value", "threshold")
 #: Longest threshold text shown in a table cell (longer ones are cut, ending in "...").
 MAX_THRESHOLD = 40
+#: Widest a column of a plain-text table (:func:`~mpguide.report.format_table`) gets, in characters;
+#: a longer cell (a long run id, claim title or observed message) wraps onto continuation lines.
+MAX_CELL_WIDTH: dict[str, int] = {"verdict": 10, "claim": 44, "runs": 36, "metric": 24, "value": 36,
+                                  "threshold": MAX_THRESHOLD, "hardware": 60}
+#: Width limit of a column :data:`~mpguide.report.MAX_CELL_WIDTH` does not name.
+DEFAULT_CELL_WIDTH = 40
 
 
 def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) -> list[dict[str, str]]:
@@ -39,13 +45,41 @@ def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) ->
     return rows
 
 
-def format_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
-    """Plain-text table of ``rows`` with aligned columns (for terminals and gallery output)."""
-    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
-    line = "  ".join(c.ljust(widths[c]) for c in columns)
-    out = [line, "  ".join("-" * widths[c] for c in columns)]
-    out += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+def format_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS,
+                 max_width: dict[str, int] | None = None) -> str:
+    """Plain-text table of ``rows`` with aligned columns (for terminals and gallery output).
+
+    A cell wider than its column's limit, or holding a line break, wraps onto continuation lines
+    (at spaces and hyphens, else anywhere), so one long run id or message cannot push the other
+    columns out of line; the other cells of that row stay blank on those lines. Lines carry no
+    trailing blanks.
+
+    Args:
+        rows: column -> text (as :func:`~mpguide.report.verdict_rows` gives them).
+        columns: the columns shown, in order.
+        max_width: column -> widest cell in characters (default :data:`~mpguide.report.MAX_CELL_WIDTH`,
+            then :data:`~mpguide.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
+    """
+    limits = {c: max(len(c), (MAX_CELL_WIDTH if max_width is None else max_width).get(c, DEFAULT_CELL_WIDTH))
+              for c in columns}
+    cells = [[_wrap(str(r.get(c, "")), limits[c]) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(line) for row in cells for line in row[i]]) for i, c in enumerate(columns)]
+
+    def join(parts: Sequence[str]) -> str:
+        return "  ".join(part.ljust(width) for part, width in zip(parts, widths)).rstrip()
+
+    out = [join(columns), join(["-" * w for w in widths])]
+    for row in cells:
+        out += [join([cell[k] if k < len(cell) else "" for cell in row]) for k in range(max(map(len, row), default=1))]
     return "\n".join(out)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` as lines of at most ``width`` characters (its own line breaks kept; at least one line)."""
+    import textwrap
+
+    return [part for line in text.splitlines() or [""]
+            for part in (textwrap.wrap(line, width, break_long_words=True) or [""])]
 
 
 def summary(record: dict[str, Any], path: str = "") -> str:

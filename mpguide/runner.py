@@ -290,7 +290,7 @@ def run_example(
     accelerator = hardware.select_accelerator()
     preset = hardware.select_preset()
     all_swaps = parse_swaps(os.environ.get(SWAP_ENV))
-    swaps = {run: recipe for (ex, run), recipe in all_swaps.items() if ex == example}
+    swaps = declarations.example_swaps(example, all_swaps)
     others = sorted({ex for ex, _ in all_swaps} - {example})
     if others:
         progress(f"  note: {SWAP_ENV} entries for {others} do not apply to {example} (check the spelling)")
@@ -337,18 +337,26 @@ def _shown_path(path: Path) -> str:
         return f"<results folder>/{Path(path).name}"
 
 
-def source_info(example: str, declaration: declarations.Declaration, swaps: dict[str, str]) -> dict[str, Any]:
-    """The ``source`` field of a record: what it is produced from (see :mod:`mpguide.records`)."""
+def source_info(example: str, declaration: declarations.Declaration, swaps: dict[str, str],
+                accelerator: str) -> dict[str, Any]:
+    """The ``source`` field of a record: what it is produced from (see :mod:`mpguide.records`).
+
+    Its inputs come from :func:`mpguide.records.source_inputs` (what the docs build compares to
+    decide a rerun); added here are the git state and ``declaration_sha256``, the digest of what
+    the example declares for a record made on ``accelerator``
+    (:meth:`mpguide.declarations.Declaration.digest`), so the runs and claims the record holds hash
+    to it (:func:`mpguide.declarations.record_digest`).
+
+    Args:
+        example: the example's file stem.
+        declaration: its declared runs and claims.
+        swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply to it.
+        accelerator: ``"cpu"`` or ``"cuda"``, where the record's runs trained.
+    """
     example_path = declarations.example_file(example)
     commit, dirty = records.git_state([example_path, Path(records.__file__).parent])
-    return {
-        "example_sha256": records.file_digest(example_path),
-        "library_sha256": records.library_digest(),
-        "declaration_sha256": declaration.digest(),
-        "commit": commit,
-        "dirty": dirty,
-        "run_env": records.run_env(swaps),
-    }
+    return {**records.source_inputs(example_path, swaps), "declaration_sha256": declaration.digest(accelerator),
+            "commit": commit, "dirty": dirty}
 
 
 def build_record(example: str, results: list[RunResult], declaration: declarations.Declaration, accelerator: str,
@@ -360,7 +368,7 @@ def build_record(example: str, results: list[RunResult], declaration: declaratio
         "created": records.utc_now(),
         "preset": preset.name,
         "env": records.environment(accelerator),
-        "source": source_info(example, declaration, swaps or {}),
+        "source": source_info(example, declaration, swaps or {}, accelerator),
         "runs": [dict(r.__dict__) for r in results],
         "claims": [dict(c) for c in declaration.claims_for(accelerator)],
     }

@@ -37,7 +37,7 @@ from sphinx.errors import ConfigError, ExtensionError
 from sphinx.util import logging
 
 from . import gate
-from .declarations import EXAMPLES_ENV, SWAP_ENV, example_names, parse_swaps
+from .declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
 from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
 logger = logging.getLogger(__name__)
@@ -69,15 +69,16 @@ def remove_deleted_examples(examples_dir: Path, gallery_dir: Path, results_dir: 
 def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
     """Examples whose record in ``results_dir`` does not match their current inputs, with the reason.
 
-    Inputs are what a record's ``source`` stores (:mod:`mpguide.records`): the example file's
-    digest, the library's digest, and the preset, device and recipe swaps that apply to that
-    example (:func:`mpguide.records.run_env`). An example is rerun when its record is missing or
-    unreadable or when any input differs, so a recipe swap for one example reruns that one only.
+    Inputs are what a record's ``source`` stores (:data:`mpguide.records.INPUT_FIELDS`, built by
+    :func:`mpguide.records.source_inputs`, the function the examples write them with): the example
+    file's digest, the library's digest, and the preset, device and recipe swaps that apply to that
+    example. An example is rerun when its record is missing or unreadable or when any input
+    differs, so a recipe swap for one example reruns that one only.
 
     Returns:
         example name -> reason, in name order.
     """
-    from .records import file_digest, library_digest, run_env
+    from .records import library_digest, source_inputs
 
     swaps = parse_swaps(os.environ.get(SWAP_ENV))
     library = library_digest()
@@ -88,8 +89,7 @@ def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
         except RecordError:
             rerun[name] = "no readable record"
             continue
-        current = {"example_sha256": file_digest(Path(examples_dir) / f"{name}.py"), "library_sha256": library,
-                   "run_env": run_env({run: r for (ex, run), r in swaps.items() if ex == name})}
+        current = source_inputs(example_file(name, examples_dir), example_swaps(name, swaps), library)
         changed = [key for key, value in current.items() if source.get(key) != value]
         if changed:
             rerun[name] = ", ".join(changed) + " changed"

@@ -42,14 +42,22 @@ def run(run_id: str, loss: list[float], precision: str = "32-true", mode: str = 
 
 
 def make_record(runs: list[dict], declared: list[dict], example: str = "plot_99_fake") -> dict:
-    """A schema-valid record whose ``source`` names the current example file (if any) and library."""
+    """A schema-valid record whose ``source`` names the current example file (if any) and library, and
+    the digest of the runs and claims it is made with (edit them afterwards and the gate notices)."""
     return {"example": example, "schema_version": records.SCHEMA_VERSION, "created": records.utc_now(),
             "preset": "test", "env": {"python": "3", "torch": "t", "lightning": "l", "accelerator": "cpu",
                                        "device": "CPU (2 cores)", "cuda": "cpu", "platform": "x"},
             "source": {"example_sha256": records.file_digest(declarations.example_file(example)),
-                       "library_sha256": records.library_digest(), "declaration_sha256": None, "commit": None,
+                       "library_sha256": records.library_digest(),
+                       "declaration_sha256": declarations.digest_of(runs, declared), "commit": None,
                        "dirty": None, "run_env": {}},
             "runs": runs, "claims": declared}
+
+
+def reseal(record: dict) -> dict:
+    """Store the digest of the record's runs and claims as they are now: a record honestly made that way."""
+    record["source"]["declaration_sha256"] = declarations.record_digest(record)
+    return record
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 import json
 
-from mpguide import gate, records
+from mpguide import declarations, gate, records, report
 
 
 def write(tmp_path, record, name=None):
@@ -84,3 +84,67 @@ def test_reference_records_are_judged_and_listed_for_pages(tmp_path, good_record
     assert not report_.ok
     assert "NVIDIA H200, CUDA 13.0" in report_.failure_message()
     assert "reference/nvidia-h200/plot_99_fake.json" in report_.failure_message()
+
+
+LONG = "manual-fp16-with-a-per-batch-scheduler-stepped-only-when-the-scaler-did-not-skip"  # 82 characters
+GATE_COLUMNS = ("verdict", "claim", "runs", "value", "threshold", "hardware")
+
+
+def cells_of(table, columns):
+    """Parse a plain-text table back into rows of cells (continuation lines joined), checking alignment."""
+    lines = table.splitlines()
+    starts, at = [], 0
+    for name in columns:
+        at = lines[0].index(name, at)
+        starts.append(at)
+    assert set(lines[1]) <= {"-", " "} and all(line == line.rstrip() for line in lines)
+    for name, dashes in zip(columns, lines[1].split()):  # no column grows past its limit, however long a cell
+        assert len(dashes) <= max(len(name), report.MAX_CELL_WIDTH[name]), (name, len(dashes))
+    rows = []
+    for line in lines[2:]:
+        for start in starts[1:]:  # the gap before every column is blank on every line: nothing spills over
+            assert line[start - 2:start].strip() == "", (start, line)
+        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
+        if cells[0]:
+            rows.append([[c] if c else [] for c in cells])
+        else:
+            for i, c in enumerate(cells):
+                rows[-1][i] += [c] if c else []
+    return rows
+
+
+def test_verdict_table_stays_aligned_with_very_long_run_ids(tmp_path, fake_examples, capsys):
+    from conftest import curve, make_record, run
+    from mpguide import claims
+
+    (fake_examples / "plot_97_long.py").write_text(
+        f'RUNS = [("auto", "auto", "32-true"), ("{LONG}", "manual", "32-true")]\n'
+        f'CLAIMS = [("match", "{LONG}", "auto", "same-precision", "port with a long run id"),\n'
+        f'          ("match", "auto", "{LONG}", "same-precision")]\n')
+    declared = list(declarations.read(fake_examples / "plot_97_long.py").claims)
+    runs = [run("auto", curve()), dict(run(LONG, curve(scale=1.5)), recipe="manual")]
+    write(tmp_path, make_record(runs, declared, example="plot_97_long"))
+    assert gate.main([str(tmp_path)]) == 1
+    table = capsys.readouterr().out.split("\nclaim gate:")[0]
+    widths = {len(line) for line in table.splitlines()[:2]}
+    assert max(len(line) for line in table.splitlines()) <= max(widths)
+    rows = cells_of(table, GATE_COLUMNS)
+    assert [row[0] for row in rows][:2] == [["FAIL"], ["FAIL"]]
+    runs = [" ".join(row[2]).replace(" ", "") for row in rows[:2]]
+    assert runs == [f"{LONG}vsauto", f"autovs{LONG}"]  # wrapped, nothing lost
+    assert all(len(row[2]) > 1 for row in rows[:2]) and all(row[5] == [row[5][0]] for row in rows)
+    assert claims.hardware_label(make_record([], [])["env"]) == rows[0][5][0]
+
+
+def test_report_summary_wraps_long_titles_and_line_breaks(good_record):
+    good_record["runs"][1]["id"] = LONG
+    for claim in good_record["claims"]:
+        claim["runs"] = [LONG if r == "manual" else r for r in claim["runs"]]
+    good_record["claims"][0]["title"] = ""  # untitled: the claim column shows match(<long id>, auto)
+    good_record["claims"][1]["title"] = "first line\nsecond line"
+    text = report.summary(good_record)
+    table = text.split("\n\n")[0]
+    rows = cells_of(table, report.SHORT_COLUMNS)
+    assert "".join(rows[0][1]).replace(" ", "") == f"match({LONG},auto)".replace(" ", "")
+    assert rows[1][1] == ["first line", "second line"]
+    assert max(len(line) for line in table.splitlines()) == len(table.splitlines()[1])

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import FAKE_EXAMPLE, curve
+from conftest import FAKE_EXAMPLE, curve, reseal
 from mpguide import declarations, gate, records
 
 
@@ -104,7 +104,8 @@ def test_stale_reference_is_labelled_and_still_judged(tmp_path, good_record, fak
     ref = tmp_path / "reference" / "nvidia-h200"
     good_record["env"].update(accelerator="cuda", device="NVIDIA H200", cuda="13.0")
     good_record["source"]["commit"] = "4008df8" + "0" * 33
-    good_record["claims"] = good_record["claims"][:3]  # made before the expect claim existed
+    good_record["claims"] = good_record["claims"][:3]  # made before the expect claim existed ...
+    reseal(good_record)  # ... so it was written with the digest of these three claims
     write(ref, good_record)
     (fake_examples / "plot_99_fake.py").write_text(FAKE_EXAMPLE + "# a later edit\n")
     status, out = gate_run(tmp_path, capsys, "--reference", tmp_path / "reference")

@@ -113,3 +113,56 @@ def test_record_under_another_examples_name(tmp_path, good_record):
     path = write_record(good_record, tmp_path / "plot_02_two_optimizers.json")
     with pytest.raises(RecordError, match="holds the record of 'plot_99_fake', not of 'plot_02_two_optimizers'"):
         load_record(path)
+
+
+@pytest.mark.parametrize("mutate, where, field, hint", [
+    (lambda r: r.update(runz=[]), "r.json", "runz", "a typo of 'runs'"),
+    (lambda r: r["env"].update(gpu="H200"), "r.json: env", "gpu", "a typo"),
+    (lambda r: r["source"].update(declaration_sha265="0" * 64), "r.json: source", "declaration_sha265",
+     "a typo of 'declaration_sha256'"),
+    (lambda r: r["source"].update(run_env={"MPGUIDE_PRESET": "test", "MPGUIDE_DEVICES": "cpu"}),
+     "r.json: source.run_env", "MPGUIDE_DEVICES", "a typo of 'MPGUIDE_DEVICE'"),
+    (lambda r: r["runs"][2].update(precison="32-true"), "r.json: runs[2] (bf16)", "precison", "a typo of 'precision'"),
+    (lambda r: r["runs"][0].update(error={"type": "E", "message": "m", "trace": ""}), "r.json: runs[0] (auto).error",
+     "trace", "a typo of 'traceback'"),
+    (lambda r: r["claims"][0].update(tolerence="mixed-vs-fp32"), "r.json: claims[0]", "tolerence",
+     "a typo of 'tolerance'"),
+])
+def test_unknown_fields_are_refused_naming_file_field_and_fix(good_record, mutate, where, field, hint):
+    mutate(good_record)
+    with pytest.raises(RecordError) as err:
+        records.validate_record(good_record, "r.json")
+    assert str(err.value) == (
+        f"{where}: unknown field {field!r}, which schema 2 does not define (1 unknown field(s) in all): {hint} "
+        f"(fix the name), a field of a newer mpguide (update this checkout) or a hand edit; rerun python "
+        f"examples/r.py to write a fresh record")
+
+
+def test_a_runs_extra_is_free_form(good_record):
+    good_record["runs"][0]["extra"] = {"anything": 1, "the recipe": {"measures": [1, 2]}}
+    records.validate_record(good_record, "r.json")
+
+
+def test_unknown_field_is_a_record_error_of_the_gate_and_is_never_written(tmp_path, good_record, capsys):
+    from mpguide import gate
+
+    with pytest.raises(RecordError, match="unknown field 'sed'"):
+        write_record(dict(good_record, sed=1), tmp_path / "plot_99_fake.json")
+    assert not (tmp_path / "plot_99_fake.json").exists()
+    (tmp_path / "plot_99_fake.json").write_text(json.dumps(dict(good_record, sed=1)))
+    assert gate.main([str(tmp_path)]) == 2
+    assert f"{tmp_path / 'plot_99_fake.json'}: unknown field 'sed'" in capsys.readouterr().err
+
+
+def test_schema_fields_cover_what_runs_and_declarations_write():
+    """The lists of known fields cannot drift from what a run records and a claim declares."""
+    import dataclasses
+
+    from mpguide import declarations
+    from mpguide.runner import RunResult
+
+    assert {f.name for f in dataclasses.fields(RunResult)} == records.SCHEMA_FIELDS["run"]
+    assert set(declarations.CLAIM_KEYS) | {"title"} <= records.SCHEMA_FIELDS["claim"]
+    assert set(declarations.RUN_KEYS) <= records.SCHEMA_FIELDS["run"]
+    assert set(records.run_env({})) == records.SCHEMA_FIELDS["run_env"]
+    assert set(records.environment("cpu")) == records.SCHEMA_FIELDS["env"]

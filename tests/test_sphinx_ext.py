@@ -108,3 +108,35 @@ def test_swap_naming_an_unknown_example_stops_the_build(tmp_path, monkeypatch):
     monkeypatch.setenv("MPGUIDE_DEVICE", "tpu")
     with pytest.raises(ConfigError, match="unknown device 'tpu'"):
         sphinx_ext._on_builder_inited(SimpleNamespace(config=config))
+
+
+def test_the_source_a_run_writes_is_what_the_build_compares(tmp_path, monkeypatch):
+    """runner.source_info and examples_to_rerun build the input fields in one place (records.source_inputs)."""
+    from mpguide import declarations, runner
+
+    examples, gallery, results = layout(tmp_path, monkeypatch)
+    decl = declarations.from_tables("plot_01_a", [("x", "r", "32-true")], [("expect", "x", "k", 1)])
+    source = runner.source_info("plot_01_a", decl, {}, "cpu")
+    assert {k: source[k] for k in records.INPUT_FIELDS} == records.source_inputs(examples / "plot_01_a.py", {})
+    assert source["declaration_sha256"] == decl.digest("cpu")
+    for name in ("plot_01_a", "plot_02_b"):
+        current_record(results, name)
+    record = records.load_record(results / "plot_01_a.json")
+    records.write_record(dict(record, source=source), results / "plot_01_a.json")
+    assert sphinx_ext.examples_to_rerun(examples, results) == {}
+    monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "plot_01_a:x=other")
+    assert sphinx_ext.examples_to_rerun(examples, results) == {"plot_01_a": "run_env changed"}
+    assert runner.source_info("plot_01_a", decl, {"x": "other"}, "cpu")["run_env"]["swaps"] == {"x": "other"}
+
+
+def test_the_extension_imports_without_torch():
+    """The build's first step (and an unchanged rebuild) must not pay for importing torch or Lightning."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mpguide.sphinx_ext, mpguide.gate, mpguide.records\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning'))\n"
+            "print(heavy)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
