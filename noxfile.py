@@ -1,6 +1,7 @@
 """Task runner. Sessions: docs (strict build), docs_preview (no execution), docs_live, tests, gate,
-docs_gpu (strict build on a CUDA GPU, optionally refreshing the committed GPU references), lint and matrix
-(every example on each Lightning release of mpguide.matrix.RELEASES).
+docs_gpu (strict build on a CUDA GPU, optionally refreshing the committed GPU references), lint, matrix
+(every example on each Lightning release of mpguide.matrix.RELEASES) and upstream (Lightning's own AMP
+tests with the project's plugins patched in; needs a Lightning checkout).
 
     pip install nox && nox -s docs      # build the whole site strictly, every example executed
     pip install nox && nox -s tests     # the test suite
@@ -320,3 +321,31 @@ def matrix(session: nox.Session) -> None:
         session.run(str(python), "-m", "mpguide.matrix", "run", "--lightning", version, "--out", str(MATRIX_DIR),
                     *(["--examples", *examples] if examples else []), env=env, external=True)
     session.log(f"summaries in {MATRIX_DIR}; commit them (git add results/matrix)")
+
+
+# --- Lightning's own tests ----------------------------------------------------------------------------
+
+@nox.session(venv_backend="none")
+def upstream(session: nox.Session) -> None:
+    """Lightning's AMP and manual-optimization tests, unmodified and with the project's plugins patched in.
+
+    ``nox -s upstream -- /path/to/lightning-checkout [python -m upstream.run options]``, or set
+    MPGUIDE_LIGHTNING_SRC. Skips without a checkout (CI cannot fetch GitHub). Runs in the shared
+    environment; Lightning's extra test plugins go to .nox/upstream-deps. See upstream/README.md.
+    """
+    args = list(session.posargs)
+    if not args and not os.environ.get("MPGUIDE_LIGHTNING_SRC"):
+        session.skip("no Lightning checkout given: nox -s upstream -- /path/to/lightning (or MPGUIDE_LIGHTNING_SRC); "
+                     "see upstream/README.md")
+    if args and not args[0].startswith("-"):
+        args = ["--lightning", *args]
+    sys.path.insert(0, str(ROOT))
+    from upstream.run import TEST_DEPS
+
+    env = site_env(session)
+    deps = SITE_ENV.parent / "upstream-deps"
+    if not deps.is_dir():
+        session.run(site_python(), "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(deps), *TEST_DEPS,
+                    external=True)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(deps)])
+    session.run(site_python(), "-m", "upstream.run", *args, env=env, external=True)

@@ -54,7 +54,8 @@ class FabricManualMixedPrecision(MixedPrecision):
       Stepping the same optimizer again before a backward applies the pending update first, as
       GradScaler requires.
     * Stepping an optimizer none of whose parameters has a gradient does nothing and warns once per
-      optimizer (:class:`EmptyStepWarning`), instead of raising "No inf checks were recorded".
+      optimizer (:class:`EmptyStepWarning`), instead of raising "No inf checks were recorded". With a
+      closure (``optimizer.step(closure)``) the gradients are checked after the closure ran.
     * ``bf16-mixed`` (no scaler) is Fabric's plugin unchanged, plus the warning.
 
     Args:
@@ -84,25 +85,42 @@ class FabricManualMixedPrecision(MixedPrecision):
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         """Step ``optimizer`` through GradScaler without updating the scale; a step without gradients is a no-op.
 
+        A closure (``optimizer.step(closure)``) makes the gradients, so they are checked after it has run
+        (the step itself is then taken as Fabric's plugin takes it).
+
         Raises:
             TypeError: LBFGS under 16-mixed (as Fabric's plugin; GradScaler does not take closures).
         """
-        if not has_gradients(optimizer):
-            if id(optimizer) not in self._warned:
-                self._warned.add(id(optimizer))
-                warnings.warn(f"{type(optimizer).__name__} was stepped but none of its parameters has a gradient; "
-                              f"the step does nothing (as in fp32). Check that the loss reaches its model.",
-                              EmptyStepWarning, stacklevel=2)
+        if self.scaler is not None and isinstance(optimizer, torch.optim.LBFGS):
+            raise TypeError("AMP and the LBFGS optimizer are not compatible.")
+        if kwargs.get("closure") is not None:
+            kwargs["closure"] = self._checked_closure(optimizer, kwargs["closure"])
+        elif not has_gradients(optimizer):
+            self._warn_empty(optimizer)
             return None
         if self.scaler is None:
             return super().optimizer_step(optimizer, **kwargs)
-        if isinstance(optimizer, torch.optim.LBFGS):
-            raise TypeError("AMP and the LBFGS optimizer are not compatible.")
         if id(optimizer) in self._stepped:
             self.update_scale()  # stepped twice without a backward in between: GradScaler needs the update
         output = self.scaler.step(optimizer, **kwargs)
         self._stepped.add(id(optimizer))
         return output
+
+    def _warn_empty(self, optimizer: Any) -> None:
+        if id(optimizer) not in self._warned:
+            self._warned.add(id(optimizer))
+            warnings.warn(f"{type(optimizer).__name__} was stepped but none of its parameters has a gradient; "
+                          f"the step does nothing (as in fp32). Check that the loss reaches its model.",
+                          EmptyStepWarning, stacklevel=3)
+
+    def _checked_closure(self, optimizer: Any, closure: Callable[[], Any]) -> Callable[[], Any]:
+        def checked() -> Any:
+            result = closure()
+            if not has_gradients(optimizer):
+                self._warn_empty(optimizer)
+            return result
+
+        return checked
 
     def unscale_gradients(self, optimizer: Any) -> None:
         """Unscale before clipping (``fabric.clip_gradients``); applies a pending update this optimizer needs first."""

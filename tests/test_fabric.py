@@ -1,5 +1,7 @@
 """mpguide.fabric: the Fabric plugin against Fabric's own 16-mixed plugin, on real Fabric optimizers (CPU fp16)."""
 
+import warnings
+
 import pytest
 import torch
 from lightning.fabric import Fabric
@@ -70,6 +72,62 @@ def test_empty_step_raises_with_fabric_plugin_and_is_a_warned_no_op_with_ours():
     with pytest.warns(mf.EmptyStepWarning, match="none of its parameters has a gradient"):
         opt_head.step()
     assert torch.equal(before, head.weight.detach())
+
+
+def closure_steps(plugin, optimizer_cls):
+    """Three ``opt.step(closure)`` calls, gradients zeroed before each; the weights moved, or the error."""
+    fab = Fabric(accelerator="cpu", devices=1, plugins=[plugin])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model, opt = fab.setup(model, optimizer_cls(model.parameters(), lr=0.1))
+    x, before = torch.randn(8, 4), model.weight.detach().clone()
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).float().square().mean()
+        fab.backward(loss)
+        return loss
+
+    try:
+        for _ in range(3):
+            opt.zero_grad()  # so no gradient exists before the closure runs
+            opt.step(closure)
+    except (RuntimeError, TypeError) as err:
+        return f"{type(err).__name__}: {err}"
+    return model.weight.detach() - before
+
+
+@pytest.mark.parametrize("optimizer_cls", [torch.optim.SGD, torch.optim.LBFGS])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_a_closure_step_runs_its_closure_as_with_fabric_plugin(precision, optimizer_cls):
+    """The gradients come from the closure: checking them before it runs turned every such step into a no-op.
+    In bf16-mixed both plugins step; in 16-mixed both raise (LBFGS, and GradScaler takes no closure)."""
+    stock = closure_steps(MixedPrecision(precision, "cpu"), optimizer_cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mf.EmptyStepWarning)
+        ours = closure_steps(mf.FabricManualMixedPrecision(precision, "cpu"), optimizer_cls)
+    if precision == "16-mixed":
+        assert isinstance(stock, str) and ours == stock
+    else:
+        assert stock.abs().sum() > 0 and torch.equal(ours, stock)
+
+
+def test_a_closure_without_gradients_warns_once():
+    plugin = mf.FabricManualMixedPrecision("bf16-mixed", "cpu")
+    fab, body, head, opt_body, opt_head = two_models(plugin)
+    before = head.weight.detach().clone()
+    calls = []
+
+    def closure():  # the loss does not reach the head
+        calls.append(1)
+        loss = body(torch.randn(8, 4)).sum()
+        fab.backward(loss)
+        return loss
+
+    with pytest.warns(mf.EmptyStepWarning, match="none of its parameters has a gradient") as caught:
+        opt_head.step(closure)
+        opt_head.step(closure)
+    assert len(calls) == 2 and len(caught) == 1 and torch.equal(before, head.weight.detach())
 
 
 def test_precision_kwargs_run_real_fp16_on_cpu():

@@ -1,0 +1,1 @@
+"""Runs Lightning's own tests with this project's precision plugins in place of Lightning's (see README.md)."""
