@@ -65,8 +65,9 @@ class BodyAndHead(FabricRecipe):
         opt_body.zero_grad()
         opt_head.zero_grad()
         loss = F.cross_entropy(self.head(self.body(images)), labels)
-        scale_of_backward = loss_scale(self.fabric) or 1.0  # 1.0: no GradScaler (fp32)
         self.fabric.backward(loss)
+        # read after the backward, which applies a pending update of FabricManualMixedPrecision
+        scale_of_backward = loss_scale(self.fabric) or 1.0  # 1.0: no GradScaler (fp32)
         opt_body.step()
         self.measure_head(opt_head, scale_of_backward)
         self.step_count += 1
