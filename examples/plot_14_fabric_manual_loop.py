@@ -140,7 +140,6 @@ from lightning.fabric import Fabric, seed_everything
 
 from mpguide.data import digits_loader
 from mpguide.fabric import FabricManualMixedPrecision
-
 # sphinx_gallery_start_ignore
 from mpguide import runner
 
