@@ -53,7 +53,10 @@ from mpguide import plotting, report, runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
 
 # sphinx_gallery_start_ignore
+import warnings
+
 runner.quiet_lightning()
+warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 
@@ -143,6 +146,25 @@ class ManualPort(TeacherStudent):
     def on_train_epoch_end(self):
         self.lr_schedulers().step()  # the automatic run's cadence: once per epoch
 
+
+# %%
+# The ``Trainer`` call to copy
+# ----------------------------
+# The port trains with the reporter's flag, ``precision="bf16-mixed"``: that argument is the only one
+# that changes between precisions (16-mixed on a CPU needs a plugin, see the next examples). One epoch
+# is enough to see the scheduler step where automatic optimization would step it: at the epoch's end.
+
+from mpguide.data import digits_loader
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+model = ManualPort()
+trainer = pl.Trainer(accelerator=device, devices=1, max_epochs=1, precision="bf16-mixed", logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, digits_loader(batch_size=64))
+lr = trainer.optimizers[0].param_groups[0]["lr"]
+print(f"optimizer steps: {trainer.global_step}, learning rate after one epoch: {lr:g} "
+      f"(= {model.hparams.lr:g} x {model.hparams.lr_gamma:g})")
 
 # %%
 # The reporter's recipe

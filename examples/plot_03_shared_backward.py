@@ -54,7 +54,10 @@ from mpguide.data import NUM_CLASSES, NUM_FEATURES
 from mpguide.precision import ManualMixedPrecision
 
 # sphinx_gallery_start_ignore
+import warnings
+
 runner.quiet_lightning()
+warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 OVERFLOW_STEPS = (0, 50)
@@ -182,6 +185,25 @@ plt.show()
 # --------
 
 print(report.summary(record))
+
+# %%
+# The ``Trainer`` call to copy
+# ----------------------------
+# ``ManualMixedPrecision`` takes the arguments of Lightning's ``MixedPrecision`` (on a GPU it replaces
+# ``precision="16-mixed"``). It supports Lightning 2.6.x only and raises ``UnsupportedVersionError``
+# on other releases, which is why this cell comes after the verified runs; there, use one optimizer
+# with two parameter groups, or bf16-mixed. Batch 0 is the forced overflow.
+
+from mpguide.data import digits_loader
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+model = BodyAndHead()
+trainer = pl.Trainer(accelerator=device, devices=1, max_steps=40,
+                     plugins=[ManualMixedPrecision("16-mixed", device)], logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, digits_loader(batch_size=64))
+print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in model.factors[:3])}")
 
 # %%
 # Conclusion

@@ -42,7 +42,10 @@ from mpguide import plotting, report, runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
+import warnings
+
 runner.quiet_lightning()
+warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 
@@ -84,6 +87,24 @@ class CachingAutocast(SelfDistillation):
     def own_autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=True)
 
+
+# %%
+# The ``Trainer`` call to copy
+# ----------------------------
+# The safe recipe: ``precision="bf16-mixed"`` and no autocast of your own. Run it on your versions to
+# check them: on Lightning 2.5.4 and older, whose own autocast caches, it prints ``True`` too.
+
+import lightning.pytorch as pl
+
+from mpguide.data import digits_loader
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+model = SelfDistillation(optimizer="adamw", lr=3e-3)
+trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20, precision="bf16-mixed", logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, digits_loader(batch_size=64))
+print(f"a forward right after opt.step() saw the old weights: {model.stale_after_step}")
 
 # %%
 # Runs and claims

@@ -41,7 +41,10 @@ from mpguide import runner
 from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore
+import warnings
+
 runner.quiet_lightning()
+warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 LATENT, GAMMA = 16, 10.0
