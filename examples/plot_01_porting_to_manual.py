@@ -53,10 +53,7 @@ from mpguide import plotting, report, runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
 
 # sphinx_gallery_start_ignore
-import warnings
-
 runner.quiet_lightning()
-warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 

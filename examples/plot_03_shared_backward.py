@@ -54,10 +54,7 @@ from mpguide.data import NUM_CLASSES, NUM_FEATURES
 from mpguide.precision import ManualMixedPrecision
 
 # sphinx_gallery_start_ignore
-import warnings
-
 runner.quiet_lightning()
-warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 OVERFLOW_STEPS = (0, 50)

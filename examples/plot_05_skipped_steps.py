@@ -38,10 +38,7 @@ from mpguide import plotting, report, runner, steps
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-import warnings
-
 runner.quiet_lightning()
-warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 BASE_LR, GAMMA = 2e-3, 0.97

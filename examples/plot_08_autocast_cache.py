@@ -42,10 +42,7 @@ from mpguide import plotting, report, runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-import warnings
-
 runner.quiet_lightning()
-warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 

@@ -40,10 +40,7 @@ from mpguide import runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-import warnings
-
 runner.quiet_lightning()
-warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)  # torch 2.13, inside Lightning: a machine path
 # sphinx_gallery_end_ignore
 
 

@@ -67,9 +67,13 @@ def quiet_lightning() -> None:
 
     They carry absolute paths and machine details that do not belong on a rendered page; warnings
     raised during a run are still captured into the record by :func:`~mpguide.runner.train_run`.
+    Also hides torch's ``LeafSpec`` FutureWarning (torch 2.13, raised inside Lightning's
+    ``utilities/_pytree.py``), which prints the path of the installed Lightning under the fits an
+    example shows outside :func:`~mpguide.runner.run_example`.
     """
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)
 
 
 class StepRecorder(Callback):
