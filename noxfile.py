@@ -124,9 +124,31 @@ def docs(session: nox.Session) -> None:
     Pass `-- --clean` to start from an empty build folder (all examples rerun).
     """
     env = site_env(session)
+    check_settings(session)
     if "--clean" in session.posargs:
         clean_build()
     strict_build(session, env)
+
+
+#: Run by the shared environment before a build: MPGUIDE_PRESET / MPGUIDE_DEVICE / MPGUIDE_SWAP_RECIPE
+#: must be valid (the examples would refuse them one by one, inside Sphinx's long error report).
+SETTINGS_PROBE = """\
+import os
+from mpguide import declarations, hardware
+try:
+    hardware.select_preset(); hardware.select_accelerator()
+    declarations.parse_swaps(os.environ.get(declarations.SWAP_ENV))
+except Exception as err:
+    print(err); raise SystemExit(1)
+"""
+
+
+def check_settings(session: nox.Session) -> None:
+    """Refuse in one line a build whose MPGUIDE_* settings no example would accept."""
+    probe = subprocess.run([site_python(), "-c", SETTINGS_PROBE], capture_output=True, text=True)
+    if probe.returncode:
+        reason = (probe.stdout.strip() or probe.stderr.strip() or "the settings probe printed nothing").splitlines()[-1]
+        session.error(f"docs: {reason}")
 
 
 @nox.session(name="docs_preview", venv_backend="none")
@@ -339,6 +361,10 @@ def upstream(session: nox.Session) -> None:
                      "see upstream/README.md")
     if args and not args[0].startswith("-"):
         args = ["--lightning", *args]
+    checkout = args[args.index("--lightning") + 1] if "--lightning" in args[:-1] else os.environ.get(
+        "MPGUIDE_LIGHTNING_SRC", "")
+    if checkout and not (Path(checkout) / "tests").is_dir():
+        session.error(f"{checkout}: not a Lightning checkout (no tests/ folder); see upstream/README.md")
     sys.path.insert(0, str(ROOT))
     from upstream.run import TEST_DEPS
 

@@ -323,9 +323,8 @@ print(report.summary(record))
 # ----------------------------
 # The first fix is the healthy ``DigitsGAN`` itself: every optimizer it steps has gradients, so
 # Lightning's own 16-mixed trains it. On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag
-# silently becomes bf16-mixed, so the plugin is passed explicitly. ``toggled_optimizer`` is missing
-# from Lightning 2.5.0 and older (use ``toggle_optimizer`` and ``untoggle_optimizer`` there), which
-# is why this cell comes after the verified runs.
+# silently becomes bf16-mixed, so the plugin is passed explicitly. On Lightning 2.5.0 and older,
+# which lack ``toggled_optimizer``, write ``toggle_optimizer`` and ``untoggle_optimizer`` instead.
 
 from lightning.pytorch.plugins.precision import MixedPrecision
 

@@ -188,8 +188,7 @@ print(report.summary(record))
 # ----------------------------
 # ``ManualMixedPrecision`` takes the arguments of Lightning's ``MixedPrecision`` (on a GPU it replaces
 # ``precision="16-mixed"``). It supports Lightning 2.6.x only and raises ``UnsupportedVersionError``
-# on other releases, which is why this cell comes after the verified runs; there, use one optimizer
-# with two parameter groups, or bf16-mixed. Batch 0 is the forced overflow.
+# on other releases; there, use one optimizer with two parameter groups, or bf16-mixed. Batch 0 is the forced overflow.
 
 from mpguide.data import digits_loader
 

@@ -88,8 +88,9 @@ class CachingAutocast(SelfDistillation):
 # %%
 # The ``Trainer`` call to copy
 # ----------------------------
-# The safe recipe: ``precision="bf16-mixed"`` and no autocast of your own. Run it on your versions to
-# check them: on Lightning 2.5.4 and older, whose own autocast caches, it prints ``True`` too.
+# The safe recipe: ``precision="bf16-mixed"`` and no autocast of your own. It prints ``False`` here;
+# on Lightning 2.5.4 and older, whose own autocast caches casts, the same cell prints ``True`` (the
+# version matrix in the guide measured it), so run it on your versions.
 
 import lightning.pytorch as pl
 

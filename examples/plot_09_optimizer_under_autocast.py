@@ -161,8 +161,7 @@ print(report.summary(record))
 # ``ManualMixedPrecision`` takes the arguments of Lightning's ``MixedPrecision`` (on a GPU it replaces
 # ``precision="16-mixed"``). Trained from the same seed, the automatic model and its manual port end
 # with the same weights. The plugin supports Lightning 2.6.x only and raises ``UnsupportedVersionError``
-# on other releases, which is why this cell comes after the verified runs; there, wrap ``opt.step()``
-# in ``torch.autocast(device, enabled=False)`` yourself.
+# on other releases; there, wrap ``opt.step()`` in ``torch.autocast(device, enabled=False)`` yourself.
 
 from mpguide.data import digits_loader
 from mpguide.precision import ManualMixedPrecision

@@ -186,9 +186,8 @@ print(report.summary(record))
 # The ``Trainer`` call to copy
 # ----------------------------
 # On a GPU ``precision="16-mixed"`` is enough; on a CPU ``Trainer(precision="16-mixed")`` silently
-# becomes bf16-mixed, so the plugin is passed explicitly. The GAN uses ``toggled_optimizer``, which
-# is missing from Lightning 2.5.0 and older (use ``toggle_optimizer`` and ``untoggle_optimizer``
-# there); that is why this cell comes after the verified runs.
+# becomes bf16-mixed, so the plugin is passed explicitly. The GAN uses ``toggled_optimizer``; on
+# Lightning 2.5.0 and older, which lack it, write ``toggle_optimizer`` and ``untoggle_optimizer``.
 
 from lightning.pytorch.plugins.precision import MixedPrecision
 

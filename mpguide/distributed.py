@@ -41,7 +41,8 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, T
 
 from . import hardware
 from .data import digits_tensors
-from .runner import RunResult, StepRecorder, error_record, parameter_digest, quiet_lightning, train_run as single_train_run
+from .runner import (RunResult, StepRecorder, captured_warnings, error_record, parameter_digest, quiet_lightning,
+                     train_run as single_train_run)
 
 #: Number of processes of every DDP run.
 WORLD_SIZE = 2
@@ -177,7 +178,7 @@ class RankRecorder(StepRecorder):
                 "skipped": self.skipped_per_step, "allreduce_calls": self.comm.calls,
                 "allreduce_bytes": self.comm.bytes, "weights": parameter_digest(pl_module),
                 "global_step": trainer.global_step, "extra": extra() if callable(extra) else {},
-                "warnings": sorted({f"{w.category.__name__}: {w.message}" for w in self._caught})}
+                "warnings": captured_warnings(self._caught)}
         path = Path(self.out_dir) / f"rank{rank}.json"
         path.write_text(json.dumps(data), encoding="utf-8")
 

@@ -27,7 +27,7 @@ from lightning.fabric.plugins.precision import MixedPrecision
 
 from . import hardware
 from .data import digits_loader
-from .runner import RunResult, error_record, quiet_lightning, record_extra
+from .runner import RunResult, captured_warnings, error_record, quiet_lightning, record_extra
 
 
 class EmptyStepWarning(UserWarning):
@@ -252,7 +252,7 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
     result.seconds = round(time.perf_counter() - start, 3)
     result.loss_scale = scales or None
     result.skipped_steps = sum(skipped)
-    result.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    result.warnings = captured_warnings(caught)
     result.extra["batches"] = len(result.loss)
     if skipped:
         result.extra["skipped_per_step"] = skipped

@@ -153,6 +153,7 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
       is not compared with today's declaration;
     * **hardware fields agree**: ``env.accelerator`` is ``"cpu"`` or ``"cuda"``; a CPU record has a
       CPU device label (``"CPU (<n> cores)"``) and ``env.cuda == "cpu"``, a CUDA record neither; the
+      torch build tag (``+cpu``, ``+cu130``) fits the accelerator and ``env.cuda``; the
       ``MPGUIDE_DEVICE`` and ``MPGUIDE_PRESET`` in ``source.run_env`` (when set) agree with
       ``env.accelerator`` and ``preset``;
     * **reference folder** (``reference=True``): a committed reference was made on CUDA and lies in
@@ -196,6 +197,11 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
         clashes.append("env.accelerator is 'cuda' but env.cuda is 'cpu'")
     elif accelerator == "cpu" and cuda != "cpu":
         clashes.append(f"env.accelerator is 'cpu' but env.cuda is {cuda!r}, not 'cpu'")
+    tag = str(env.get("torch", "")).partition("+")[2]  # the wheel's build: "cpu", "cu130", "" (built from source)
+    if accelerator == "cuda" and tag == "cpu":
+        clashes.append(f"env.accelerator is 'cuda' but env.torch is {env.get('torch')!r}, a CPU build")
+    elif tag.startswith("cu") and isinstance(cuda, str) and cuda != "cpu" and tag != "cu" + cuda.replace(".", ""):
+        clashes.append(f"env.torch {env.get('torch')!r} is a {tag} build but env.cuda is {cuda!r}")
     if run_env.get("MPGUIDE_DEVICE") in ("cpu", "cuda") and run_env["MPGUIDE_DEVICE"] != accelerator:
         clashes.append(f"source.run_env.MPGUIDE_DEVICE is {run_env['MPGUIDE_DEVICE']!r} but env.accelerator "
                        f"is {accelerator!r}")
@@ -335,10 +341,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--expect-dir", type=Path, default=None, help="folder of the expected records")
     args = parser.parse_args(argv)
     paths, refs, expect, expect_dir = args.paths, args.reference, args.expect, args.expect_dir
+    problems = []
     if not paths and refs is None:  # the last build (every example must have left its record) + references
-        paths, refs, expect_dir = [DEFAULT_BUILD_RESULTS], [reference_dir()], DEFAULT_BUILD_RESULTS
+        paths, refs, expect_dir = [DEFAULT_BUILD_RESULTS], [r for r in [reference_dir()] if r.exists()], \
+            DEFAULT_BUILD_RESULTS
         expect = expect or declarations.example_names()
+    else:  # paths named on the command line must exist and hold records: an empty folder verified nothing
+        problems += [f"{r}: no such reference file or folder; fix the path, or leave --reference out"
+                     for r in refs or [] if not r.exists()]
+        if paths and refs and not find_records(paths) and not expect:  # else: "nothing was verified"
+            problems.append(f"{', '.join(map(str, paths))}: no record found (no *.json); run the examples or "
+                            f"build the docs first, or name the folder that holds their records")
     report = judge(find_records(paths), expect, expect_dir, find_records(r for r in refs or [] if r.exists()))
+    report.record_errors = problems + report.record_errors
     if report.verdicts:
         print(format_table(verdict_rows(report.verdicts), ("verdict", "claim", "runs", "value", "threshold",
                                                            "hardware")))

@@ -192,6 +192,7 @@ def device_lock(accelerator: str, exclusive: bool = False) -> Iterator[float]:
 
     The lock is re-entrant within a process: a request while this process already holds it (a
     ``Trainer.fit`` inside a locked run, or inside the benchmark) takes nothing more and yields 0.0.
+    It is a lock between processes (the build's parallel workers), not between threads of one process.
 
     Args:
         accelerator: ``"cpu"`` or ``"cuda"``; only ``"cuda"`` locks unless ``MPGUIDE_LOCK_DIR`` is set
@@ -202,9 +203,12 @@ def device_lock(accelerator: str, exclusive: bool = False) -> Iterator[float]:
         Seconds spent waiting for the lock (wall time).
 
     Raises:
+        ConfigurationError: ``accelerator`` is not ``"cpu"`` or ``"cuda"``.
         RuntimeError: ``exclusive`` was asked for while this process holds the shared lock (a benchmark
             started inside a training run would otherwise wait for itself forever).
     """
+    if accelerator not in ("cpu", "cuda"):
+        raise ConfigurationError(f"device_lock: unknown accelerator {accelerator!r}; use cpu or cuda")
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX

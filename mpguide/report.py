@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -191,7 +192,8 @@ def check_quoted_messages(records: dict[str, dict[str, Any]],
 
 
 def short_paths(text: str) -> str:
-    """``text`` with machine-specific folders cut: ``/any/where/site-packages/torch/x.py`` -> ``torch/x.py``.
+    """``text`` with machine-specific folders cut: ``/any/where/site-packages/torch/x.py`` -> ``torch/x.py``,
+    ``/any/where/lib/python3.11/threading.py`` -> ``threading.py``.
 
     Tracebacks captured in records carry the absolute paths of the machine that ran them; a page
     shows the package-relative part only, and paths inside this repository relative to its root
@@ -202,14 +204,17 @@ def short_paths(text: str) -> str:
     from .records import REPO_ROOT
 
     text = text.replace(f"{REPO_ROOT}/", "").replace(f"{REPO_ROOT}\\", "")
-    return re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\](?:site|dist)-packages[/\\]", "", text)
+    text = re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\](?:site|dist)-packages[/\\]", "", text)
+    # the standard library: /root/.pyenv/versions/3.11.7/lib/python3.11/threading.py -> threading.py
+    return re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\]lib[/\\]python3\.\d+[/\\]", "", text)
 
 
 def speedup_rows(entries: Sequence[PageRecord]) -> list[dict[str, str]]:
     """Rows of the guide's GPU speed-up table from plot_15 records (:func:`page_entries` of it).
 
     One row per CUDA record, run (precision) and variant other than the automatic loop and the plain
-    loop: steps/s (median over rounds), the factor over the plain manual loop of the same precision,
+    loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
+    plain manual loop of the same precision,
     achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
     records give no rows (they time no speed-up; see :data:`mpguide.throughput.TUNED`).
 
@@ -224,11 +229,14 @@ def speedup_rows(entries: Sequence[PageRecord]) -> list[dict[str, str]]:
             continue
         for run in entry.record["runs"]:
             bench, peak = run["extra"]["benchmark"], run["extra"].get("peak_bf16_tflops")
+            size = run["extra"]["size"]
+            flops = 6 * size["batch"] * size["width"] ** 2 * size["layers"]  # throughput.Size.flops_per_step
+            rates = {v: statistics.median(t["round_steps_per_s"]) for v, t in bench.items()}
             for variant in (v for v in bench if v not in ("automatic", "plain loop")):
-                timed = bench[variant]
+                tflops = rates[variant] * flops / 1e12
                 rows.append({"record": entry.label, "precision": run["precision"],
-                             "variant": variant, "steps/s": f"{timed['steps_per_s']:.1f}",
-                             "vs manual": f"x{timed['steps_per_s'] / bench['manual']['steps_per_s']:.2f}",
-                             "TFLOP/s": f"{timed['tflops']:.0f}",
-                             "of bf16 peak": f"{timed['tflops'] / peak:.0%}" if peak else "not measured"})
+                             "variant": variant, "steps/s": f"{rates[variant]:.1f}",
+                             "vs manual": f"x{rates[variant] / rates['manual']:.2f}",
+                             "TFLOP/s": f"{tflops:.0f}",
+                             "of bf16 peak": f"{tflops / peak:.0%}" if peak else "not measured"})
     return rows

@@ -211,7 +211,7 @@ def train_run(
     result.extra["batches"] = len(result.loss)
     if recorder.skipped_per_step:
         result.extra["skipped_per_step"] = recorder.skipped_per_step
-    result.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    result.warnings = captured_warnings(caught)
     if trainer is None:  # the Trainer could not be built: nothing ran, nothing more to measure
         return result
     result.extra["global_step"] = trainer.global_step
@@ -233,6 +233,14 @@ def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> No
     except Exception as err:  # noqa: BLE001 - recorded, judged by the claims
         if result.error is None:
             result.error = error_record(err, prefix="record_extra() failed: ")
+
+
+def captured_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """A record's ``warnings``: ``"Category: message"`` of each distinct warning, sorted, machine paths cut
+    (:func:`mpguide.report.short_paths`; a warning such as ``detect_anomaly``'s carries a traceback)."""
+    from .report import short_paths
+
+    return sorted({short_paths(f"{w.category.__name__}: {w.message}") for w in caught})
 
 
 def error_record(err: BaseException, prefix: str = "") -> dict[str, str]:

@@ -25,6 +25,8 @@ so the page can say what each one moves. On a GPU the whole benchmark holds the 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import statistics
 import time
@@ -97,6 +99,10 @@ class Size:
         steps: timed steps per window.
         rounds: windows per variant (the median is taken over these).
         tuned: also time the :data:`~mpguide.throughput.TUNED` variants.
+        min_window_s: shortest timed window in seconds of the benchmark's clock; a precision whose
+            ``steps`` would take less gets more steps per window, found by timing ``steps`` steps of
+            the plain loop once before the rounds (0: no calibration). Very short windows are at
+            the mercy of a few scheduler ticks on a shared CPU.
     """
 
     width: int
@@ -106,6 +112,7 @@ class Size:
     steps: int
     rounds: int
     tuned: bool = False
+    min_window_s: float = 0.0
 
     def flops_per_step(self) -> float:
         """Matmul FLOPs of one training step: forward ``2*B*W*W`` per layer, backward twice that (3x in all)."""
@@ -117,11 +124,13 @@ class Size:
 #: CUDA sizes use the model of the reference measured before this project (H200, 8 x Linear(4096),
 #: batch 8192: about 73 steps/s in bf16-mixed, about 7.8 in fp32). Their windows are short because fp32
 #: dominates the time: at the full size fp32 takes 3 variants x 5 rounds x 25 steps / 7.8 steps/s, about
-#: 50 s, the tuned variants (one compilation included) and the mixed precisions about 40 s more.
+#: 50 s, the tuned variants (one compilation included) and the mixed precisions about 40 s more. On CPU
+#: a window lasts at least 50 ms of CPU time: 3 steps of 16-mixed take about 0.36 s, but 3 bf16-mixed
+#: steps only 8 ms, so bf16-mixed gets about 19 steps and fp32 about 6 (``min_window_s``).
 SIZES: dict[tuple[str, str], Size] = {
-    ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=3),
-    ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5),
-    ("cpu", "full"): Size(width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7),
+    ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5, min_window_s=0.05),
+    ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5, min_window_s=0.05),
+    ("cpu", "full"): Size(width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7, min_window_s=0.05),
     ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=3, tuned=True),
     ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5, tuned=True),
     ("cuda", "full"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5, tuned=True),
@@ -245,6 +254,20 @@ def _plain_window(net: nn.Module, batch: Any, size: Size, precision: str, accele
     return clock(accelerator) - start
 
 
+def _calibrated(size: Size, net: nn.Module, batch: Any, precision: str, accelerator: str,
+                state: dict[str, Any]) -> Size:
+    """``size`` with enough timed steps per window to last :attr:`Size.min_window_s` in ``precision``.
+
+    Times one untimed-for-the-result window of the plain loop (``size.warmup`` + ``size.steps`` steps on
+    the plain variant's own model, which goes on training) and scales ``steps`` up from it, never down.
+    """
+    if size.min_window_s <= 0:
+        return size
+    seconds = _plain_window(net, batch, size, precision, accelerator, state)
+    per_step = max(seconds, 1e-9) / size.steps
+    return dataclasses.replace(size, steps=max(size.steps, math.ceil(size.min_window_s / per_step)))
+
+
 def clock(accelerator: str) -> float:
     """Seconds for timing windows: CUDA: wall time after ``torch.cuda.synchronize()``; CPU: this process's
     CPU time (:func:`time.process_time`).
@@ -266,7 +289,8 @@ class Timing:
 
     Attributes:
         precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
-        size: the model and timing size.
+        size: the model and timing size of this precision (``size.steps``: timed steps per window,
+            after :attr:`Size.min_window_s` calibration).
         seconds: variant -> seconds of each timed window (``size.steps`` steps), in round order.
         device_wait_s: seconds the benchmark waited for the GPU to itself (0.0 on CPU; see
             :func:`mpguide.hardware.device_lock`).
@@ -297,7 +321,8 @@ class Timing:
     def summary(self) -> dict[str, Any]:
         """JSON-ready medians, spreads and raw windows, keyed by variant (for a record's ``extra``)."""
         return {v: {"steps_per_s": self.steps_per_s(v), "samples_per_s": self.samples_per_s(v),
-                    "tflops": self.tflops(v), "spread": self.spread(v), "window_seconds": self.seconds[v]}
+                    "tflops": self.tflops(v), "spread": self.spread(v), "steps_per_window": self.size.steps,
+                    "window_seconds": self.seconds[v], "round_steps_per_s": self.round_rates(v)}
                 for v in self.seconds}
 
     def round_rates(self, variant: str) -> list[float]:
@@ -352,7 +377,6 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
             net = build_mlp(size).to(accelerator)
             nets[(p, v)] = torch.compile(net) if tunings[p][v].compiled else net
     plain_state: dict[str, dict[str, Any]] = {p: {} for p in precisions}
-    out = {p: Timing(p, size, {v: [] for v in variants[p]}) for p in precisions}
     threads = torch.get_num_threads()
     if accelerator == "cpu":
         torch.set_num_threads(1)  # CPU time of one thread = the step's work, whoever else uses the cores
@@ -361,6 +385,9 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
             if waited > 1.0:
                 progress(f"  waited {waited:.1f} s for the GPU to itself")
             warnings.simplefilter("ignore")  # Lightning's "few batches" and precision notes are not timed facts
+            sizes = {p: _calibrated(size, nets[(p, "plain loop")], batch, p, accelerator, plain_state[p])
+                     for p in precisions}
+            out = {p: Timing(p, sizes[p], {v: [] for v in variants[p]}) for p in precisions}
             for r in range(size.rounds):
                 for p in precisions:
                     out[p].device_wait_s = waited
@@ -368,12 +395,13 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
                     order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
                     for v in order:
                         net = nets[(p, v)]
-                        seconds = (_plain_window(net, batch, size, p, accelerator, plain_state[p]) if v == "plain loop"
-                                   else _lightning_window(net, v != "automatic", batch, size, p, accelerator,
-                                                          tunings[p][v]))
+                        seconds = (_plain_window(net, batch, sizes[p], p, accelerator, plain_state[p])
+                                   if v == "plain loop" else
+                                   _lightning_window(net, v != "automatic", batch, sizes[p], p, accelerator,
+                                                     tunings[p][v]))
                         out[p].seconds[v].append(seconds)
                 progress(f"  round {r + 1}/{size.rounds}: " + ", ".join(
-                    f"{p} " + "/".join(f"{size.steps / out[p].seconds[v][-1]:.1f}" for v in VARIANTS)
+                    f"{p} " + "/".join(f"{out[p].round_rates(v)[-1]:.1f}" for v in VARIANTS)
                     for p in precisions)
                     + " steps/s (automatic/manual/plain)")
     finally:

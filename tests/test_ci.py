@@ -252,3 +252,16 @@ def test_docs_gpu_no_install_refuses_a_foreign_mpguide(tmp_path):
     ok = subprocess.run([sys.executable, "-c", namespace["IMPORT_PROBE"]], capture_output=True, text=True,
                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert ok.returncode == 0 and ok.stdout.startswith("packages: sphinx 9.0.4"), ok.stderr
+
+
+def test_docs_refuses_bad_settings_in_one_line():
+    """A bad MPGUIDE_PRESET stops `nox -s docs` before Sphinx, in one line (not inside Sphinx's error report)."""
+    nox = shutil.which("nox")
+    if nox is None:
+        pytest.skip("nox is not on PATH (pip install nox)")
+    proc = subprocess.run([nox, "-f", str(ROOT / "noxfile.py"), "-s", "docs"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "MPGUIDE_PRESET": "huge"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Session docs aborted: docs: unknown preset 'huge' (from MPGUIDE_PRESET)" in out, out[-2000:]
+    assert "Running Sphinx" not in out and "Configuration error" not in out

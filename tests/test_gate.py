@@ -148,3 +148,19 @@ def test_report_summary_wraps_long_titles_and_line_breaks(good_record):
     assert "".join(rows[0][1]).replace(" ", "") == f"match({LONG},auto)".replace(" ", "")
     assert rows[1][1] == ["first line", "second line"]
     assert max(len(line) for line in table.splitlines()) == len(table.splitlines()[1])
+
+
+def test_empty_build_folder_fails_even_with_references(tmp_path, good_record, capsys):
+    """`gate DIR --reference REF`: the references alone must not make an empty build pass."""
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    empty = tmp_path / "build"
+    empty.mkdir()
+    assert gate.main([str(empty), "--reference", str(refs)]) == 2
+    assert f"{empty}: no record found (no *.json); run the examples or build the docs first" in capsys.readouterr().err
+
+
+def test_missing_reference_path_fails(tmp_path, good_record, capsys):
+    write(tmp_path, good_record)
+    assert gate.main([str(tmp_path), "--reference", str(tmp_path / "nowhere")]) == 2
+    assert f"{tmp_path / 'nowhere'}: no such reference file or folder" in capsys.readouterr().err

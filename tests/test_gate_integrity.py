@@ -169,6 +169,10 @@ def test_claim_deleted_from_a_committed_reference_fails(tmp_path, real_examples,
     ({"accelerator": "tpu"}, {}, None, "env.accelerator is 'tpu', not 'cpu' or 'cuda'"),
     ({}, {"MPGUIDE_DEVICE": "cuda"}, None, "source.run_env.MPGUIDE_DEVICE is 'cuda' but env.accelerator is 'cpu'"),
     ({}, {"MPGUIDE_PRESET": "full"}, None, "source.run_env.MPGUIDE_PRESET is 'full' but preset is 'test'"),
+    ({"accelerator": "cuda", "device": "NVIDIA H200", "cuda": "13.0", "torch": "2.11.0+cpu"}, {}, None,
+     "env.accelerator is 'cuda' but env.torch is '2.11.0+cpu', a CPU build"),
+    ({"accelerator": "cuda", "device": "NVIDIA H200", "cuda": "12.1", "torch": "2.11.0+cu130"}, {}, None,
+     "env.torch '2.11.0+cu130' is a cu130 build but env.cuda is '12.1'"),
 ])
 def test_hardware_fields_that_disagree_fail(tmp_path, good_record, capsys, env, run_env, preset, message):
     good_record["env"].update(env)

@@ -166,3 +166,19 @@ def test_schema_fields_cover_what_runs_and_declarations_write():
     assert set(declarations.RUN_KEYS) <= records.SCHEMA_FIELDS["run"]
     assert set(records.run_env({})) == records.SCHEMA_FIELDS["run_env"]
     assert set(records.environment("cpu")) == records.SCHEMA_FIELDS["env"]
+
+
+def test_captured_warnings_carry_no_machine_paths():
+    """detect_anomaly's warning carries a traceback of absolute paths; records must not (they get committed)."""
+    import warnings
+
+    from mpguide.runner import captured_warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn('Error detected.\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 9\n'
+                      '  File "/home/ci/repo/.nox/site/lib/python3.11/site-packages/torch/autograd/graph.py", line 8',
+                      UserWarning)
+    [text] = captured_warnings(caught)
+    assert '"threading.py"' in text and '"torch/autograd/graph.py"' in text
+    assert "/root" not in text and "/home" not in text and ".nox" not in text

@@ -6,6 +6,7 @@ in which order, that tuned settings are undone, and that the GPU lock really exc
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import subprocess
@@ -147,7 +148,7 @@ def test_speedup_rows_of_the_guide_table():
     timing = throughput.Timing("bf16-mixed", size, {v: [0.25, 0.25] for v in throughput.variants_for("bf16-mixed", size)})
     timing.seconds["manual, compiled"] = [0.2, 0.2]  # 100 steps/s against the manual loop's 80
     run = {"id": "bench-bf16", "precision": "bf16-mixed",
-           "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0}}
+           "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0, "size": dataclasses.asdict(size)}}
     gpu_env = {"accelerator": "cuda", "device": "NVIDIA H200", "torch": "2.11.0", "lightning": "2.6.6", "cuda": "13.0"}
     gpu = report.PageRecord("reference: nvidia-h200", {"env": gpu_env, "runs": [run], "preset": "full",
                                                         "created": "2026-12-01T00:00:00Z"}, [], "", Path("x.json"))
@@ -214,3 +215,33 @@ def test_gallery_hook_makes_every_fit_wait_for_the_benchmark(tmp_path, monkeypat
         assert not _says_within(proc, 2.0), "a Trainer.fit ran while the benchmark held the device"
     assert proc.stdout.readline() == b"fitted\n"
     assert proc.wait(60) == 0
+
+
+def test_short_windows_get_more_steps(monkeypatch):
+    """min_window_s: a precision whose steps are fast gets longer windows, measured once before the rounds."""
+    seen: list[int] = []
+
+    def fake_plain(net, batch, size, precision, accelerator, state):
+        seen.append(size.steps)
+        return 0.005 * size.steps  # 5 ms a step
+
+    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning()):
+        seen.append(size.steps)
+        return 0.005 * size.steps
+
+    monkeypatch.setattr(throughput, "_plain_window", fake_plain)
+    monkeypatch.setattr(throughput, "_lightning_window", fake_lightning)
+    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=3, rounds=2, min_window_s=0.05)
+    out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None)
+    assert seen[0] == 3 and set(seen[1:]) == {10}, seen  # one calibration window, then 50 ms / 5 ms
+    assert out["32-true"].size.steps == 10 and out["32-true"].steps_per_s("manual") == pytest.approx(200.0)
+    assert out["32-true"].summary()["manual"]["steps_per_window"] == 10
+    slow = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=30, rounds=1, min_window_s=0.05)
+    seen.clear()
+    assert throughput.interleaved(("32-true",), slow, "cpu", progress=lambda line: None)["32-true"].size.steps == 30
+
+
+def test_lock_refuses_an_unknown_accelerator():
+    with pytest.raises(hardware.ConfigurationError, match="device_lock: unknown accelerator 'gpu'; use cpu or cuda"):
+        with hardware.device_lock("gpu"):
+            pass
