@@ -130,16 +130,16 @@ def docs(session: nox.Session) -> None:
     strict_build(session, env)
 
 
-#: Run by the shared environment before a build: MPGUIDE_PRESET / MPGUIDE_DEVICE / MPGUIDE_SWAP_RECIPE
-#: must be valid (the examples would refuse them one by one, inside Sphinx's long error report).
-SETTINGS_PROBE = """\
-import os
-from mpguide import declarations, hardware
+#: Run by the shared environment before a build: the same check the build runs at its start
+#: (mpguide.sphinx_ext.check_run_environment), whose one-line message Sphinx would bury in its report.
+SETTINGS_PROBE = f"""\
+from pathlib import Path
+from sphinx.errors import ConfigError
+from mpguide.sphinx_ext import check_run_environment
 try:
-    hardware.select_preset(); hardware.select_accelerator()
-    declarations.parse_swaps(os.environ.get(declarations.SWAP_ENV))
-except Exception as err:
-    print(err); raise SystemExit(1)
+    check_run_environment(Path({str(ROOT / "examples")!r}))
+except ConfigError as err:
+    print(str(err).removeprefix("[mpguide] ")); raise SystemExit(1)
 """
 
 

@@ -349,10 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:  # paths named on the command line must exist and hold records: an empty folder verified nothing
         problems += [f"{r}: no such reference file or folder; fix the path, or leave --reference out"
                      for r in refs or [] if not r.exists()]
-        if paths and refs and not find_records(paths) and not expect:  # else: "nothing was verified"
-            problems.append(f"{', '.join(map(str, paths))}: no record found (no *.json); run the examples or "
-                            f"build the docs first, or name the folder that holds their records")
-    report = judge(find_records(paths), expect, expect_dir, find_records(r for r in refs or [] if r.exists()))
+    found = find_records(paths)
+    if args.paths and refs and not found and not expect:  # without --reference: "nothing was verified"
+        problems.append(f"{', '.join(map(str, paths))}: no record found (no *.json); run the examples or "
+                        f"build the docs first, or name the folder that holds their records")
+    report = judge(found, expect, expect_dir, find_records(r for r in refs or [] if r.exists()))
     report.record_errors = problems + report.record_errors
     if report.verdicts:
         print(format_table(verdict_rows(report.verdicts), ("verdict", "claim", "runs", "value", "threshold",

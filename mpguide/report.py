@@ -222,6 +222,8 @@ def speedup_rows(entries: Sequence[PageRecord]) -> list[dict[str, str]]:
         KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
             that did not come from plot_15).
     """
+    from .throughput import Size  # imports Lightning: only for the page that shows the table
+
     rows = []
     for entry in entries:
         env = entry.record.get("env", {})
@@ -229,8 +231,7 @@ def speedup_rows(entries: Sequence[PageRecord]) -> list[dict[str, str]]:
             continue
         for run in entry.record["runs"]:
             bench, peak = run["extra"]["benchmark"], run["extra"].get("peak_bf16_tflops")
-            size = run["extra"]["size"]
-            flops = 6 * size["batch"] * size["width"] ** 2 * size["layers"]  # throughput.Size.flops_per_step
+            flops = Size(**run["extra"]["size"]).flops_per_step()
             rates = {v: statistics.median(t["round_steps_per_s"]) for v, t in bench.items()}
             for variant in (v for v in bench if v not in ("automatic", "plain loop")):
                 tflops = rates[variant] * flops / 1e12
