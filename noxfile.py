@@ -19,6 +19,7 @@ Environment variables:
                      with `nox --no-venv -s docs` in your own environment.
     MPGUIDE_PRESET   quick (default), full or test; MPGUIDE_DEVICE: auto (default), cpu or cuda.
     MPGUIDE_MATRIX_EXAMPLES  space-separated example stems for `nox -s matrix` (default: all).
+    MPGUIDE_LIGHTNING_GIT    a copy of Lightning's git repository for `nox -s matrix -- master`.
 """
 
 from __future__ import annotations
@@ -301,48 +302,121 @@ def matrix(session: nox.Session) -> None:
     ``lightning==X`` (plus a setuptools that still ships pkg_resources, which Lightning < 2.4
     imports). ``python -m mpguide.matrix run`` then runs the examples and the plugin tests there and
     writes results/matrix/lightning-X.json. A release that cannot be installed or imported is
-    recorded as "could not run". Pass releases as arguments to run only those:
+    recorded as "could not run". Pass columns as arguments to run only those:
     ``nox -s matrix -- 2.4.0 2.6.6``; MPGUIDE_MATRIX_EXAMPLES restricts the examples.
+
+    Two kinds of column run only when named (neither is part of CI):
+
+    * ``master``: Lightning's development branch, unreleased, installed from a copy of its git
+      repository (``MPGUIDE_LIGHTNING_GIT=<git dir> nox -s matrix -- master``; a bare mirror works):
+      its HEAD is exported with ``git archive`` and installed with ``PACKAGE_NAME=lightning``; the
+      summary, results/matrix/lightning-master.json, names the commit and its date.
+    * ``torch-X`` (X in mpguide.matrix.TORCH_RELEASES): mpguide.matrix.TORCH_EXAMPLES with
+      Lightning mpguide.matrix.TORCH_LIGHTNING on torch X from PyPI (a CUDA build of about 2.5 GB on
+      x86_64 Linux; it runs on the CPU), installed into that column's venv over the base's torch:
+      results/matrix/torch-X+lightning-2.6.6.json.
     """
     sys.path.insert(0, str(ROOT))
-    from mpguide.matrix import MATRIX_DIR, RELEASES
+    from mpguide.matrix import RELEASES
 
     torch_spec = os.environ.get("MPGUIDE_TORCH", "torch==2.13.0")
     if torch_spec:
         session.install(*torch_spec.split())
     session.install(*(requirement(n) for n in ("scikit-learn", "numpy", "matplotlib", "pytest")))
     base = Path(session.virtualenv.location)
-    base_site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                            silent=True).strip()
-    releases = session.posargs or list(RELEASES)
     examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
+    for column in session.posargs or list(RELEASES):
+        try:
+            matrix_column(column, str(_python_in(base)), base.parent, examples, log=session.log)
+        except ValueError as error:
+            session.error(str(error))
+    session.log("summaries in results/matrix; commit them (git add results/matrix)")
+
+
+def matrix_column(column: str, base_python: str, env_root: Path, examples: list[str] = (),
+                  log=print, git_dir: str | None = None) -> Path:
+    """Make (or reuse) the venv of one matrix column, install it and run ``python -m mpguide.matrix``.
+
+    Args:
+        column: a Lightning release (``"2.6.6"``), ``mpguide.matrix.MAIN_BRANCH`` (needs ``git_dir``
+            or MPGUIDE_LIGHTNING_GIT) or ``"torch-X"``.
+        base_python: the base environment (torch, scikit-learn, ...): the venv sees its site-packages
+            through a .pth file, and it writes the summary of a column that cannot be installed.
+        env_root: where the venvs ``matrix-lightning-<column>`` / ``matrix-torch-X`` and their logs go.
+        examples: restrict the examples (default: every one, or TORCH_EXAMPLES for torch columns).
+
+    Returns:
+        The venv. An install or import that fails is written as a "could not run" summary.
+
+    Raises:
+        ValueError: ``master`` without a git directory, or a directory that is not a git repository.
+    """
+    sys.path.insert(0, str(ROOT))
+    from mpguide.matrix import MAIN_BRANCH, MATRIX_DIR, TORCH_LIGHTNING
+
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for version in releases:
-        venv = base.parent / f"matrix-lightning-{version}"
-        python = venv / "bin" / "python"
-        log = base.parent / f"matrix-lightning-{version}.log"
-        session.log(f"Lightning {version}: environment {venv.name}")
-        if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        Path(site, "mpguide_matrix_base.pth").write_text(base_site + "\n")
-        with open(log, "w") as out:
-            install = subprocess.run([str(python), "-m", "pip", "install", "-q", f"lightning=={version}",
-                                      "setuptools<81"], stdout=out, stderr=subprocess.STDOUT)
-            check = subprocess.run([str(python), "-c", "import lightning, torch, sys; "
-                                    "assert lightning.__file__.startswith(sys.prefix), lightning.__file__; "
-                                    "print(lightning.__version__, torch.__version__)"],
-                                   stdout=out, stderr=subprocess.STDOUT) if install.returncode == 0 else None
-        stage = "install" if install.returncode else "import" if check.returncode else ""
-        if stage:
-            session.run("python", "-m", "mpguide.matrix", "error", "--lightning", version, "--stage", stage,
-                        "--message-file", str(log), "--out", str(MATRIX_DIR), *(["--examples", *examples]
-                                                                                 if examples else []), env=env)
-            continue
-        session.run(str(python), "-m", "mpguide.matrix", "run", "--lightning", version, "--out", str(MATRIX_DIR),
-                    *(["--examples", *examples] if examples else []), env=env, external=True)
-    session.log(f"summaries in {MATRIX_DIR}; commit them (git add results/matrix)")
+    args: list[str] = []
+    if column.startswith("torch-"):
+        torch_version, version = column[len("torch-"):], TORCH_LIGHTNING
+        venv = env_root / f"matrix-torch-{torch_version}"
+        install = [f"torch=={torch_version}", f"lightning=={version}", "setuptools<81"]
+        args = ["--torch", torch_version]
+        owner = "torch"  # the package that must come from this venv, not from the base
+    elif column == MAIN_BRANCH:
+        git_dir = git_dir or os.environ.get("MPGUIDE_LIGHTNING_GIT", "")
+        if not git_dir:
+            raise ValueError(f"the {MAIN_BRANCH} column needs a copy of Lightning's git repository: "
+                             f"MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning(.git) nox -s matrix -- {MAIN_BRANCH}")
+        head = subprocess.run(["git", "-C", git_dir, "log", "-1", "--format=%H %cI"], capture_output=True,
+                              text=True)
+        if head.returncode:
+            raise ValueError(f"MPGUIDE_LIGHTNING_GIT={git_dir}: not a git repository ({head.stderr.strip()}); "
+                             "point it at a clone or a bare mirror of Lightning-AI/pytorch-lightning")
+        commit, date = head.stdout.split()
+        version, venv = MAIN_BRANCH, env_root / f"matrix-lightning-{MAIN_BRANCH}"
+        src = env_root / f"matrix-lightning-{MAIN_BRANCH}-src"
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        # only what the install needs: a mirror may lack the large files of docs/ (git-annex/LFS)
+        archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD", "setup.py", "pyproject.toml",
+                                  "README.md", "LICENSE", "requirements.txt", "requirements", "src", ".actions"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        install = [str(src), "setuptools<81"]
+        env["PACKAGE_NAME"] = "lightning"  # Lightning's setup.py: the unified `lightning` package
+        args = ["--git-commit", commit, "--git-date", date]
+        owner = "lightning"
+    else:
+        version, venv = column, env_root / f"matrix-lightning-{column}"
+        install, owner = [f"lightning=={column}", "setuptools<81"], "lightning"
+    python = _python_in(venv)
+    log_file = venv.parent / f"{venv.name}.log"
+    base_site = subprocess.run([base_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    log(f"{column}: environment {venv.name}")
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "mpguide_matrix_base.pth").write_text(base_site + "\n")
+    with open(log_file, "w") as out:
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *install], stdout=out,
+                              stderr=subprocess.STDOUT, env=env)
+        check = subprocess.run([str(python), "-c", f"import lightning, torch, sys; "
+                                f"assert {owner}.__file__.startswith(sys.prefix), {owner}.__file__; "
+                                "print(lightning.__version__, torch.__version__)"],
+                               stdout=out, stderr=subprocess.STDOUT) if done.returncode == 0 else None
+    stage = "install" if done.returncode else "import" if check.returncode else ""
+    selected = ["--examples", *examples] if examples else []
+    env.pop("PACKAGE_NAME", None)
+    if stage:
+        subprocess.run([base_python, "-m", "mpguide.matrix", "error",
+                        "--lightning", version, *args, "--stage", stage, "--message-file", str(log_file),
+                        "--out", str(MATRIX_DIR), *selected], env=env, check=True)
+        return venv
+    subprocess.run([str(python), "-m", "mpguide.matrix", "run", "--lightning", version, *args,
+                    "--out", str(MATRIX_DIR), *selected], env=env, check=True)
+    return venv
 
 
 # --- Lightning's own tests ----------------------------------------------------------------------------
