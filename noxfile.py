@@ -20,6 +20,7 @@ Environment variables:
     MPGUIDE_PRESET   quick (default), full or test; MPGUIDE_DEVICE: auto (default), cpu or cuda.
     MPGUIDE_MATRIX_EXAMPLES  space-separated example stems for `nox -s matrix` (default: all).
     MPGUIDE_LIGHTNING_GIT    a copy of Lightning's git repository for `nox -s matrix -- master`.
+    MPGUIDE_MATRIX_TIMEOUT   seconds per example in `nox -s matrix` (default 600; raise it on a loaded machine).
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ def matrix_column(column: str, base_python: str, env_root: Path, examples: list[
 
     Args:
         column: a Lightning release (``"2.6.6"``), ``mpguide.matrix.MAIN_BRANCH`` (needs ``git_dir``
-            or MPGUIDE_LIGHTNING_GIT) or ``"torch-X"``.
+            or MPGUIDE_LIGHTNING_GIT), ``"torch-X"`` (with TORCH_LIGHTNING) or ``"torch-X+lightning-Y"``.
         base_python: the base environment (torch, scikit-learn, ...): the venv sees its site-packages
             through a .pth file, and it writes the summary of a column that cannot be installed.
         env_root: where the venvs ``matrix-lightning-<column>`` / ``matrix-torch-X`` and their logs go.
@@ -356,9 +357,10 @@ def matrix_column(column: str, base_python: str, env_root: Path, examples: list[
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     args: list[str] = []
-    if column.startswith("torch-"):
-        torch_version, version = column[len("torch-"):], TORCH_LIGHTNING
-        venv = env_root / f"matrix-torch-{torch_version}"
+    if column.startswith("torch-"):  # torch-X, or torch-X+lightning-Y for another Lightning release
+        torch_version, _, version = column[len("torch-"):].partition("+lightning-")
+        version = version or TORCH_LIGHTNING
+        venv = env_root / f"matrix-torch-{torch_version}"  # one venv per torch: pip swaps Lightning
         install = [f"torch=={torch_version}", f"lightning=={version}", "setuptools<81"]
         args = ["--torch", torch_version]
         owner = "torch"  # the package that must come from this venv, not from the base

@@ -78,10 +78,12 @@ RELEASES: tuple[str, ...] = ("2.2.5", "2.3.3", "2.4.0", "2.5.0", "2.5.4", "2.5.5
 #: (``MPGUIDE_LIGHTNING_GIT=<git dir> nox -s matrix -- master``), so its summary names a commit.
 MAIN_BRANCH = "master"
 #: Older torch releases for the claims that depend on torch, each with :data:`TORCH_LIGHTNING`. They
-#: bracket the fix of the autocast-cache bug (PyTorch pull request #165068, merged 2025-12-10;
-#: measured: 2.9.1 loses the gradient, 2.10.0 does not). PyPI has CUDA builds only for x86_64
-#: Linux (about 2.5 GB with their CUDA libraries); they run on the CPU.
-TORCH_RELEASES: tuple[str, ...] = ("2.9.1", "2.10.0")
+#: bracket the fix of the autocast-cache bug (PyTorch pull request #165068, merged 2025-12-10): the
+#: minimal reproduction (:func:`probe_autocast_cache`, measured 2026-12-01) loses the gradient on torch
+#: 2.9.1 and 2.10.0 (the last release without the fix; PyPI has no 2.10.x patch) and keeps it on 2.11.0
+#: and 2.13.0. PyPI has CUDA builds only for x86_64 Linux (2.5-3 GB with their CUDA libraries); they
+#: run on the CPU.
+TORCH_RELEASES: tuple[str, ...] = ("2.10.0", "2.11.0")
 #: The Lightning release the older-torch columns use (it supports torch >= 2.1).
 TORCH_LIGHTNING = "2.6.6"
 #: What the older-torch columns run: the examples whose claims concern autocast caching (plot_08; plot_01
@@ -125,7 +127,7 @@ def is_unreleased(summary: dict[str, Any]) -> bool:
 
 
 def column_label(summary: dict[str, Any]) -> str:
-    """Short name of a summary's column: ``"2.6.6"``, ``"master (unreleased)"`` or ``"2.6.6, torch 2.9.1"``."""
+    """Short name of a summary's column: ``"2.6.6"``, ``"master (unreleased)"`` or ``"2.6.6, torch 2.10.0"``."""
     label = summary["lightning"] + (" (unreleased)" if is_unreleased(summary) else "")
     return label + (f", torch {summary['torch_pin']}" if summary.get("torch_pin") else "")
 
@@ -255,7 +257,7 @@ def new_summary(version: str, status: str = "ran", error: dict[str, str] | None 
         "schema": SCHEMA, "lightning": version, "torch": torch_version, "python": platform.python_version(),
         "device": f"CPU ({os.cpu_count()} cores)", "preset": "test", "created": records.utc_now(),
         "status": status, "error": error, "library_sha256": verdict_library_digest(), "examples": {},
-        "plugin_tests": None, "lightning_version": lightning_version, "source": source or {"kind": "pypi"},
+        "plugin_tests": None, "torch_threads": _torch_threads(), "lightning_version": lightning_version, "source": source or {"kind": "pypi"},
         "torch_pin": torch_pin, "scope": list(scope) if scope is not None else None, "autocast_cache_probe": None,
     }
     for example in examples:
@@ -263,6 +265,14 @@ def new_summary(version: str, status: str = "ran", error: dict[str, str] | None 
             "example_sha256": records.file_digest(declarations.example_file(example, examples_dir)),
             "status": "could not run", "error": (error or {}).get("message"), "seconds": None, "claims": []}
     return out
+
+
+def _torch_threads() -> int | None:
+    try:
+        import torch
+        return torch.get_num_threads()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def write_summary(summary: dict[str, Any], directory: Path | None = None) -> Path:
@@ -599,8 +609,8 @@ def torch_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[s
         claims: ``(example, claim id)`` pairs; they hold on a torch when all of them pass.
 
     Returns:
-        e.g. ``"With Lightning 2.6.6 this holds on torch 2.10.0+cu128, 2.13.0+cpu; not on torch
-        2.9.1+cu128 (fail)."``
+        e.g. ``"With Lightning 2.6.6 this holds on torch 2.11.0+cu130, 2.13.0+cpu; not on torch
+        2.10.0+cu128 (fail)."``
 
     Raises:
         MatrixError: ``claims`` is empty or names a claim no summary has.
@@ -629,7 +639,7 @@ def cache_bug_sentence(summaries: Sequence[dict[str, Any]]) -> str:
     (:func:`probe_autocast_cache`), from every summary that ran it.
 
     Returns:
-        e.g. ``"Measured: torch 2.9.1+cu128 loses the gradient; torch 2.10.0+cu128, 2.13.0+cpu do not."``
+        e.g. ``"Measured: torch 2.10.0+cu128 loses the gradient; torch 2.11.0+cu130, 2.13.0+cpu do not."``
 
     Raises:
         MatrixError: no summary holds a probe result.
@@ -722,7 +732,7 @@ def probe_autocast_cache(forward: Any = None) -> dict[str, Any]:
 
 def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: float = 600,
                 source: dict[str, str] | None = None, torch_pin: str | None = None,
-                scope: Sequence[str] | None = None) -> dict[str, Any]:
+                scope: Sequence[str] | None = None, plugin_tests: bool = True) -> dict[str, Any]:
     """In the current environment: run ``names`` at the test preset, judge them, write the summary.
 
     Each example runs as ``python examples/<name>.py`` with ``MPGUIDE_PRESET=test`` and
@@ -734,6 +744,8 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
         source: ``{"kind": "git", "repository", "branch", "commit", "date"}`` for the unreleased column.
         torch_pin: the torch release this environment must import (older-torch columns).
         scope: the examples such a column runs (stored; others read "not run").
+        plugin_tests: run :data:`PLUGIN_TESTS` (else the previous summary's outcome is kept, see
+            :func:`merge_into_previous`).
 
     Returns:
         The summary written to :func:`~mpguide.matrix.summary_file` in ``out_dir``.
@@ -774,9 +786,10 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
             print(f"  Lightning {column_label(summary)}: {name}: {entry['status']}, {len(entry['claims']) - bad} pass, "
                   f"{bad} not passing, {seconds} s" + (f" ({err.splitlines()[-1][:120]})" if err else ""),
                   flush=True)
-    summary["plugin_tests"] = run_plugin_tests(sys.executable, root, timeout)
-    print(f"  Lightning {column_label(summary)}: plugin tests {summary['plugin_tests']['status']}: "
-          f"{summary['plugin_tests']['message'][:160]}", flush=True)
+    if plugin_tests:
+        summary["plugin_tests"] = run_plugin_tests(sys.executable, root, timeout)
+        print(f"  Lightning {column_label(summary)}: plugin tests {summary['plugin_tests']['status']}: "
+              f"{summary['plugin_tests']['message'][:160]}", flush=True)
     summary = merge_into_previous(summary, out_dir)
     write_summary(summary, out_dir)
     return summary
@@ -799,7 +812,8 @@ def merge_into_previous(summary: dict[str, Any], directory: Path | None = None) 
         return summary
     if previous.get("source") != summary.get("source"):  # another commit of the branch: nothing carries over
         return summary
-    merged = dict(summary, examples={**previous["examples"], **summary["examples"]})
+    merged = dict(summary, examples={**previous["examples"], **summary["examples"]},
+                  plugin_tests=summary.get("plugin_tests") or previous.get("plugin_tests"))
     merged["examples"] = dict(sorted(merged["examples"].items()))
     return merged
 
@@ -827,6 +841,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         command.add_argument("--git-commit", default=None, help="an unreleased column: the commit installed")
         command.add_argument("--git-date", default=None, help="its committer date (ISO 8601)")
         command.add_argument("--git-repository", default="Lightning-AI/pytorch-lightning")
+    run.add_argument("--no-plugin-tests", action="store_true",
+                     help="leave plugin_tests as in the previous summary (for a partial rerun of examples)")
+    run.add_argument("--timeout", type=float, default=float(os.environ.get("MPGUIDE_MATRIX_TIMEOUT", 600)),
+                     help="seconds per example and for the plugin tests (default: MPGUIDE_MATRIX_TIMEOUT or 600)")
     err.add_argument("--stage", default="install")
     err.add_argument("--message-file", type=Path, required=True)
     sub.add_parser("check", help="exit 1 when the committed matrix is stale")
@@ -844,7 +862,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scope = list(TORCH_EXAMPLES) if args.torch else None
         names = args.examples or scope or every
     if args.command == "run":
-        run_release(args.lightning, args.out, names, source=source, torch_pin=args.torch, scope=scope)
+        run_release(args.lightning, args.out, names, args.timeout, source=source, torch_pin=args.torch, scope=scope,
+                    plugin_tests=not args.no_plugin_tests)
         return 0
     if args.command == "error":
         message = _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)

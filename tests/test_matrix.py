@@ -184,12 +184,17 @@ def test_a_partial_rerun_keeps_the_other_examples_of_the_same_library(tmp_path):
     """``MPGUIDE_MATRIX_EXAMPLES`` reruns some examples; the others come from the previous summary."""
     old = summary("2.4.0", {"c": "pass"})
     old["examples"]["plot_98_other"] = dict(old["examples"]["plot_99_fake"], example_sha256="aa")
+    old["plugin_tests"] = {"status": "pass", "passed": 15, "failed": 0, "message": "15 passed"}
     matrix.write_summary(old, tmp_path)
-    new = summary("2.4.0", {"c": "fail"})  # reran plot_99_fake only
+    new = summary("2.4.0", {"c": "fail"})  # reran plot_99_fake only, without the plugin tests
     merged = matrix.merge_into_previous(new, tmp_path)
+    assert merged["plugin_tests"]["passed"] == 15
     assert merged["examples"]["plot_98_other"]["example_sha256"] == "aa"
     assert merged["examples"]["plot_99_fake"]["claims"][0]["verdict"] == "fail"
     new["library_sha256"] = "another library"  # nothing is taken over from another library's run
+    assert list(matrix.merge_into_previous(new, tmp_path)["examples"]) == ["plot_99_fake"]
+    new["library_sha256"] = old["library_sha256"]
+    new["source"] = {"kind": "git", "commit": "another", "date": "2026-07-21"}  # nor from another commit
     assert list(matrix.merge_into_previous(new, tmp_path)["examples"]) == ["plot_99_fake"]
 
 
