@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mpguide import download
+from mpguide_build import download
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = "plot_05_skipped_steps"  # the quickest example at the test preset
@@ -118,14 +118,14 @@ def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_pa
 
     env["MPGUIDE_PRESET"] = "test"
     _run([python, script.name], folder, env)
-    _run([python, "-m", "mpguide.gate", str(folder / "results" / "local")], folder, env)
+    _run([python, "-m", "mpguide.verify.gate", str(folder / "results" / "local")], folder, env)
 
     _run([python, "-m", "pip", "install", "-q", "nbclient", "ipykernel"], folder, env)
     execute = ("import nbclient, nbformat, sys; nb = nbformat.read(sys.argv[1], as_version=4); "
                "nbclient.NotebookClient(nb, timeout=900, kernel_name='python3', "
                "resources={'metadata': {'path': '.'}}).execute()")
     _run([python, "-c", execute, notebook.name], nb_folder, env)
-    _run([python, "-m", "mpguide.gate", str(nb_folder / "results" / "local")], nb_folder, env)
+    _run([python, "-m", "mpguide.verify.gate", str(nb_folder / "results" / "local")], nb_folder, env)
 
 
 def test_page_instruction_fails_without_install_line_or_wheel(tmp_path):
