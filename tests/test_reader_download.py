@@ -59,10 +59,22 @@ def test_wheel_is_a_complete_reproducible_archive(tmp_path):
     with zipfile.ZipFile(first) as archive:
         names = set(archive.namelist())
         record = archive.read(f"mpguide-{download.__version__}.dist-info/RECORD").decode()
-    sources = {f"mpguide/{p.name}" for p in (ROOT / "mpguide").glob("*.py")}
+    sources = {f"mpguide/{p.relative_to(ROOT / 'mpguide').as_posix()}" for p in (ROOT / "mpguide").rglob("*.py")
+               if "__pycache__" not in p.parts}
     assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
+    assert "mpguide/verify/runner.py" in names, "the examples' harness ships with the reader API"
+    python = [n for n in names if n.endswith(".py")]
+    assert not [n for n in python if not n.startswith("mpguide/")], "only the package, never the build code"
+    sphinx_users = [n for n in python if b"sphinx" in archive_bytes(first, n) or b"docutils" in archive_bytes(first, n)]
+    assert not [n for n in sphinx_users if b"import sphinx" in archive_bytes(first, n)
+                or b"from sphinx" in archive_bytes(first, n) or b"docutils" in archive_bytes(first, n)], sphinx_users
     listed = {line.split(",")[0] for line in record.splitlines()}
     assert listed == names, f"RECORD and archive differ: {sorted(listed ^ names)}"
+
+
+def archive_bytes(wheel, name: str) -> bytes:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read(name)
 
 
 def test_wheel_refuses_a_folder_that_is_not_the_package(tmp_path):
