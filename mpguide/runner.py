@@ -282,7 +282,7 @@ def run_example(
         results_dir: folder for the record (default :func:`mpguide.records.results_dir`).
         progress: called with each progress line.
         train: trains one run, with the arguments and result of :func:`~mpguide.runner.train_run` (the
-            default); e.g. :func:`mpguide.distributed.train_run` (DDP) or :func:`mpguide.fabric.train_run`.
+            default); e.g. :func:`mpguide.distributed.train_run` (DDP) or :func:`mpguide.fabric_runs.train_run`.
 
     Raises:
         mpguide.declarations.DeclarationError: the tables are malformed, or differ from what the
