@@ -7,7 +7,8 @@ The example-time harness that records Fabric runs is :mod:`mpguide.fabric_runs`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision
@@ -54,6 +55,10 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
       the closure ran.
     * :meth:`step_was_skipped` tells whether GradScaler skipped an optimizer's latest step.
     * ``bf16-mixed`` (no scaler) is Fabric's plugin unchanged, plus the warning.
+
+    As with the Trainer plugin, a direct ``torch.nn.utils.clip_grad_norm_`` between
+    ``fabric.backward`` and ``optimizer.step()`` sees scaled gradients under 16-mixed; clip with
+    ``fabric.clip_gradients(model, optimizer, max_norm=...)``, which unscales first.
 
     Args:
         precision: ``"16-mixed"`` or ``"bf16-mixed"``.
