@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide.precision import ManualMixedPrecision
 from mpguide.runner import quiet_lightning
+from mpguide.steps import step_skip_aware
 
 quiet_lightning()
 LR, CLIP, SCALE = 0.1, 1.0, 1024.0
@@ -90,3 +91,45 @@ def test_the_documented_fixes_match_fp32(where, plugin):
 def test_self_clip_gradients_is_wrong_with_the_stock_plugin():
     """Lightning's MixedPrecision unscales only inside opt.step(): self.clip_gradients before it clips scaled ones."""
     assert update_norms("lightning", "stock") == pytest.approx([LR * CLIP / SCALE] * 6, rel=1e-3)
+
+
+class Repaired(pl.LightningModule):
+    """Batch 2's gradient is NaN and repaired (``nan_to_num_``) between backward and step."""
+
+    def __init__(self):
+        super().__init__()
+        pl.seed_everything(0, verbose=False)
+        self.automatic_optimization = False
+        self.net = torch.nn.Linear(6, 1)
+        self.applied = []
+        self.net.weight.register_hook(lambda g: g * float("nan") if self.batch == 2 else g)
+
+    def training_step(self, batch, batch_idx):
+        self.batch, opt = batch_idx, self.optimizers()
+        opt.zero_grad()
+        self.manual_backward((self.net(batch[0]).float() - 1).pow(2).mean())
+        for p in self.parameters():
+            torch.nan_to_num_(p.grad, nan=0.0)
+        self.applied.append(step_skip_aware(opt, self.trainer))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+@pytest.mark.parametrize("plugin", ["fp32", "ours"])
+def test_the_skip_is_decided_on_the_gradients_the_step_sees(plugin):
+    """Why the plugin does not unscale right after each backward (which would fix direct clips): the inf
+    check would see the gradients before the repair. A prototype doing that gave [True, True, False, True]
+    and scale 128: a step fp32 applies was skipped."""
+    kwargs = {"precision": "32-true"} if plugin == "fp32" else {
+        "plugins": [ManualMixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=256.0))]}
+    module = Repaired()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, **kwargs)
+    gen = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(TensorDataset(torch.randn(16, 6, generator=gen)), batch_size=4))
+    assert module.applied == [True] * 4
+    if plugin == "ours":
+        assert trainer.precision_plugin.scaler.get_scale() == 256.0
