@@ -67,10 +67,10 @@ class OptimizerRecord:
 class HeldGradientScales:
     """Mixin for a precision plugin with a ``scaler`` (``torch.amp.GradScaler`` or ``None``).
 
-    The plugin calls :meth:`_init_held_scales` in ``__init__``, registers optimizers with
-    :meth:`_add_record` and the parameters whose gradients it must follow with :meth:`_track`,
-    implements ``_record(optimizer)``, and calls :meth:`_to_current_scale` before every backward,
-    :meth:`_unscale` before every clip or step, and :meth:`_update` where its loss-scale update
+    The plugin calls ``_init_held_scales`` in ``__init__``, registers optimizers with
+    ``_add_record`` and the parameters whose gradients it must follow with ``_track``,
+    implements ``_record(optimizer)``, and calls ``_to_current_scale`` before every backward,
+    ``_unscale`` before every clip or step, and ``_update`` where its loss-scale update
     belongs. It relies on GradScaler's private ``_per_optimizer_states`` and ``_get_scale_async``
     (torch 2.13); ``mpguide.precision.check_versions`` checks that they exist.
     """
@@ -184,7 +184,7 @@ class HeldGradientScales:
             self._grad_scales[id(p)] = None
 
     def _scaler_step(self, record: OptimizerRecord, optimizer: Any, **kwargs: Any) -> Any:
-        """``GradScaler.step`` on gradients :meth:`_unscale` has prepared; remembers its inf check."""
+        """``GradScaler.step`` on gradients ``_unscale`` has prepared; remembers its inf check."""
         output = self.scaler.step(optimizer, **kwargs)
         record.stepped, record.found_inf = True, self._found_inf(record)
         return output

@@ -16,9 +16,8 @@ from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from torch.nn import Module
 from typing_extensions import override
 
-from ._common import HeldGradientScales, NoGradientStepWarning, OptimizerRecord, has_gradients, unwrap
-
-__all__ = ["FabricManualMixedPrecision", "NoGradientStepWarning", "has_gradients"]
+from ._common import HeldGradientScales, OptimizerRecord, has_gradients, unwrap
+from ._common import NoGradientStepWarning as NoGradientStepWarning  # re-exported: the warning both plugins raise
 
 
 class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
@@ -53,7 +52,9 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
       optimizer (:class:`~mpguide._common.NoGradientStepWarning`), instead of raising "No inf checks
       were recorded". With a closure (``optimizer.step(closure)``) the gradients are checked after
       the closure ran.
-    * :meth:`step_was_skipped` tells whether GradScaler skipped an optimizer's latest step.
+    * ``plugin.step_was_skipped(optimizer)``
+      (:meth:`~mpguide._common.HeldGradientScales.step_was_skipped`) tells whether GradScaler
+      skipped that optimizer's latest step.
     * ``bf16-mixed`` (no scaler) is Fabric's plugin unchanged, plus the warning.
 
     As with the Trainer plugin, a direct ``torch.nn.utils.clip_grad_norm_`` between

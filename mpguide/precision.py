@@ -20,10 +20,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.optim import LBFGS, Optimizer
 from typing_extensions import override
 
-from ._common import HeldGradientScales, NoGradientStepWarning, OptimizerRecord, has_gradients, unwrap
-
-__all__ = ["SUPPORTED_LIGHTNING", "ManualMixedPrecision", "NoGradientStepWarning", "UnsupportedVersionError",
-           "check_versions", "has_gradients"]
+from ._common import HeldGradientScales, OptimizerRecord, has_gradients, unwrap
+from ._common import NoGradientStepWarning as NoGradientStepWarning  # re-exported: the warning both plugins raise
 
 #: Lightning minor versions whose internals this plugin was checked against (tested with 2.6.6).
 SUPPORTED_LIGHTNING = ("2.6",)
@@ -76,10 +74,12 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
     * ``opt.step()``, ``on_before_optimizer_step``, clipping and ``manual_backward`` run with autocast
       disabled, as they do in automatic optimization;
     * stepping an optimizer without gradients is a no-op that warns once per optimizer
-      (:class:`NoGradientStepWarning`), as in fp32;
+      (:class:`~mpguide._common.NoGradientStepWarning`), as in fp32;
     * checkpoints keep the loss scale when a run moves between this plugin and Lightning's
       ``MixedPrecision`` in either direction;
-    * :meth:`step_was_skipped` tells whether GradScaler skipped an optimizer's latest step.
+    * ``plugin.step_was_skipped(optimizer)``
+      (:meth:`~mpguide._common.HeldGradientScales.step_was_skipped`) tells whether GradScaler
+      skipped that optimizer's latest step.
 
     What it does not fix: a direct ``torch.nn.utils.clip_grad_norm_(params, ...)`` (or any other
     reading of ``p.grad``) between ``manual_backward`` and ``opt.step()`` still sees the scaled
