@@ -89,8 +89,8 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
     same seed, and per batch the loss, the first optimizer's learning rate and the loss scale at
     batch start are recorded. A plugin with ``update_scale()``
     (:class:`~mpguide.fabric.FabricManualMixedPrecision`) gets it called after each batch, so the
-    recorded scale is per iteration; a batch counts as skipped when the scale went down during it. ``spec.trainer_kwargs`` go to ``Fabric(...)``. An
-    exception is stored in ``error``, not raised.
+    recorded scale is per iteration; a batch counts as skipped when the scale went down during it.
+    ``spec.trainer_kwargs`` go to ``Fabric(...)``. An exception is stored in ``error``, not raised.
 
     Args:
         spec: the declared run (:class:`mpguide.declarations.RunDecl`).
