@@ -2,7 +2,7 @@
 
 Its rules are in the class docstring (``help(FabricManualMixedPrecision)``). It shares its
 loss-scale bookkeeping and its warning with the Trainer plugin through :mod:`mpguide._common`.
-The example-time harness that records Fabric runs is :mod:`mpguide.fabric_runs`.
+The example-time harness that records Fabric runs is :mod:`mpguide.verify.fabric_runs`.
 """
 
 from __future__ import annotations
@@ -171,3 +171,9 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._scale_cache = None
+
+
+def loss_scale(fabric: Any) -> float | None:
+    """The loss scale of ``fabric``'s GradScaler, or ``None`` without one (fp32, bf16-mixed)."""
+    scaler = getattr(fabric.strategy.precision, "scaler", None)
+    return None if scaler is None else float(scaler.get_scale())

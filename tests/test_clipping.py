@@ -17,7 +17,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide.precision import ManualMixedPrecision
-from mpguide.runner import quiet_lightning
+from mpguide.verify.runner import quiet_lightning
 from mpguide.steps import step_skip_aware
 
 quiet_lightning()

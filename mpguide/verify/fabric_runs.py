@@ -1,11 +1,8 @@
-"""Recorded Fabric runs for the examples: the Fabric counterpart of :func:`mpguide.runner.train_run`.
+"""Recorded runs of Lightning Fabric's manual loop, judged by the same gate as Trainer runs.
 
-The plugin itself is :class:`mpguide.fabric.FabricManualMixedPrecision` (reader layer); this module
-is example-time harness.
-
-:func:`train_run` trains one declared run with a :class:`FabricRecipe` and
-returns the same :class:`mpguide.runner.RunResult` fields as a Trainer run, so the records of
-Fabric examples are judged by the same gate.
+:func:`train_run` trains one declared run with a :class:`FabricRecipe` and returns the same
+:class:`mpguide.verify.runner.RunResult` fields as a Trainer run, so the records of Fabric examples are
+judged by the same gate. The plugin a reader uses is :class:`mpguide.fabric.FabricManualMixedPrecision`.
 """
 
 from __future__ import annotations
@@ -17,8 +14,9 @@ from typing import Any, Callable
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision
 
+from ..data import digits_loader
+from ..fabric import loss_scale
 from . import hardware
-from .data import digits_loader
 from .runner import RunResult, captured_warnings, error_record, quiet_lightning, record_extra
 
 
@@ -73,18 +71,12 @@ class FabricRecipe:
         return {}
 
 
-def loss_scale(fabric: Any) -> float | None:
-    """The loss scale of ``fabric``'s GradScaler, or ``None`` without one (fp32, bf16-mixed)."""
-    scaler = getattr(fabric.strategy.precision, "scaler", None)
-    return None if scaler is None else float(scaler.get_scale())
-
-
 def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator: str, preset: hardware.Preset,
               plugin_factory: Callable[..., Any] | None = None) -> RunResult:
     """Train one declared run with :class:`lightning.fabric.Fabric` (one device) and record it.
 
-    Pass it to :func:`mpguide.runner.run_example` as ``train=``. Seeding, data order and the
-    recorded fields follow :func:`mpguide.runner.train_run`: weights are built after
+    Pass it to :func:`mpguide.verify.runner.run_example` as ``train=``. Seeding, data order and the
+    recorded fields follow :func:`mpguide.verify.runner.train_run`: weights are built after
     ``seed_everything(spec.seed)``, batches come from :func:`mpguide.data.digits_loader` with the
     same seed, and per batch the loss, the first optimizer's learning rate and the loss scale at
     batch start are recorded. A plugin with ``update_scale()``
@@ -93,14 +85,14 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
     ``spec.trainer_kwargs`` go to ``Fabric(...)``. An exception is stored in ``error``, not raised.
 
     Args:
-        spec: the declared run (:class:`mpguide.declarations.RunDecl`).
+        spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).
         recipe_factory: builds the :class:`FabricRecipe` (called once, after seeding).
         accelerator: ``"cpu"`` or ``"cuda"``.
         preset: size (epochs, batch size).
         plugin_factory: precision plugin factory ``(precision, accelerator) -> plugin`` or ``None``.
 
     Returns:
-        The :class:`mpguide.runner.RunResult`; ``mode`` is ``"manual"`` (Fabric has no automatic
+        The :class:`mpguide.verify.runner.RunResult`; ``mode`` is ``"manual"`` (Fabric has no automatic
         optimization), ``precision_plugin`` the class name of Fabric's precision plugin.
     """
     from lightning.fabric import Fabric, seed_everything
