@@ -17,8 +17,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide.precision import ManualMixedPrecision
-from mpguide.verify.runner import quiet_lightning
 from mpguide.steps import step_skip_aware
+from mpguide.verify.runner import quiet_lightning
 
 quiet_lightning()
 LR, CLIP, SCALE = 0.1, 1.0, 1024.0

@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from mpguide import precision as precision_mod
 from mpguide.fabric import FabricManualMixedPrecision
 from mpguide.precision import ManualMixedPrecision, UnsupportedVersionError, check_versions
-from mpguide.verify.runner import parameter_digest, quiet_lightning
 from mpguide.steps import step_skip_aware
+from mpguide.verify.runner import parameter_digest, quiet_lightning
 
 quiet_lightning()
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
