@@ -5,7 +5,8 @@ import json
 import pytest
 
 from conftest import curve, make_record, run
-from mpguide import claims, matrix, records
+from mpguide.verify import claims, records
+from mpguide_build import matrix
 
 
 def summary(version, verdicts, status="ran", examples_dir=None):
@@ -169,7 +170,7 @@ def test_plugin_tests_are_classified(tmp_path, bodies, status):
     """``refused`` only when every failing test is the plugin's version refusal."""
     import sys
 
-    from mpguide import matrix
+    from mpguide_build import matrix
 
     (tmp_path / "tests").mkdir()
     lines = ["class UnsupportedVersionError(RuntimeError):", "    pass", ""]
@@ -255,7 +256,7 @@ def test_check_current_wants_the_branch_and_torch_columns_with_their_commands(fa
         matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
     text = str(error.value)
     assert "Lightning master (unreleased): no summary" in text and "Lightning 2.6.6, torch 2.9.1: no summary" in text
-    assert "MPGUIDE_LIGHTNING_GIT=" in text and "nox -s matrix -- torch-2.9.1" in text
+    assert "MPGUIDE_LIGHTNING_GIT=" in text and "nox -s matrix_torch" in text and "nox -s matrix_main" in text
     matrix.write_summary(branch_summary({"c": "pass"}, examples_dir=fake_examples), tmp_path)
     matrix.write_summary(torch_summary("2.9.1", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
     assert (tmp_path / "torch-2.9.1+lightning-2.6.6.json").exists()

@@ -1,21 +1,21 @@
 """The version matrix: which claims hold on which Lightning release, summarised, checked for staleness, rendered.
 
-``nox -s matrix`` installs each release of :data:`~mpguide.matrix.RELEASES` into its own environment
+``nox -s matrix`` installs each release of :data:`~mpguide_build.matrix.RELEASES` into its own environment
 (sharing one CPU torch), runs every example there at the ``test`` preset and calls
-``python -m mpguide.matrix run`` in that environment, which judges the records with the claim gate
-(:func:`mpguide.gate.judge`) and writes one compact **summary** per release,
+``python -m mpguide_build.matrix run`` in that environment, which judges the records with the claim gate
+(:func:`mpguide.verify.gate.judge`) and writes one compact **summary** per release,
 ``results/matrix/lightning-<version>.json`` (a few KB; the full records stay out of git):
 
 ``schema``
-    :data:`~mpguide.matrix.SCHEMA` (other values are refused).
+    :data:`~mpguide_build.matrix.SCHEMA` (other values are refused).
 ``lightning``, ``torch``, ``python``, ``device``, ``preset``, ``created`` (UTC)
     what ran, where and when.
 ``status``, ``error``
     ``"ran"``, or ``"could not run"`` with ``error`` = ``{"stage": "install" | "import", "message"}``
     when the release could not be installed or imported (a result, not a crash).
 ``library_sha256``
-    :func:`mpguide.records.library_digest` of the library the matrix was produced with, without the
-    modules that only draw (:data:`mpguide.records.PRESENTATION_MODULES`): no verdict depends on them.
+    :func:`mpguide.verify.records.library_digest` of the library the matrix was produced with, without the
+    modules that only draw (:data:`mpguide.verify.records.PRESENTATION_MODULES`): no verdict depends on them.
 ``examples``
     example -> ``{"example_sha256", "status" ("ran" or "could not run"), "error", "seconds",
     "claims": [{"id", "kind", "runs", "title", "verdict" ("pass" | "fail" | "not judged"),
@@ -27,14 +27,15 @@
 ``lightning_version``
     ``lightning.__version__`` as imported (for a release the same as ``lightning``).
 ``source``
-    ``{"kind": "pypi"}`` for a release; ``{"kind": "git", "repository", "branch", "commit", "date"}``
-    for the **unreleased** column of Lightning's development branch (:data:`~mpguide.matrix.MAIN_BRANCH`,
-    file ``lightning-master.json``; ``lightning`` is then the branch name), installed from a copy of
-    the repository: ``commit`` is the full hash, ``date`` its committer date (ISO 8601).
+    ``{"kind": "pypi"}`` for a release (``nox -s matrix``); ``{"kind": "git", "repository", "branch",
+    "commit", "date"}`` for the **unreleased** column of Lightning's development branch (``nox -s
+    matrix_main``; :data:`MAIN_BRANCH`, file ``lightning-master.json``; ``lightning`` is then the branch
+    name), installed from a copy of the repository: ``commit`` is the full hash, ``date`` its committer
+    date (ISO 8601).
 ``torch_pin``, ``scope``
     ``None`` for a column on the site's torch; for an **older-torch** column the torch release it
-    pins (file ``torch-<torch_pin>+lightning-<lightning>.json``) and the list of examples it runs
-    (:data:`~mpguide.matrix.TORCH_EXAMPLES`); other examples show "not run" there.
+    pins (``nox -s matrix_torch``; file ``torch-<torch_pin>+lightning-<lightning>.json``) and the
+    examples it runs (:data:`~mpguide_build.matrix.TORCH_EXAMPLES`); other examples show "not run" there.
 ``autocast_cache_probe``
     the minimal reproduction of the autocast-cache bug on that torch (:func:`probe_autocast_cache`):
     ``{"torch", "gradient_lost" (bool), "detail"}``.
@@ -42,9 +43,9 @@
 Summaries without the last four fields (written before they existed) read as releases on the site's torch.
 
 A summary is **stale** when an example or the library changed since it was produced
-(:func:`~mpguide.matrix.staleness`); the test suite fails then, and the message says to run
-``nox -s matrix``. :func:`~mpguide.matrix.render_table` draws the table of the guide and
-:func:`~mpguide.matrix.applies_sentence` the "applies to Lightning X to Y" line of a pitfall section.
+(:func:`~mpguide_build.matrix.staleness`); the test suite fails then, and the message says to run
+``nox -s matrix``. :func:`~mpguide_build.matrix.render_table` draws the table of the guide and
+:func:`~mpguide_build.matrix.applies_sentence` the "applies to Lightning X to Y" line of a pitfall section.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from . import declarations, records
+from mpguide.verify import declarations, records
 
 #: Format of a summary file; bump on incompatible changes.
 SCHEMA = "mpguide-matrix-1"
@@ -75,7 +76,7 @@ RELEASES: tuple[str, ...] = ("2.2.5", "2.3.3", "2.4.0", "2.5.0", "2.5.4", "2.5.5
 
 #: Lightning's development branch (the default branch of github.com/Lightning-AI/pytorch-lightning is
 #: ``master``): one **unreleased** column, installed from a copy of that repository
-#: (``MPGUIDE_LIGHTNING_GIT=<git dir> nox -s matrix -- master``), so its summary names a commit.
+#: (``MPGUIDE_LIGHTNING_GIT=<git dir> nox -s matrix_main``), so its summary names a commit.
 MAIN_BRANCH = "master"
 #: Older torch releases for the claims that depend on torch, each with :data:`TORCH_LIGHTNING`. They
 #: bracket the fix of the autocast-cache bug (PyTorch pull request #165068, merged 2025-12-10): the
@@ -110,7 +111,7 @@ class MatrixError(ValueError):
 
 
 def summary_path(version: str, directory: Path | None = None, torch_pin: str | None = None) -> Path:
-    """``<directory>/lightning-<version>.json`` (default directory :data:`~mpguide.matrix.MATRIX_DIR`), or
+    """``<directory>/lightning-<version>.json`` (default directory :data:`~mpguide_build.matrix.MATRIX_DIR`), or
     ``torch-<torch_pin>+lightning-<version>.json`` for an older-torch column."""
     name = f"torch-{torch_pin}+lightning-{version}.json" if torch_pin else f"lightning-{version}.json"
     return Path(directory or MATRIX_DIR) / name
@@ -158,7 +159,7 @@ def claim_id(claim: dict[str, Any]) -> str:
     """Short identity of a declared claim within its example: ``kind(run, ...)`` plus its key or category.
 
     Args:
-        claim: a claim dict as built by :mod:`mpguide.claims` (``kind``, ``runs``, maybe ``key``).
+        claim: a claim dict as built by :mod:`mpguide.verify.claims` (``kind``, ``runs``, maybe ``key``).
     """
     qualifier = claim.get("key") or claim.get("category") or ""
     return f"{claim['kind']}({', '.join(claim['runs'])})" + (f" [{qualifier}]" if qualifier else "")
@@ -189,13 +190,13 @@ def summarize_example(example: str, record_dir: Path, version: str, script_error
         torch_pin: the torch release of an older-torch column (named in the record path of messages).
         script_error: last lines of the script's stderr when it exited non-zero (``""`` otherwise).
         seconds: wall time of the script.
-        examples: folder of the examples (default :func:`mpguide.declarations.examples_dir`).
+        examples: folder of the examples (default :func:`mpguide.verify.declarations.examples_dir`).
 
     Returns:
         The ``examples[example]`` entry of a summary (see the module docstring). Without a readable
         record the example "could not run" and ``error`` holds the script's error or the record error.
     """
-    from .gate import judge
+    from mpguide.verify.gate import judge
 
     entry: dict[str, Any] = {"example_sha256": records.file_digest(declarations.example_file(example, examples)),
                              "status": "ran", "error": script_error or None, "seconds": seconds, "claims": []}
@@ -257,7 +258,8 @@ def new_summary(version: str, status: str = "ran", error: dict[str, str] | None 
         "schema": SCHEMA, "lightning": version, "torch": torch_version, "python": platform.python_version(),
         "device": f"CPU ({os.cpu_count()} cores)", "preset": "test", "created": records.utc_now(),
         "status": status, "error": error, "library_sha256": verdict_library_digest(), "examples": {},
-        "plugin_tests": None, "torch_threads": _torch_threads(), "lightning_version": lightning_version, "source": source or {"kind": "pypi"},
+        "plugin_tests": None, "torch_threads": _torch_threads(), "lightning_version": lightning_version,
+        "source": source or {"kind": "pypi"},
         "torch_pin": torch_pin, "scope": list(scope) if scope is not None else None, "autocast_cache_probe": None,
     }
     for example in examples:
@@ -322,7 +324,7 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read and validate one summary file. Raises :class:`~mpguide.matrix.MatrixError`."""
+    """Read and validate one summary file. Raises :class:`~mpguide_build.matrix.MatrixError`."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -334,7 +336,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def load_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
-    """Every Lightning column in ``directory`` (default :data:`~mpguide.matrix.MATRIX_DIR`) on the site's
+    """Every Lightning column in ``directory`` (default :data:`~mpguide_build.matrix.MATRIX_DIR`) on the site's
     torch (``lightning-*.json``): oldest release first, the unreleased branch column last.
 
     Raises:
@@ -367,7 +369,7 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
 
     Compares the recorded digests with today's: every ``examples/plot_*.py`` must be in the summary
     with the same SHA-256, no example may have been removed, and the library digest
-    (:func:`~mpguide.matrix.verdict_library_digest`) must be the same.
+    (:func:`~mpguide_build.matrix.verdict_library_digest`) must be the same.
     """
     folder = Path(examples or declarations.examples_dir())
     current = {p.stem: records.file_digest(p) for p in sorted(folder.glob("plot_*.py"))}
@@ -410,10 +412,9 @@ def check_current(directory: Path | None = None, examples: Path | None = None,
     if problems:
         raise MatrixError("the committed version matrix (results/matrix) is stale:\n  - " + "\n  - ".join(problems)
                           + "\nrun `nox -s matrix` (the releases, about 20 min on 2 cores), "
-                          f"`MPGUIDE_LIGHTNING_GIT=<copy of Lightning's git repository> nox -s matrix -- {main}` "
-                          f"(the unreleased column) and `nox -s matrix -- "
-                          f"{' '.join('torch-' + v for v in torch_releases)}` (the older-torch columns, "
-                          "downloads about 2.5 GB each), then commit results/matrix/")
+                          "`MPGUIDE_LIGHTNING_GIT=<copy of Lightning's git repository> nox -s matrix_main` (the "
+                          "unreleased column) and `nox -s matrix_torch` (the older-torch columns, downloads of "
+                          "2.5-3 GB each), then commit results/matrix/")
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -474,7 +475,7 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
     the non-passing ones first; identical messages of one release are listed once.
 
     Args:
-        summaries: from :func:`~mpguide.matrix.load_matrix`.
+        summaries: from :func:`~mpguide_build.matrix.load_matrix`.
         examples: restrict to these examples (default: all).
 
     Returns:
@@ -541,7 +542,7 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     """The "applies to Lightning X to Y" sentence of a pitfall section, drawn from the matrix.
 
     Args:
-        summaries: from :func:`~mpguide.matrix.load_matrix`.
+        summaries: from :func:`~mpguide_build.matrix.load_matrix`.
         claims: the ``(example, claim id)`` pairs the section rests on; the section applies to a
             release when all of them pass there.
 
@@ -663,10 +664,10 @@ def cache_bug_sentence(summaries: Sequence[dict[str, Any]]) -> str:
 
 
 def run_plugin_tests(python: str, root: Path, timeout: float = 600) -> dict[str, Any]:
-    """Run :data:`~mpguide.matrix.PLUGIN_TESTS` with ``python -m pytest`` and classify the outcome.
+    """Run :data:`~mpguide_build.matrix.PLUGIN_TESTS` with ``python -m pytest`` and classify the outcome.
 
     ``refused`` when every failing test of pytest's short summary carries
-    :data:`~mpguide.matrix.REFUSAL_MARK` (the plugin declines that Lightning release with a clear
+    :data:`~mpguide_build.matrix.REFUSAL_MARK` (the plugin declines that Lightning release with a clear
     error and nothing else went wrong), ``pass`` when nothing failed, else ``fail``.
     """
     proc = subprocess.run([python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", PLUGIN_TESTS],
@@ -748,13 +749,17 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
             :func:`merge_into_previous`).
 
     Returns:
-        The summary written to :func:`~mpguide.matrix.summary_file` in ``out_dir``.
+        The summary written to :func:`~mpguide_build.matrix.summary_file` in ``out_dir``.
     """
-    import lightning
-    import torch
-
     root = records.REPO_ROOT
     summary = new_summary(version, source=source, torch_pin=torch_pin, scope=scope)
+    try:
+        import lightning
+        import torch
+    except Exception as err:  # noqa: BLE001 - a release that installs but does not import is a result
+        summary.update(status="could not run", error={"stage": "import", "message": f"{type(err).__name__}: {err}"})
+        write_summary(summary, out_dir)
+        return summary
     if not is_unreleased(summary) and lightning.__version__ != version:
         summary.update(status="could not run", error={
             "stage": "import", "message": f"this environment imports Lightning {lightning.__version__}, "
@@ -800,7 +805,7 @@ def merge_into_previous(summary: dict[str, Any], directory: Path | None = None) 
 
     Lets ``MPGUIDE_MATRIX_EXAMPLES`` rerun only the examples that changed. Entries are taken over
     only from a previous summary of the same library digest and status ``"ran"``; each keeps its
-    own ``example_sha256``, so :func:`~mpguide.matrix.staleness` still names every entry that
+    own ``example_sha256``, so :func:`~mpguide_build.matrix.staleness` still names every entry that
     describes an older example.
     """
     path = summary_file(summary, directory)
@@ -826,8 +831,8 @@ def _last_error(stderr: str, lines: int = 3) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mpguide.matrix run|error|check|table|probe``; see ``--help``."""
-    parser = argparse.ArgumentParser(prog="python -m mpguide.matrix", description=__doc__.split("\n")[0])
+    """``python -m mpguide_build.matrix run|error|check|table|probe``; see ``--help``."""
+    parser = argparse.ArgumentParser(prog="python -m mpguide_build.matrix", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the examples in this environment and write its summary")
     err = sub.add_parser("error", help="write the summary of a release that could not be installed")
@@ -846,7 +851,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--timeout", type=float, default=float(os.environ.get("MPGUIDE_MATRIX_TIMEOUT", 600)),
                      help="seconds per example and for the plugin tests (default: MPGUIDE_MATRIX_TIMEOUT or 600)")
     err.add_argument("--stage", default="install")
-    err.add_argument("--message-file", type=Path, required=True)
+    what = err.add_mutually_exclusive_group(required=True)
+    what.add_argument("--message-file", type=Path, help="a log whose last error lines say why")
+    what.add_argument("--message", help="why, in words")
     sub.add_parser("check", help="exit 1 when the committed matrix is stale")
     table = sub.add_parser("table", help="print the Markdown table")
     table.add_argument("--dir", type=Path, default=MATRIX_DIR)
@@ -866,7 +873,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     plugin_tests=not args.no_plugin_tests)
         return 0
     if args.command == "error":
-        message = _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)
+        message = args.message or _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)
         summary = new_summary(args.lightning, "could not run", {"stage": args.stage, "message": message},
                               names, source=source, torch_pin=args.torch, scope=scope)
         print(f"  Lightning {column_label(summary)}: could not {args.stage}: {message.splitlines()[-1][:160]}")
