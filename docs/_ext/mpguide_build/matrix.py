@@ -87,7 +87,7 @@ MAIN_BRANCH = "master"
 TORCH_RELEASES: tuple[str, ...] = ("2.10.0", "2.11.0")
 #: The Lightning release the older-torch columns use (it supports torch >= 2.1).
 TORCH_LIGHTNING = "2.6.6"
-#: What the older-torch columns run: the examples whose claims concern autocast caching (plot_08; plot_01
+#: The examples the older-torch columns run, those whose claims concern autocast caching (plot_08; plot_01
 #: has the #20970 reporter's no_grad teacher recipe) and the two seed cases (plot_01, plot_02).
 TORCH_EXAMPLES: tuple[str, ...] = ("plot_01_porting_to_manual", "plot_02_two_optimizers", "plot_08_autocast_cache")
 
