@@ -314,3 +314,15 @@ def test_cache_bug_sentence_names_the_affected_torch_releases():
         "Measured: torch 2.9.1+cu128 loses the gradient; torch 2.10.0+cu128, 2.13.0+cpu do not."
     with pytest.raises(matrix.MatrixError, match="autocast_cache_probe"):
         matrix.cache_bug_sentence([summary("2.6.6", {})])
+
+
+def test_a_torch_column_refuses_an_environment_with_another_torch(tmp_path):
+    """The older-torch column checks the torch it imports before running anything."""
+    import lightning
+    import torch
+
+    out = matrix.run_release(lightning.__version__, tmp_path, ["plot_99_fake"], torch_pin="2.10.0")
+    assert out["status"] == "could not run" and out["error"]["stage"] == "import"
+    assert out["error"]["message"] == f"this environment imports torch {torch.__version__}, not 2.10.0"
+    assert matrix.load(tmp_path / f"torch-2.10.0+lightning-{lightning.__version__}.json")["error"] == out["error"]
+    assert matrix.cell(out, "plot_99_fake", "c")[0] == "could not run"

@@ -764,10 +764,12 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
         summary.update(status="could not run", error={
             "stage": "import", "message": f"this environment imports Lightning {lightning.__version__}, "
                                           f"not {version}"})
+        write_summary(summary, out_dir)  # the column shows why
         return summary
     if torch_pin and torch.__version__.split("+")[0] != torch_pin:
         summary.update(status="could not run", error={
             "stage": "import", "message": f"this environment imports torch {torch.__version__}, not {torch_pin}"})
+        write_summary(summary, out_dir)
         return summary
     summary["autocast_cache_probe"] = probe_autocast_cache()
     print(f"  Lightning {column_label(summary)}: autocast cache probe on torch {torch.__version__}: "
