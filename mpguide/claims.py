@@ -107,6 +107,27 @@ TOLERANCES: dict[str, Tolerance] = {
             "on CPU, and at 25 % and 505 % in the H200 reference.",
         ),
         Tolerance(
+            "pitfall-majority",
+            "min",
+            0.5,
+            "A rounding pitfall counts as reproduced when it hits at least half of what it can hit: of the weight "
+            "elements that had a gradient, the share whose optimizer update rounded away (mpguide.probes."
+            "LostUpdates), or of the weights the student changed, the share an EMA teacher never followed. "
+            "plot_16 measured MEASURED_MAJORITY. Half is far from both those values and from what fp32 loses "
+            "(below 0.1 %), so neither noise nor a longer run can flip it; a fix upstream (an fp32 master copy in "
+            "the HalfPrecision plugin, say) would.",
+        ),
+        Tolerance(
+            "updates-kept",
+            "max",
+            0.05,
+            "The opposite of pitfall-majority: a share within 5 % of 1, i.e. at least 95 % of the updates that "
+            "had a gradient changed the stored weight, or an EMA teacher followed at least 95 % of the weights "
+            "its student changed. plot_16 measured MEASURED_KEPT. What fp32 misses are changes even fp32 cannot "
+            "represent (below half an fp32 spacing of the weight, about 6e-8 of its value): a teacher's step is "
+            "a thousandth of the student's distance, so it misses more of them than the student does.",
+        ),
+        Tolerance(
             "throughput-parity",
             "max",
             0.05,
@@ -259,11 +280,14 @@ def ratio(candidate: str, reference: str, key: str, expected: float | str, toler
 
 
 def rate_ratio(run: str, key: str, tolerance: str, title: str = "") -> dict[str, Any]:
-    """Declare a bound on the quotient of two rates recorded by one run (e.g. two variants timed together).
+    """Declare a bound on the quotient of two numbers recorded by one run.
+
+    For example two rates of variants timed together, or a count and the total it is part of
+    (``"updates_lost/updates_with_gradient"``: the share of optimizer updates that rounded away).
 
     Args:
-        run: run id whose ``extra`` holds both numbers (measured in one interleaved benchmark, so
-            machine noise affects both alike; see :mod:`mpguide.throughput`).
+        run: run id whose ``extra`` holds both numbers (rates measured in one interleaved benchmark,
+            so machine noise affects both alike, see :mod:`mpguide.throughput`; or counts).
         key: ``"numerator_key/denominator_key"``, two entries of that run's ``extra``: two numbers
             (the quotient is theirs), or two equally long lists of per-round rates of an interleaved
             benchmark (the quotient is the **median of the per-round quotients**: a paired comparison,
