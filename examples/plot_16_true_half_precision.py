@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import runner
+from mpguide.verify import runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
@@ -151,7 +151,7 @@ class FP32TeacherFromCast(FP32Teacher):
 # the two fp32 teachers train next to bf16-true students. The same model with AdamW (``lr=1e-3``)
 # trains in fp32, 16-mixed and 16-true, in 16-true also with ``eps=1e-4``; the 16-true run with the
 # default ``eps`` runs with ``Trainer(detect_anomaly=True)``, so that the NaN becomes an error at the
-# first backward that meets it. The probe :class:`mpguide.probes.LostUpdates` counts, in every step,
+# first backward that meets it. The probe :class:`mpguide.verify.probes.LostUpdates` counts, in every step,
 # the weight elements that had a non-zero gradient and did not change.
 
 recipes = {
@@ -206,7 +206,7 @@ record = runner.run_example("plot_16_true_half_precision", recipes, RUNS, CLAIMS
 # lost. fp32 has 24 significant bits and loses almost nothing; bf16-mixed applies the update to fp32
 # weights and loses as little.
 
-from mpguide import plotting
+from mpguide.verify import plotting
 
 def trained(run_id):
     """The run's measurements, or None (with the reason printed) for a run that raised instead of training."""
@@ -284,7 +284,7 @@ print(f"{(run['error'] or {}).get('type')}: {(run['error'] or {}).get('message')
 
 import matplotlib.pyplot as plt
 
-from mpguide import report
+from mpguide.verify import report
 
 fig, (sgd_ax, adam_ax) = plotting.figure(1, 2, 12, 4.6)
 plotting.describe(fig, "Students trained in fp32, mixed and true half precision: SGD (left) and AdamW (right)")

@@ -71,7 +71,7 @@ def select_preset(name: str | None = None) -> Preset:
     """Return the size preset named by ``name`` or by ``MPGUIDE_PRESET`` (default ``quick``).
 
     Raises:
-        ConfigurationError: the name is not one of :data:`~mpguide.hardware.PRESETS`.
+        ConfigurationError: the name is not one of :data:`~mpguide.verify.hardware.PRESETS`.
     """
     name = (name or os.environ.get("MPGUIDE_PRESET") or "quick").lower()  # empty means the default
     try:
@@ -105,8 +105,8 @@ def check_precision(precision: str, allowed: tuple[str, ...] = PRECISIONS) -> st
 
     Args:
         precision: a Lightning precision name.
-        allowed: the names accepted, by default :data:`~mpguide.hardware.PRECISIONS` (the throughput
-            benchmark and Fabric runs); Trainer runs pass :data:`~mpguide.hardware.RUN_PRECISIONS`.
+        allowed: the names accepted, by default :data:`~mpguide.verify.hardware.PRECISIONS` (the throughput
+            benchmark and Fabric runs); Trainer runs pass :data:`~mpguide.verify.hardware.RUN_PRECISIONS`.
 
     Raises:
         ConfigurationError: any other value (Lightning aliases such as ``"bf16"`` or ``16`` are not
@@ -128,7 +128,7 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
     and an fp16 autocast region.
 
     Args:
-        precision: one of :data:`~mpguide.hardware.RUN_PRECISIONS` (``"bf16-true"`` and ``"16-true"`` are
+        precision: one of :data:`~mpguide.verify.hardware.RUN_PRECISIONS` (``"bf16-true"`` and ``"16-true"`` are
             passed as ``Trainer(precision=...)``: Lightning's ``HalfPrecision`` runs on CPU as on CUDA).
         accelerator: ``"cpu"`` or ``"cuda"``.
         plugin_class: a precision plugin class called as ``plugin_class(precision, accelerator)`` and
@@ -195,7 +195,7 @@ def device_lock(accelerator: str, exclusive: bool = False) -> Iterator[float]:
 
     The docs build runs examples in parallel worker processes (``conf.py``). On one GPU their kernels
     would share the device, which is harmless for curves but not for timings: every training run
-    therefore holds the **shared** lock on CUDA (:func:`mpguide.runner.run_example`), and the throughput
+    therefore holds the **shared** lock on CUDA (:func:`mpguide.verify.runner.run_example`), and the throughput
     benchmark takes it **exclusive**, so it times an otherwise idle GPU. A waiting exclusive holder
     has priority: it first takes a turnstile that new shared holders must pass, so examples that start
     later cannot keep it waiting. On CPU, and where ``fcntl`` is missing (Windows), nothing is locked
