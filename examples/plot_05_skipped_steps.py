@@ -224,7 +224,8 @@ for run_id in ("fp16-naive", "fp16-skip-aware"):
 for run_id in ("step-fp32", "hook-fp32"):
     run = plotting.run_by_id(record, run_id)
     print(f"{run_id}: {run['extra']['batches']} batches, trainer.global_step = {run['extra']['global_step']}, "
-          f"max_steps = {run['trainer_kwargs'].get('max_steps', -1)}, final weights {run['extra']['final_weights'][:12]}")
+          f"max_steps = {run['trainer_kwargs'].get('max_steps', -1)}, "
+          f"final weights {run['extra']['final_weights'][:12]}")
 
 # %%
 # Verdicts

@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.verify import runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -75,7 +75,7 @@ class StudentTeacher(pl.LightningModule):
 
     @torch.no_grad()
     def update_teacher(self):
-        for teacher, student in zip(self.teacher.parameters(), self.student.parameters()):
+        for teacher, student in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
             teacher.lerp_(student, 1 - DECAY)  # teacher += (1 - DECAY) * (student - teacher)
 
     def configure_optimizers(self):
@@ -140,7 +140,7 @@ class FP32Teacher(StudentTeacher):
 class FP32TeacherFromCast(FP32Teacher):
     @torch.no_grad()
     def update_teacher(self):
-        for teacher, student in zip(self.teacher.parameters(), self.student.parameters()):
+        for teacher, student in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
             teacher.lerp_(student.float(), 1 - DECAY)  # both operands in fp32
 
 
@@ -207,6 +207,7 @@ record = runner.run_example("plot_16_true_half_precision", recipes, RUNS, CLAIMS
 # weights and loses as little.
 
 from mpguide.verify import plotting
+
 
 def trained(run_id):
     """The run's measurements, or None (with the reason printed) for a run that raised instead of training."""

@@ -72,7 +72,7 @@ def test_true_half_precisions_are_run_precisions_passed_as_the_flag():
     for precision in hardware.TRUE_PRECISIONS:
         assert hardware.trainer_precision_kwargs(precision, "cpu") == {"precision": precision}
         assert precision in declarations.PRECISIONS
-        with pytest.raises(hardware.ConfigurationError, match="unknown precision 'bf16-true|unknown precision '16-true"):
+        with pytest.raises(hardware.ConfigurationError, match=f"unknown precision '{precision}'"):
             hardware.check_precision(precision)  # not for the throughput benchmark or Fabric runs
     assert hardware.check_precision("bf16-true", hardware.RUN_PRECISIONS) == "bf16-true"
     with pytest.raises(hardware.ConfigurationError, match="unknown precision 'bf16'"):

@@ -127,8 +127,8 @@ TOLERANCES: dict[str, Tolerance] = {
             "had a gradient changed the stored weight, or an EMA teacher followed at least 95 % of the weights "
             "its student changed. plot_16 measured on CPU: fp32 and bf16-mixed kept 99.99 % of the updates (test and "
             "quick presets), an fp32 teacher followed 98.1 % and 98.8 % of the weights its student changed, and "
-            "an fp32 teacher updated from bf16 weights cast to fp32 followed 100 %. What fp32 misses are changes even fp32 cannot "
-            "represent (below half an fp32 spacing of the weight, about 6e-8 of its value): a teacher's step is "
+            "an fp32 teacher updated from bf16 weights cast to fp32 followed 100 %. What fp32 misses are changes "
+            "even fp32 cannot represent (below half an fp32 spacing of the weight, about 6e-8 of its value): a teacher's step is "
             "a thousandth of the student's distance, so it misses more of them than the student does.",
         ),
         Tolerance(

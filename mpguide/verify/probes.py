@@ -148,8 +148,9 @@ class LostUpdates(Callback):
         """``updates_with_gradient``, ``updates_lost`` and ``updates_kept`` (element counts summed over the
         run) and ``lost_fraction_per_step`` (one float per batch, 0.0 for a batch without gradients)."""
         total, lost = sum(self.with_gradient), sum(self.lost)
+        per_step = [n / w if w else 0.0 for n, w in zip(self.lost, self.with_gradient, strict=True)]
         return {"updates_with_gradient": total, "updates_lost": lost, "updates_kept": total - lost,
-                "lost_fraction_per_step": [n / w if w else 0.0 for n, w in zip(self.lost, self.with_gradient)]}
+                "lost_fraction_per_step": per_step}
 
 
 class FinalLossScale(Callback):
