@@ -156,23 +156,23 @@ class FP32TeacherFromCast(FP32Teacher):
 
 recipes = {
     "teacher in the module's dtype": StudentTeacher,
-    "fp32 teacher, bf16 weights": FP32Teacher,
-    "fp32 teacher, weights cast to fp32": FP32TeacherFromCast,
+    "fp32 teacher from bf16 weights": FP32Teacher,
+    "fp32 teacher from weights cast to fp32": FP32TeacherFromCast,
     "AdamW": lambda: StudentTeacher(optimizer="adamw", lr=1e-3),
-    "AdamW, eps=1e-4": lambda: StudentTeacher(optimizer="adamw", lr=1e-3, eps=1e-4),
+    "AdamW with eps 1e-4": lambda: StudentTeacher(optimizer="adamw", lr=1e-3, eps=1e-4),
 }
 RUNS = [
     # run id                recipe                                  precision     options
     ("fp32", "teacher in the module's dtype", "32-true", {"label": "SGD, fp32"}),
     ("bf16-mixed", "teacher in the module's dtype", "bf16-mixed", {"label": "SGD, bf16-mixed"}),
     ("bf16-true", "teacher in the module's dtype", "bf16-true", {"label": "SGD, bf16-true (bf16 teacher)"}),
-    ("fp32-teacher", "fp32 teacher, bf16 weights", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher"}),
-    ("fp32-teacher-cast", "fp32 teacher, weights cast to fp32", "bf16-true",
+    ("fp32-teacher", "fp32 teacher from bf16 weights", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher"}),
+    ("fp32-teacher-cast", "fp32 teacher from weights cast to fp32", "bf16-true",
      {"label": "SGD, bf16-true, fp32 teacher from cast weights"}),
     ("adamw-fp32", "AdamW", "32-true", {"label": "AdamW, fp32"}),
     ("adamw-16-mixed", "AdamW", "16-mixed", {"label": "AdamW, 16-mixed"}),
     ("adamw-16-true", "AdamW", "16-true", {"label": "AdamW, 16-true", "trainer": {"detect_anomaly": True}}),
-    ("adamw-16-true-eps", "AdamW, eps=1e-4", "16-true", {"label": "AdamW eps=1e-4, 16-true"}),
+    ("adamw-16-true-eps", "AdamW with eps 1e-4", "16-true", {"label": "AdamW eps=1e-4, 16-true"}),
 ]
 CLAIMS = [
     ("rate_ratio", "bf16-true", "updates_lost/updates_with_gradient", "pitfall-majority",

@@ -64,3 +64,15 @@ def test_opt_step_outside_training_step_claims_fail_once_such_steps_count(tmp_pa
     assert "opt.step() in on_train_batch_end: global_step stays 0" in failed  # global_step reached max_steps=3
     assert "opt.step() in on_train_batch_end: max_steps=3 never stops it" in failed  # not recorded: a claim fails
     assert any(v.kind == "finite" and v.runs == ["hook-fp32"] for v in report.failures)  # stopped after 3 batches
+
+
+def test_true_half_precision_claims_fail_when_the_errors_are_fixed(tmp_path):
+    # plot_16's two erroring runs trained with their fixes: the claims that the errors (and the NaN right
+    # after the first step) reproduce must fail, and the swap is reported
+    proc = run_example("plot_16_true_half_precision.py", tmp_path, MPGUIDE_SWAP_RECIPE=(
+        "plot_16_true_half_precision:fp32-teacher=fp32 teacher from weights cast to fp32,"
+        "plot_16_true_half_precision:adamw-16-true=AdamW with eps 1e-4"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = {v.title for v in gate.judge([tmp_path / "plot_16_true_half_precision.json"]).failures}
+    assert {"fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes", "16-true, AdamW eps=1e-8: NaN",
+            "16-true, AdamW eps=1e-8: NaN weights after the first step"} <= failed
