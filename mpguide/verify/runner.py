@@ -144,7 +144,7 @@ def train_run(
     """
     import lightning.pytorch as pl
 
-    hardware.check_precision(spec.precision)
+    hardware.check_precision(spec.precision, hardware.RUN_PRECISIONS)
     quiet_lightning()
     pl.seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it; quiet_lightning() mutes the line
     module = module_factory()
