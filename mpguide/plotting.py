@@ -158,8 +158,9 @@ def _percent(fraction: float) -> str:
 def _draw(ax: Any, series: list[dict[str, Any]], log: bool = False, span: float | None = None) -> None:
     """Draw ``series`` on ``ax`` in order; a series that a later one covers gets markers drawn above everything.
 
-    Each item: ``x``, ``y``, ``name`` (legend text), ``color``, ``linestyle``, optional
-    ``linewidth`` and ``where`` (draw as steps, as :meth:`matplotlib.axes.Axes.step` does). The
+    Each item: ``x``, ``y``, ``name`` (legend text), ``color``, ``linestyle``, optional ``first``
+    (the first run's label of a merged entry, used in notes), ``linewidth`` and ``where`` (draw
+    as steps, as :meth:`matplotlib.axes.Axes.step` does). The
     covered series' legend entry shows its marker and says what covers it ("markers: under fp32
     at 139 of 140 batches, at most 0.0001 % apart"), so that every legend entry is visible.
     """
@@ -174,7 +175,7 @@ def _draw(ax: Any, series: list[dict[str, Any]], log: bool = False, span: float 
         marks: dict[str, Any] = {}
         if partner is not None:
             j, close, common, rel = partner
-            other = series[j]["name"].split(" (identical")[0]
+            other = series[j].get("first") or series[j]["name"]  # a merged entry: its first run
             label = f"{label} (markers: under {other} at {close} of {common} batches, at most {_percent(rel)} apart)"
             every = max(1, len(item["y"]) // 12)
             marks = dict(marker=OVERLAP_MARKERS[shown % len(OVERLAP_MARKERS)], markersize=7, markerfacecolor="none",
@@ -244,10 +245,10 @@ def plot_loss_curves(
         color = colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444"))
         steps = range(len(first["loss"]))
         ax.plot(steps, first["loss"], color=color, alpha=0.18, linewidth=0.8)
+        names = [(labels or {}).get(m["id"]) or m.get("label") or m["id"] for m in members]
         series.append(dict(x=steps, y=smooth(first["loss"]), color=color,
                            linestyle=PRECISION_STYLES.get(first["precision"], "-"),
-                           name=_merged_label([(labels or {}).get(m["id"]) or m.get("label") or m["id"]
-                                               for m in members])))
+                           name=_merged_label(names), first=names[0]))
     _draw(ax, series)
     for run in failed:
         label = (labels or {}).get(run["id"]) or run.get("label") or run["id"]
@@ -294,7 +295,8 @@ def plot_run_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], fie
         series.append(dict(x=range(len(values)), y=values, where="post" if steps else None, linewidth=1.6,
                            color=colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444")),
                            linestyle=PRECISION_STYLES.get(first["precision"], "-"),
-                           name=_merged_label([m.get("label") or m["id"] for m in members])))
+                           name=_merged_label([m.get("label") or m["id"] for m in members]),
+                           first=members[0].get("label") or members[0]["id"]))
     _draw(ax, series, log=log)
     if log:
         ax.set_yscale("log", base=2)
@@ -364,7 +366,7 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
 
 def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], key: str, title: str, ylabel: str,
                       colors: dict[str, str] | None = None, log_base: int | None = None,
-                      labels: dict[str, str] | None = None) -> None:
+                      labels: dict[str, str] | None = None, steps: bool = True, legend: bool = True) -> None:
     """Draw a per-batch series that runs recorded in ``extra[key]`` (e.g. an update factor), as steps.
 
     Series that are exactly equal are drawn once, with one legend entry naming every run; a series
@@ -386,6 +388,8 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
         colors: optional run id -> colour (default: :data:`~mpguide.plotting.EXTRA_COLORS` in order).
         log_base: draw the y axis in this log base (e.g. 2 for factors of two, 10 for norms).
         labels: optional run id -> legend text for this figure (default: the run's label).
+        steps: draw steps (a value per batch, held across it); ``False`` draws lines between batches.
+        legend: put a legend below the axes (``False`` when a neighbouring panel shows the same runs).
     """
     import numpy as np
     from matplotlib.patches import Rectangle
@@ -403,14 +407,16 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
     for values, members in groups.items():
         i, first = members[0]
         y = np.asarray(values, dtype=float)
-        name = _merged_label([(labels or {}).get(m["id"]) or m.get("label") or m["id"] for _, m in members])
+        names = [(labels or {}).get(m["id"]) or m.get("label") or m["id"] for _, m in members]
+        name = _merged_label(names)
         color = colors.get(first["id"], EXTRA_COLORS[i % len(EXTRA_COLORS)])
         if log_base:
             zero = np.flatnonzero(y == 0)
             if zero.size:
-                skips.append((zero, color, name))
+                skips.append((zero, color, names[0] if len(names) == 1 else " = ".join(names)))
             y = np.where(y > 0, y, np.nan)
-        series.append(dict(x=np.arange(len(y)), y=y, where="mid", linewidth=1.5, name=name, color=color,
+        series.append(dict(x=np.arange(len(y)), y=y, where="mid" if steps else None, linewidth=1.5, name=name,
+                           first=names[0], color=color,
                            linestyle=PRECISION_STYLES.get(first["precision"], "-")))
     _draw(ax, series, log=bool(log_base))
     if log_base:
@@ -419,9 +425,11 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
         lo, hi = float(finite.min()), float(finite.max())
         # room below the data for the skip markers; half a power of the base above
         ax.set_ylim(lo / log_base ** (1.3 if skips else 0.5), hi * log_base ** 0.5)
-        powers = np.arange(np.ceil(np.log(lo) / np.log(log_base) - 1e-9), np.floor(np.log(hi) / np.log(log_base) + 1e-9) + 1)
-        ax.yaxis.set_major_locator(FixedLocator(float(log_base) ** powers))  # no tick inside the skip band
-        ax.yaxis.set_minor_locator(NullLocator())
+        if skips:  # ticks only at powers of the base within the data: none inside the skip band
+            powers = np.arange(np.ceil(np.log(lo) / np.log(log_base) - 1e-9),
+                               np.floor(np.log(hi) / np.log(log_base) + 1e-9) + 1)
+            ax.yaxis.set_major_locator(FixedLocator(float(log_base) ** powers))
+            ax.yaxis.set_minor_locator(NullLocator())
         band = blended_transform_factory(ax.transData, ax.transAxes)
         if skips:
             top = 0.06 + 0.06 * len(skips)
@@ -429,11 +437,12 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
                                    zorder=0))
             ax.text(0.01, top - 0.01, "skipped steps (update 0, no value on a log axis)", transform=ax.transAxes,
                     va="top", ha="left", fontsize=LEGEND_SIZE - 1, color="#555555")
-        for row, (zero, color, name) in enumerate(skips):
+        for row, (zero, color, first) in enumerate(skips):
             ax.plot(zero, np.full(zero.size, 0.03 + 0.06 * row), linestyle="none", marker="v", markersize=8,
-                    color=color, transform=band, label=f"{name.split(' (identical')[0]}: step skipped, update 0")
+                    color=color, transform=band, label=f"{first}: step skipped, update 0")
     ax.set_title(title)
     ax.set_xlabel(BATCH_AXIS)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    legend_below(ax)
+    if legend:
+        legend_below(ax)
