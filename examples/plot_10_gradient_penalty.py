@@ -140,10 +140,10 @@ record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS)
 # Curves
 # ------
 # The sum of the discriminator's and the generator's adversarial losses (without the penalty).
-# On this model all four runs follow fp32 so closely that they lie on top of each other: each
-# covered curve carries markers, and its legend entry names the curve above it and how far apart
-# the two get. The scaled penalty is needed where the penalized gradients leave fp16's range
-# (below), not here.
+# On this model every run follows fp32 (all within the claims' tolerance), and the two 16-mixed
+# runs lie on top of each other: the covered one carries markers, and its legend entry names the
+# curve above it and how far apart the two get. The scaled penalty is needed where the penalized
+# gradients leave fp16's range (below), not here.
 
 import matplotlib.pyplot as plt
 
