@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import runner
+from mpguide.verify import runner
 from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore
@@ -147,7 +147,7 @@ record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS)
 
 import matplotlib.pyplot as plt
 
-from mpguide import plotting, report
+from mpguide.verify import plotting, report
 
 fig, ax = plotting.figure(1, 1, 9, 5.6)
 plotting.describe(fig, "R1 GAN: the naive penalty under bf16-mixed and 16-mixed and the scaled penalty under "

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from conftest import curve, make_record, run  # noqa: E402
-from mpguide import plotting  # noqa: E402
+from mpguide.verify import plotting  # noqa: E402
 
 
 def _labels(ax) -> list[str]:
