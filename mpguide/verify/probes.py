@@ -101,6 +101,25 @@ class AppliedUpdates(Callback):
                 "all_updates_applied": all(self.applied), "applied_per_step": self.applied}
 
 
+class PrecisionInUse(Callback):
+    """Record which precision the ``Trainer`` really trains in, and whether it has a GradScaler.
+
+    ``Trainer(precision="16-mixed")`` on a CPU becomes ``"bf16-mixed"`` with a warning and no GradScaler
+    (``lightning/pytorch/trainer/connectors/accelerator_connector.py``), so the flag a reader passes and
+    what runs can differ.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.seen = {"trainer_precision": str(trainer.precision), "has_scaler": loss_scale(trainer) is not None}
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"trainer_precision": e.g. "bf16-mixed", "has_scaler": bool}``, or ``{}`` before training started."""
+        return dict(self.seen)
+
+
 class FinalLossScale(Callback):
     """Record the GradScaler's loss scale when training ends (``None`` without a GradScaler).
 
@@ -140,7 +159,7 @@ class FinalWeights(Callback):
 
 def callbacks() -> list[Callback]:
     """Fresh instances of every probe, for one ``Trainer``."""
-    return [LoggedValues(), AppliedUpdates(), FinalLossScale(), FinalWeights()]
+    return [LoggedValues(), AppliedUpdates(), PrecisionInUse(), FinalLossScale(), FinalWeights()]
 
 
 def collect(trainer: Any) -> dict[str, Any]:
