@@ -26,9 +26,9 @@ TEXT_RC = {"font.size": 11, "axes.titlesize": 11.5, "axes.labelsize": 11, "xtick
            "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 12}
 #: Legend text size in points.
 LEGEND_SIZE = TEXT_RC["legend.fontsize"]
-#: Two drawn series closer than this share of the axis' data range (on the drawn scale: log
-#: scale on log axes) at :data:`OVERLAP_SHARE` of their points lie on top of each other; the later
-#: one gets markers and a legend note naming the one it covers (see :func:`overlap_partner`).
+#: Share of the axis' data range (on the drawn scale, so in decades on a log axis) within which two
+#: drawn series lie on top of each other, at :data:`OVERLAP_SHARE` of their points; the covered
+#: one gets markers and a legend note naming the one above it (see :func:`overlap_partner`).
 OVERLAP_FRACTION = 0.015
 #: Share of points that must be that close for two series to count as overlapping.
 OVERLAP_SHARE = 0.9
@@ -119,7 +119,7 @@ def overlap_partner(ys: Sequence[Sequence[float]], log: bool = False,
             when that is 0).
 
     Returns:
-        One entry per series: ``None``, or ``(index of the later series, batches where the two are
+        One entry per series, ``None`` or ``(index of the later series, batches where the two are
         that close, common batches, largest |a - b| / max(|a|, |b|))`` (a fraction; 0.0 for equal values).
     """
     import numpy as np
