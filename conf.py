@@ -117,7 +117,8 @@ html_theme_options = {
 }
 html_static_path = [str(DOCS / "_static")]
 html_favicon = str(DOCS / "_static" / "favicon.png")
-html_css_files = ["mpguide.css"]  # wraps long code and output lines instead of cutting them off
+html_css_files = ["mpguide.css"]  # code scrolls sideways, wide tables show a scroll hint, compact page TOC
+html_js_files = ["mpguide.js"]  # figures enlarge on click/tap, wide-table hint, the page TOC follows the reader
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 copybutton_exclude = ".linenos, .gp, .go"

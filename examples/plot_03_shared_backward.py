@@ -168,13 +168,17 @@ record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead
 # steps; with ``ManualMixedPrecision`` every step is 1, except the steps GradScaler skips because
 # the head's own gradient overflowed (0: nothing moves, which is correct).
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5, sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 12, 6.2, sharey=True)
 plotting.describe(fig, "Stock 16-mixed: the head's update doubles after an overflow and halves after a growth step; "
-                  "ManualMixedPrecision keeps it at 1")
-for ax, ids, title in [(left, ["fp16-stock", "fp16-plugin", "fp32"], "Forced overflows at batches 0 and 50"),
-                       (right, ["fp16-growth-stock", "fp16-growth-plugin", "fp32"], "growth_interval=20")]:
+                  "ManualMixedPrecision keeps it at 1, like fp32")
+colors = {"fp32": "#0072B2", "fp16-plugin": "#CC79A7", "fp16-growth-plugin": "#CC79A7",
+          "fp16-stock": "#D55E00", "fp16-growth-stock": "#D55E00"}
+names = {"fp32": "fp32", "fp16-plugin": "ManualMixedPrecision", "fp16-growth-plugin": "ManualMixedPrecision",
+         "fp16-stock": "Lightning's 16-mixed plugin", "fp16-growth-stock": "Lightning's 16-mixed plugin"}
+for ax, ids, title in [(left, ["fp32", "fp16-plugin", "fp16-stock"], "Forced overflows at batches 0 and 50"),
+                       (right, ["fp32", "fp16-growth-plugin", "fp16-growth-stock"], "16-mixed, growth_interval=20")]:
     plotting.plot_extra_series(ax, record, ids, "head_update_factor", title,
-                               "applied head update / fp32-equivalent update", log_base=2)
+                               "head update / fp32-equivalent update", colors, log_base=2, labels=names)
 plotting.save_figure(fig, record["example"], "factor")
 plt.show()
 

@@ -137,29 +137,46 @@ record = runner.run_example("plot_04_gradient_clipping", recipes, RUNS, CLAIMS)
 # What the clip saw, and what the optimizer did
 # ---------------------------------------------
 # Left: the gradient norm at the moment of clipping. In fp32 and inside the hook it is the real
-# norm; between backward and step under 16-mixed it is the real norm times the loss scale.
-# Right: the norm of each applied update. With SGD the scaled clip leaves updates about 65536
-# times smaller; AdamW divides by its running gradient RMS, which shrinks by the same factor.
+# norm; between backward and step under 16-mixed it is the real norm times the loss scale
+# (about 65536), so the clip cuts it to ``max_norm``. Right: the norm of each applied update. With
+# SGD the scaled clip leaves updates about 65536 times smaller; AdamW divides by its running
+# gradient RMS, which shrinks by the same factor, so its updates keep their size. Curves that lie
+# on top of another (the hook run on fp32, say) carry markers and say so in the legend.
 
-fig, (seen, applied) = plotting.figure(1, 2, 12, 5.4)
-plotting.describe(fig, "Clipping between backward and step under 16-mixed sees scaled norms and applies tiny updates")
-ids = ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "adamw-fp32", "adamw-fp16"]
-plotting.plot_extra_series(seen, record, ids, "seen_norm", "Gradient norm seen by the clip", "L2 norm")
-plotting.plot_extra_series(applied, record, ids, "update_norm", "Norm of the applied update", "L2 norm")
-for ax in (seen, applied):
-    ax.set_yscale("log")
+fig, ((sgd_seen, sgd_applied), (adam_seen, adam_applied)) = plotting.figure(2, 2, 12, 9.4)
+plotting.describe(fig, "Clipping between backward and step under 16-mixed sees norms about 65536 times too large; "
+                  "SGD's updates then shrink by that factor, AdamW's do not; clipping in the hook sees the real norm")
+colors = {"sgd-fp32": "#0072B2", "sgd-fp16": "#D55E00", "sgd-fp16-hook": "#009E73",
+          "adamw-fp32": "#0072B2", "adamw-fp16": "#D55E00"}
+names = {"sgd-fp32": "fp32, clip before step", "sgd-fp16": "16-mixed, clip before step",
+         "sgd-fp16-hook": "16-mixed, clip in on_before_optimizer_step",
+         "adamw-fp32": "fp32, clip before step", "adamw-fp16": "16-mixed, clip before step"}
+for (seen, applied), ids, optimizer in [((sgd_seen, sgd_applied), ["sgd-fp32", "sgd-fp16-hook", "sgd-fp16"], "SGD"),
+                                        ((adam_seen, adam_applied), ["adamw-fp32", "adamw-fp16"], "AdamW")]:
+    plotting.plot_extra_series(seen, record, ids, "seen_norm", f"{optimizer}: gradient norm seen by the clip",
+                               "L2 norm", colors, log_base=10, labels=names, steps=False, legend=False)
+    plotting.plot_extra_series(applied, record, ids, "update_norm", f"{optimizer}: norm of the applied update",
+                               "L2 norm", colors, log_base=10, labels=names, steps=False)
 plotting.save_figure(fig, record["example"], "norms")
 plt.show()
 
 # %%
 # Loss curves
 # -----------
+# The consequence: SGD that clips the scaled gradient does not train at all; clipping in the hook
+# (or with ``ManualMixedPrecision``) trains exactly like fp32. AdamW hides the mistake: its curve
+# stays close to fp32.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5)
-plotting.describe(fig, "SGD stalls when it clips scaled gradients; AdamW keeps training but ends higher")
+fig, (left, right) = plotting.figure(1, 2, 12, 5.6)
+plotting.describe(fig, "SGD stalls when it clips scaled gradients and trains like fp32 when it clips in the hook; "
+                  "AdamW hides the same mistake")
+short = {"sgd-fp32": "fp32", "sgd-fp16": "16-mixed, clip before step", "sgd-fp16-hook": "16-mixed, clip in hook",
+         "sgd-fp16-plugin": "16-mixed + ManualMixedPrecision, clip before step",
+         "adamw-fp32": "fp32", "adamw-fp16": "16-mixed, clip before step"}
 plotting.plot_loss_curves(left, record, ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "sgd-fp16-plugin"], "SGD",
-                          {"sgd-fp16": "#D55E00", "sgd-fp16-plugin": "#CC79A7"})
-plotting.plot_loss_curves(right, record, ["adamw-fp32", "adamw-fp16"], "AdamW", {"adamw-fp16": "#D55E00"})
+                          {"sgd-fp16": "#D55E00", "sgd-fp16-plugin": "#CC79A7"}, labels=short)
+plotting.plot_loss_curves(right, record, ["adamw-fp32", "adamw-fp16"], "AdamW", {"adamw-fp16": "#D55E00"},
+                          labels=short)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 

@@ -17,7 +17,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 **What you will learn**
 
-* the accumulation recipe, and why dividing matters with SGD;
+* the accumulation recipe, and what not dividing does with SGD: exactly what an N times larger
+  learning rate does (faster at a small learning rate, divergence at a larger one);
 * that the loss scale is constant inside a window under 16-mixed (it only changes in ``opt.step()``);
 * that one overflowing micro-batch skips the whole window's update.
 """
@@ -25,7 +26,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # %%
 # The recipe and the mistakes
 # ---------------------------
-# All runs use SGD with momentum, where the size of the gradient is the size of the step.
+# All runs use SGD with momentum, where the size of the gradient is the size of the step: a
+# window's gradient that is N times too large is the same as a learning rate N times too large.
 
 import functools
 
@@ -104,6 +106,9 @@ recipes = {
     "manual, overflow": functools.partial(ManualAccumulation, overflow=True, **sgd),
     "no division": functools.partial(NoDivision, **sgd),
     "zero_grad every batch": functools.partial(ZeroGradEveryBatch, **sgd),
+    "manual, lr x 4": functools.partial(ManualAccumulation, optimizer="sgd", lr=4 * sgd["lr"]),
+    "manual, lr 0.5": functools.partial(ManualAccumulation, optimizer="sgd", lr=0.5),
+    "no division, lr 0.5": functools.partial(NoDivision, optimizer="sgd", lr=0.5),
 }
 RUNS = [
     # run id           recipe                   precision     options
@@ -116,6 +121,9 @@ RUNS = [
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
     ("no-division", "no division", "32-true", {"label": "no division, fp32"}),
     ("zero-grad", "zero_grad every batch", "32-true", {"label": "zero_grad every batch, fp32"}),
+    ("manual-lr-x4", "manual, lr x 4", "32-true", {"label": "manual, lr 0.2 (4 x 0.05), fp32"}),
+    ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
+    ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
     ("trainer-flag", "manual", "32-true",
      {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),
@@ -126,6 +134,8 @@ CLAIMS = [
     ("match", "manual-fp16", "auto-fp16", "same-precision", "manual accumulation = automatic (fp16)"),
     ("diverge", "no-division", "manual-fp32", "pitfall-gap", "not dividing the loss diverges"),
     ("diverge", "zero-grad", "manual-fp32", "pitfall-gap", "zero_grad every batch diverges"),
+    ("same", "no-division", "manual-lr-x4", "final_weights", "not dividing = dividing with a 4 x larger lr, bitwise"),
+    ("diverge", "no-division-lr-0.5", "manual-lr-0.5", "pitfall-gap", "at lr 0.5, not dividing diverges"),
     ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
@@ -139,16 +149,41 @@ record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS)
 # %%
 # Curves
 # ------
-# Left: manual and automatic accumulation in every precision (identical, so each pair is drawn once).
-# Right: the two mistakes against the correct manual run in fp32.
+# Left: manual and automatic accumulation in every precision are identical (each pair is drawn
+# once). Right: the two mistakes against the correct manual run in fp32. Not dividing reaches a
+# *lower* training loss here, and its curve is bitwise the curve of the divided recipe with a
+# 4 times larger learning rate (one line, one legend entry): at lr 0.05 this model simply
+# profits from larger steps. ``zero_grad`` every batch keeps a quarter of each window's
+# gradient and trains slower.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5, sharey=True)
-plotting.describe(fig, "Manual accumulation equals automatic accumulation; both mistakes diverge")
+fig, (left, right) = plotting.figure(1, 2, 12, 5.6, sharey=True)
+plotting.describe(fig, "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
+                  "learning rate (lower loss at lr 0.05); zero_grad every batch trains slower")
 acc_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
 plotting.plot_loss_curves(left, record, acc_ids, "Automatic vs manual accumulation, N = 4")
-plotting.plot_loss_curves(right, record, ["manual-fp32", "no-division", "zero-grad"], "Accumulation mistakes",
-                          {"no-division": "#D55E00", "zero-grad": "#CC79A7"})
+plotting.plot_loss_curves(right, record, ["manual-fp32", "no-division", "manual-lr-x4", "zero-grad"],
+                          "Accumulation mistakes, SGD lr 0.05, fp32",
+                          {"no-division": "#D55E00", "zero-grad": "#CC79A7"},
+                          {"manual-fp32": "divided by 4", "no-division": "not divided",
+                           "manual-lr-x4": "divided, lr x 4", "zero-grad": "zero_grad every batch"})
 plotting.save_figure(fig, record["example"], "curves")
+plt.show()
+
+# %%
+# Where not dividing trains worse
+# -------------------------------
+# The same mistake at lr 0.5, a learning rate at which the divided recipe trains well: the
+# window's gradient, four times too large, makes every step four times too long, and the loss
+# climbs far above where it started (log scale). Not dividing is therefore not "slower" or
+# "faster" but a different learning rate, tuned for nothing.
+
+fig, ax = plotting.figure(1, 1, 9, 5.2)
+plotting.describe(fig, "At lr 0.5 the divided recipe trains and the undivided one diverges")
+plotting.plot_loss_curves(ax, record, ["manual-lr-0.5", "no-division-lr-0.5"], "SGD lr 0.5, fp32",
+                          {"no-division-lr-0.5": "#D55E00"},
+                          {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"})
+ax.set_yscale("log")
+plotting.save_figure(fig, record["example"], "larger_lr")
 plt.show()
 
 # %%
@@ -167,7 +202,7 @@ for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
     ax.axvspan(w * N, (w + 1) * N, color="#D55E00" if not moved else "#999999", alpha=0.25 if not moved else 0.06)
 ax.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
 ax.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale", title="Windows of 4 micro-batches (red: skipped)")
-ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # right of the data
+ax.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # right of the data
 plotting.save_figure(fig, record["example"], "windows")
 plt.show()
 
@@ -181,5 +216,7 @@ print(report.summary(record))
 # Conclusion
 # ----------
 # Divide the loss by N, call ``manual_backward`` on every micro-batch, and call ``opt.step()`` and
-# ``opt.zero_grad()`` only at the end of the window. Under 16-mixed nothing else is needed: the
+# ``opt.zero_grad()`` only at the end of the window. Forgetting the division multiplies SGD's
+# learning rate by N (bitwise the same run), which may look better or diverge depending on the
+# learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed nothing else is needed: the
 # scale cannot change inside a window, and an overflow anywhere in it skips the window as a whole.

@@ -152,18 +152,23 @@ record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, t
 # The same training, a quarter of the traffic
 # -------------------------------------------
 # Left: the smoothed loss of the global batch (the mean of the two ranks' losses). The DDP runs
-# and the single process lie on top of each other. Right: what each run all-reduced per rank.
+# and the single process lie on top of each other: the covered curves carry markers, and their
+# legend entries say which curve covers them and how far apart they get. Right: what each run
+# all-reduced per rank.
 
-fig, (curves, traffic) = plotting.figure(1, 2, 12, 5)
-plotting.describe(fig, "DDP with manual accumulation: the same curve with a quarter of the all-reduces")
+fig, (curves, traffic) = plotting.figure(1, 2, 12, 5.6)
+plotting.describe(fig, "DDP with manual accumulation: syncing only at the window end gives the single-process "
+                  "curve with a quarter of the all-reduces")
 plotting.plot_loss_curves(curves, record, ["single-fp32", "ddp-fp32-every", "ddp-fp32-window-end"],
-                          "Loss of the global batch", colors={"ddp-fp32-every": "#E69F00", "ddp-fp32-window-end": "#009E73"})
+                          "Loss of the global batch", colors={"ddp-fp32-every": "#E69F00", "ddp-fp32-window-end": "#009E73"},
+                          labels={"single-fp32": "1 process", "ddp-fp32-every": "DDP x2, sync every micro-batch",
+                                  "ddp-fp32-window-end": "DDP x2, sync at window end"})
 ids = ["ddp-fp32-every", "ddp-fp32-window-end", "ddp-16-window-end", "ddp-16-never"]
 runs = [plotting.run_by_id(record, i) for i in ids]
 traffic.barh([r["label"] for r in runs], [r["extra"]["allreduce_bytes"] / 1e6 for r in runs], color="#56B4E9")
 for y, r in enumerate(runs):
     traffic.annotate(f"{r['extra']['allreduce_calls']} all-reduces", (0, y), xytext=(4, 0),
-                     textcoords="offset points", va="center", fontsize=8)
+                     textcoords="offset points", va="center", fontsize=plotting.LEGEND_SIZE)
 traffic.set(xlabel="gradient bytes all-reduced per rank (MB)", title="Communication per run")
 traffic.invert_yaxis()
 plotting.save_figure(fig, record["example"], "traffic")
@@ -190,7 +195,9 @@ print(f"saved: {saved_calls} all-reduces and {saved_bytes / 1e6:.2f} MB per rank
 # rank 1 in the all-reduce of the window's last micro-batch, so both skip that step and halve their
 # scale. Never synchronising, rank 0 skips alone and the two processes now hold different models.
 
-fig, ax = plotting.figure(1, 1, 10, 3.4)
+fig, ax = plotting.figure(1, 1, 10, 3.8)
+plotting.describe(fig, "Synced at the window end, both ranks skip the same 16-mixed steps; never synced, "
+                  "rank 0 skips alone")
 for row, run_id in enumerate(["ddp-16-window-end", "ddp-16-never"]):
     run = plotting.run_by_id(record, run_id)
     for rank, skipped in enumerate(run["extra"]["skipped_batches_per_rank"]):

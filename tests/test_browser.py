@@ -3,13 +3,20 @@
 Opens the landing page, the guide and one example page of a strict build (test preset) served on
 localhost, and checks that every image loads with a non-zero size, that every internal link and
 anchor resolves, that the browser console has no errors, and that the dark-mode toggle changes the
-page. Screenshots go to ``_build/screenshots/`` of the repository.
+page. At a phone's 412x915 and a desktop's 1400x900 it checks that figures enlarge on a click or
+tap, that a table wider than its column scrolls in a container that says so, that code blocks
+scroll instead of wrapping, and (desktop) that the page's sidebar shows every section.
+Screenshots go to ``_build/screenshots/`` of the repository.
+
+``MPGUIDE_BROWSER_SITE=<folder with index.html>`` serves an existing build instead of making one
+(for work on ``docs/_static``: copy the changed files into that build's ``_static``).
 """
 
 from __future__ import annotations
 
 import functools
 import http.server
+import os
 import shutil
 import threading
 from html.parser import HTMLParser
@@ -32,12 +39,19 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def server(built_site):
-    out, _ = built_site
-    handler = functools.partial(_QuietHandler, directory=str(out / "html"))
+def server(request):
+    prebuilt = os.environ.get("MPGUIDE_BROWSER_SITE")
+    if prebuilt:
+        html = Path(prebuilt)
+        if not (html / "index.html").is_file():
+            pytest.fail(f"MPGUIDE_BROWSER_SITE={prebuilt}: no index.html there; point it at a build's html folder")
+    else:
+        out, _ = request.getfixturevalue("built_site")
+        html = out / "html"
+    handler = functools.partial(_QuietHandler, directory=str(html))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/", out / "html"
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/", html
     httpd.shutdown()
 
 
@@ -143,3 +157,159 @@ def test_dark_mode_toggle_changes_the_page(server, browser):
     assert before[1] != after[1], f"background did not change: {before[1]} -> {after[1]}"
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / "manual_optimization_dark.png"))
+
+
+# --------------------------------------------------------------------- phone and desktop
+VIEWPORTS = {"phone": (412, 915), "desktop": (1400, 900)}
+GUIDE, EXAMPLE = "model/manual_optimization.html", "auto_examples/plot_06_accumulation.html"
+#: Figures of the pages: sphinx-gallery's images and the guide's executed cells.
+FIGURES_JS = "Array.from(document.querySelectorAll('.bd-article img')).filter(i => !i.closest('a'))"
+
+
+def _open(browser, page_url: str, viewport: str) -> None:
+    width, height = VIEWPORTS[viewport]
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": width, "height": height, "deviceScaleFactor": 1, "mobile": viewport == "phone"})
+    browser.get(page_url)
+    browser.execute_script("localStorage.setItem('mode', 'light'); window.scrollTo(0, 0);")
+
+
+@pytest.fixture
+def viewport(browser, request):
+    yield request.param
+    browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+@pytest.mark.parametrize("viewport", list(VIEWPORTS), indirect=True)
+@pytest.mark.parametrize("page", [GUIDE, EXAMPLE])
+def test_figures_enlarge_on_click_or_tap(server, browser, page, viewport):
+    """A click (a tap on a phone) on each figure shows it larger; on a phone at least at its own size,
+    where its 10 pt legend is 15 px tall; Escape closes it."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    base, _ = server
+    _open(browser, base + page, viewport)
+    figures = browser.execute_script(f"return {FIGURES_JS}.filter(i => i.naturalWidth > 300);")
+    assert len(figures) >= 2, f"{page}: expected figures, found {len(figures)}"
+    for img in figures[:4]:
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", img)
+        inline, natural, src = browser.execute_script(
+            "const r = arguments[0].getBoundingClientRect(); return [r.width, arguments[0].naturalWidth, "
+            "arguments[0].currentSrc];", img)
+        ActionChains(browser).move_to_element(img).click().perform()
+        shown = browser.execute_script(
+            "const [src, img] = arguments; return Array.from(document.images).filter(i => i !== img && "
+            "i.currentSrc === src && i.getBoundingClientRect().width > 0).map(i => i.getBoundingClientRect().width);",
+            src, img)
+        assert shown, f"{page} at {viewport}: a click on {src.rsplit('/', 1)[-1]} shows no enlarged figure"
+        assert max(shown) > inline * 1.2, (f"{page} at {viewport}: the enlarged figure is {max(shown):.0f} px wide, "
+                                           f"the inline one {inline:.0f} px")
+        if viewport == "phone":
+            assert max(shown) >= natural - 1, f"on a phone the figure must show at its own size ({natural} px)"
+        ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+        left = browser.execute_script(
+            "const [src, img] = arguments; return Array.from(document.images).filter(i => i !== img && "
+            "i.currentSrc === src && i.getBoundingClientRect().width > 0).length;", src, img)
+        assert left == 0, "Escape does not close the enlarged figure"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", figures[0])
+    browser.save_screenshot(str(SHOTS / f"{page.replace('/', '_').replace('.html', '')}_{viewport}_figure.png"))
+
+
+_TABLES_JS = """
+const out = [];
+for (const table of document.querySelectorAll('.bd-article table')) {
+  let box = table.parentElement, scroller = null;
+  while (box && !box.classList.contains('bd-article')) {
+    const o = getComputedStyle(box).overflowX;
+    if ((o === 'auto' || o === 'scroll') && !scroller) scroller = box;
+    box = box.parentElement;
+  }
+  const column = document.querySelector('.bd-article').getBoundingClientRect().width;
+  const width = table.getBoundingClientRect().width;
+  if (width <= column + 1 && (!scroller || scroller.scrollWidth <= scroller.clientWidth + 1)) continue;
+  const cue = scroller ? getComputedStyle(scroller, '::before').content : 'none';
+  out.push({width: width, column: column, scroller: !!scroller,
+            scrolls: scroller ? scroller.scrollWidth > scroller.clientWidth : false, cue: cue,
+            text: table.innerText.slice(0, 60)});
+}
+return out;
+"""
+
+
+@pytest.mark.parametrize("viewport", ["phone"], indirect=True)  # at 1400 px no table of the guide is too wide
+def test_wide_tables_scroll_in_a_container_that_says_so(server, browser, viewport):
+    """No table is wider than the column unless it sits in a scroll container with a visible hint."""
+    base, _ = server
+    _open(browser, base + GUIDE, viewport)
+    browser.execute_script("window.dispatchEvent(new Event('resize'));")
+    wide = browser.execute_script(_TABLES_JS)
+    bad = [t for t in wide if not (t["scroller"] and t["scrolls"] and "scroll" in t["cue"])]
+    assert not bad, f"{len(bad)} of {len(wide)} wide tables at {viewport} lack a scroll container with a hint: {bad[:3]}"
+    assert wide, "at 412 px some tables of the guide are wider than the column (else this test checks nothing)"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});",
+                           browser.find_elements("css selector", ".mpguide-wide")[0])
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "manual_optimization_phone_table.png"))
+
+
+@pytest.mark.parametrize("viewport", list(VIEWPORTS), indirect=True)
+@pytest.mark.parametrize("page", [GUIDE, EXAMPLE])
+def test_code_blocks_scroll_sideways_instead_of_wrapping(server, browser, page, viewport):
+    """Wrapped Python breaks its indentation: every code block keeps its lines and scrolls."""
+    base, _ = server
+    _open(browser, base + page, viewport)
+    styles = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.bd-article pre')).map(p => [getComputedStyle(p).whiteSpace, "
+        "getComputedStyle(p).overflowX, p.scrollWidth > p.clientWidth]);")
+    assert styles, f"{page} has no code block"
+    bad = [s for s in styles if s[0] != "pre" or s[1] not in ("auto", "scroll")]
+    assert not bad, f"{len(bad)} of {len(styles)} code blocks wrap or cannot scroll: {bad[:3]}"
+    if viewport == "phone":
+        assert any(s[2] for s in styles), "at 412 px some code line is longer than the block (else nothing is checked)"
+
+
+def test_the_sidebar_shows_every_section_of_the_guide(server, browser):
+    """At 1400x900 every section of the guide is listed inside the visible part of the sidebar, at the
+    top of the page and at its end (the highlighted entry stays in view as the page scrolls)."""
+    base, _ = server
+    _open(browser, base + GUIDE, "desktop")
+    try:
+        def hidden():
+            return browser.execute_script("""
+                const bar = document.querySelector('.bd-sidebar-secondary').getBoundingClientRect();
+                const bottom = Math.min(bar.bottom, window.innerHeight), top = Math.max(bar.top, 0);
+                const top_level = document.querySelectorAll('#pst-page-toc-nav > ul > li > a, ' +
+                  '#pst-page-toc-nav > ul > li > ul > li > a');
+                return Array.from(top_level).filter(a => {
+                  const r = a.getBoundingClientRect();
+                  return r.height > 0 && (r.top < top - 1 || r.bottom > bottom + 1);
+                }).map(a => a.textContent.trim().slice(0, 50));""")
+
+        sections = browser.execute_script("return document.querySelectorAll('.bd-article section > h2').length;")
+        assert sections >= 5, "the guide should have sections"
+        assert not hidden(), f"sections listed below the visible sidebar at the top of the page: {hidden()}"
+        import time
+
+        # read down to the last section as a reader would, in steps the theme's scroll observer sees
+        last = browser.execute_script(
+            "const h = Array.from(document.querySelectorAll('.bd-article section > h2')).pop();"
+            "return h.getBoundingClientRect().top + window.scrollY;")
+        for y in range(0, int(last) + 1, 700):
+            browser.execute_script("window.scrollTo({top: arguments[0], behavior: 'instant'});", y)
+            time.sleep(0.05)
+        browser.execute_script("window.scrollTo({top: arguments[0] - 100, behavior: 'instant'});", last)
+        time.sleep(1.0)  # the theme's observer marks the entry, then mpguide.js scrolls the sidebar
+        active = browser.execute_script("""
+            const a = Array.from(document.querySelectorAll('#pst-page-toc-nav a.active')).pop();
+            if (!a) return null;
+            const bar = document.querySelector('.bd-sidebar-secondary').getBoundingClientRect();
+            const r = a.getBoundingClientRect();
+            return [a.textContent.trim(), r.top >= Math.max(bar.top, 0) - 1 && r.bottom <= Math.min(bar.bottom,
+                    window.innerHeight) + 1];""")
+        assert active and active[1], f"at the end of the page the highlighted section is out of view: {active}"
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SHOTS / "manual_optimization_desktop_end.png"))
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -21,27 +21,53 @@ EXTRA_COLORS = ["#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999"]
 BATCH_AXIS = "batch (training_step call)"
 #: Gap in inches between the bottom of an axes and the top of a legend placed below it, which
 #: leaves room for tick labels and the x-axis label.
-LEGEND_DROP_IN = 0.55
+LEGEND_DROP_IN = 0.62
+#: Text sizes in points. Figures are saved at 110 dpi, so 10 pt is 15 pixels in the enlarged view
+#: (a click or tap on a figure shows it at its own size, ``docs/_static/mpguide.js``).
+TEXT_RC = {"font.size": 11, "axes.titlesize": 11.5, "axes.labelsize": 11, "xtick.labelsize": 10,
+           "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 12}
+#: Legend text size in points.
+LEGEND_SIZE = TEXT_RC["legend.fontsize"]
+#: Share of the axis' data range (on the drawn scale, so in decades on a log axis) within which two
+#: drawn series lie on top of each other, at :data:`OVERLAP_SHARE` of their points; the covered
+#: one gets markers and a legend note naming the one above it (see :func:`overlap_partner`).
+OVERLAP_FRACTION = 0.015
+#: Share of points that must be that close for two series to count as overlapping.
+OVERLAP_SHARE = 0.9
+#: Marker shapes for overlapping series, in order (hollow, so the line below stays visible).
+OVERLAP_MARKERS = ["o", "s", "^", "D", "v", "P"]
+#: Legend text of the faint raw per-batch loss lines drawn under the smoothed curves.
+RAW_LABEL = "faint lines: raw loss of each batch"
 
 
 def figure(nrows: int = 1, ncols: int = 1, width: float = 11.0, height: float = 4.6, **kwargs: Any):
     """``plt.subplots`` with constrained layout, so legends below the axes and labels are never cut.
 
+    Also sets matplotlib's text sizes to :data:`TEXT_RC` (global ``rcParams``: matplotlib reads them
+    when a text is made, so they must be set before the figure's texts exist; sphinx-gallery resets
+    them between examples).
+
     Returns:
         ``(fig, axes)`` as :func:`matplotlib.pyplot.subplots` returns them; sizes in inches.
     """
+    import matplotlib as mpl
     import matplotlib.pyplot as plt
 
+    mpl.rcParams.update(TEXT_RC)
     return plt.subplots(nrows, ncols, figsize=(width, height), layout="constrained", **kwargs)
 
 
 def describe(fig: Any, text: str) -> None:
-    """Put a one-line statement of what ``fig`` shows above it.
+    """Put the figure's conclusion, in one sentence, above it.
 
-    sphinx-gallery uses a figure's title texts as the image's alt text, so this sentence is also
-    what a screen reader announces.
+    sphinx-gallery uses a figure's title texts (this one, then each axes title) as the image's alt
+    text, so this sentence is also what a screen reader announces: state what the figure shows
+    ("manual equals automatic"), not what it is ("loss curves"). Wrapped to the figure's width.
     """
-    fig.suptitle(text, fontsize=10)
+    import textwrap
+
+    width_in = fig.get_size_inches()[0]
+    fig.suptitle("\n".join(textwrap.wrap(text, max(40, int(width_in * 10.5)))), fontsize=TEXT_RC["figure.titlesize"])
 
 
 def legend_below(ax: Any, ncol: int = 1) -> None:
@@ -53,7 +79,7 @@ def legend_below(ax: Any, ncol: int = 1) -> None:
         return
     transform = ax.transAxes + ScaledTranslation(0, -LEGEND_DROP_IN, ax.figure.dpi_scale_trans)
     ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=transform,
-              ncol=ncol, fontsize=8, frameon=False)
+              ncol=ncol, fontsize=LEGEND_SIZE, frameon=False)
 
 
 def _merged_label(labels: Sequence[str]) -> str:
@@ -65,6 +91,103 @@ def _merged_label(labels: Sequence[str]) -> str:
         tail = tails.pop()
         return " = ".join(label.rsplit(", ", 1)[0] for label in labels) + f", {tail} (identical, drawn once)"
     return " = ".join(labels) + " (identical, drawn once)"
+
+
+def _drawn(values: Sequence[float], log: bool) -> Any:
+    """``values`` as the axis draws them: ``log10`` on a log axis (non-positive values: NaN, not drawn)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.nan)
+    return v
+
+
+def overlap_partner(ys: Sequence[Sequence[float]], log: bool = False,
+                    span: float | None = None) -> list[tuple[int, int, int, float] | None]:
+    """For each series, the first *later* series drawn over it, where they overlap and how far apart they get.
+
+    Two series overlap when, on the drawn scale (``log10`` of the values on a log axis), they are
+    closer than :data:`OVERLAP_FRACTION` of ``span`` at :data:`OVERLAP_SHARE` or more of their
+    common points. Points where either series is not finite (or not positive on a log axis) are
+    left out; series with no common point overlap nothing. A later series is drawn over an
+    earlier one, so it is the earlier one that may disappear.
+
+    Args:
+        ys: per-batch values of each series, in drawing order (any lengths; compared over the shorter).
+        log: the axis is logarithmic.
+        span: the drawn range of the axis (default: the range of all finite drawn values, or 1.0
+            when that is 0).
+
+    Returns:
+        One entry per series, ``None`` or ``(index of the later series, batches where the two are
+        that close, common batches, largest |a - b| / max(|a|, |b|))`` (a fraction; 0.0 for equal values).
+    """
+    import numpy as np
+
+    drawn = [_drawn(y, log) for y in ys]
+    if span is None:
+        finite = [d[np.isfinite(d)] for d in drawn]
+        values = np.concatenate(finite) if finite else np.array([])
+        span = float(values.max() - values.min()) if values.size else 0.0
+        span = span or 1.0
+    out: list[tuple[int, int, int, float] | None] = []
+    for i, d in enumerate(drawn):
+        found = None
+        for j in range(i + 1, len(drawn)):
+            n = min(len(d), len(drawn[j]))
+            a, b = d[:n], drawn[j][:n]
+            both = np.isfinite(a) & np.isfinite(b)
+            if not both.any():
+                continue
+            close = np.abs(a[both] - b[both]) <= OVERLAP_FRACTION * span
+            if close.mean() >= OVERLAP_SHARE:
+                raw_a = np.asarray(ys[i][:n], dtype=float)[both]
+                raw_b = np.asarray(ys[j][:n], dtype=float)[both]
+                biggest = np.maximum(np.maximum(np.abs(raw_a), np.abs(raw_b)), np.finfo(float).tiny)
+                found = (j, int(close.sum()), int(both.sum()), float((np.abs(raw_a - raw_b) / biggest).max()))
+                break
+        out.append(found)
+    return out
+
+
+def _percent(fraction: float) -> str:
+    """``0.000123`` -> ``"0.012 %"``; two significant digits."""
+    return "0 %" if fraction == 0 else f"{100 * fraction:.2g} %"
+
+
+def _draw(ax: Any, series: list[dict[str, Any]], log: bool = False, span: float | None = None) -> None:
+    """Draw ``series`` on ``ax`` in order; a series that a later one covers gets markers drawn above everything.
+
+    Each item: ``x``, ``y``, ``name`` (legend text), ``color``, ``linestyle``, optional ``first``
+    (the first run's label of a merged entry, used in notes), ``linewidth`` and ``where`` (draw
+    as steps, as :meth:`matplotlib.axes.Axes.step` does). The
+    covered series' legend entry shows its marker and says what covers it ("markers: under fp32
+    at 139 of 140 batches, at most 0.0001 % apart"), so that every legend entry is visible.
+    """
+    import textwrap
+
+    partners = overlap_partner([item["y"] for item in series], log, span)
+    shown = 0
+    for item, partner in zip(series, partners):
+        label = item["name"]
+        kwargs: dict[str, Any] = dict(color=item["color"], linestyle=item["linestyle"],
+                                      linewidth=item.get("linewidth", 1.8))
+        marks: dict[str, Any] = {}
+        if partner is not None:
+            j, close, common, rel = partner
+            other = series[j].get("first") or series[j]["name"]  # a merged entry: its first run
+            label = f"{label} (markers: under {other} at {close} of {common} batches, at most {_percent(rel)} apart)"
+            every = max(1, len(item["y"]) // 12)
+            marks = dict(marker=OVERLAP_MARKERS[shown % len(OVERLAP_MARKERS)], markersize=7, markerfacecolor="none",
+                         markeredgewidth=1.6, markevery=((every * ((shown + 1) % 4)) // 4, every))
+            shown += 1
+        draw = ax.step if item.get("where") else ax.plot
+        where = {"where": item["where"]} if item.get("where") else {}
+        draw(item["x"], item["y"], label="\n".join(textwrap.wrap(label, 62)), **where, **kwargs, **marks)
+        if marks:  # the same markers again, above every line, without a legend entry
+            draw(item["x"], item["y"], **where, color=item["color"], linestyle="none", zorder=3.5, **marks)
 
 
 def run_by_id(record: dict[str, Any], run_id: str) -> dict[str, Any]:
@@ -85,15 +208,19 @@ def plot_loss_curves(
     run_ids: Sequence[str],
     title: str,
     colors: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> None:
     """Draw the smoothed loss curves of ``run_ids`` on ``ax``, one point per batch.
 
     Each curve is the exponential moving average the claims use (:func:`mpguide.verify.claims.smooth`),
-    drawn over the raw per-batch loss in a faint line. Colour follows precision unless ``colors``
+    drawn over the raw per-batch loss in a faint line of the same colour; one grey legend entry,
+    :data:`RAW_LABEL`, says what the faint lines are. Colour follows precision unless ``colors``
     gives one per run id; the line style always follows precision (:data:`PRECISION_STYLES`).
     Runs whose losses are bitwise identical are drawn once, with one legend entry naming them all
-    ("automatic = manual, fp32 (identical, drawn once)"). Runs that raised are listed in the legend
-    as "(raised ...)" without a curve. The legend goes below the axes.
+    ("automatic = manual, fp32 (identical, drawn once)"); a curve that lies on top of an earlier
+    one without being identical gets hollow markers and says so in its legend entry (see
+    :func:`overlap_partner`). Runs that raised are listed in the legend as "(raised ...)" without a
+    curve. The legend goes below the axes.
 
     Args:
         ax: a matplotlib Axes.
@@ -101,7 +228,10 @@ def plot_loss_curves(
         run_ids: runs to draw, in legend order.
         title: axes title.
         colors: optional run id -> colour.
+        labels: optional run id -> legend text for this figure (default: the run's label).
     """
+    from matplotlib.lines import Line2D
+
     colors = colors or {}
     groups: dict[tuple[float, ...], list[dict[str, Any]]] = {}
     failed = []
@@ -111,20 +241,25 @@ def plot_loss_curves(
             failed.append(run)
         else:
             groups.setdefault(tuple(run["loss"]), []).append(run)
+    series = []
     for members in groups.values():
         first = members[0]
         color = colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444"))
-        style = PRECISION_STYLES.get(first["precision"], "-")
         steps = range(len(first["loss"]))
         ax.plot(steps, first["loss"], color=color, alpha=0.18, linewidth=0.8)
-        ax.plot(steps, smooth(first["loss"]), color=color, linestyle=style, linewidth=1.8,
-                label=_merged_label([m.get("label") or m["id"] for m in members]))
+        names = [(labels or {}).get(m["id"]) or m.get("label") or m["id"] for m in members]
+        series.append(dict(x=steps, y=smooth(first["loss"]), color=color,
+                           linestyle=PRECISION_STYLES.get(first["precision"], "-"),
+                           name=_merged_label(names), first=names[0]))
+    _draw(ax, series)
     for run in failed:
-        label = run.get("label") or run["id"]
+        label = (labels or {}).get(run["id"]) or run.get("label") or run["id"]
         ax.plot([], [], color=colors.get(run["id"], PRECISION_COLORS.get(run["precision"], "#444444")),
                 linestyle=PRECISION_STYLES.get(run["precision"], "-"),
                 label=f"{label} (raised {run['error']['type']}, no curve)" if run.get("error") else f"{label} (no steps)")
-    ax.set_title(title, fontsize=10)
+    if series:
+        ax.add_line(Line2D([], [], color="#777777", alpha=0.45, linewidth=0.8, label=RAW_LABEL))
+    ax.set_title(title)
     ax.set_xlabel(BATCH_AXIS)
     ax.set_ylabel("training loss (EMA-smoothed)")
     ax.grid(alpha=0.3)
@@ -132,8 +267,12 @@ def plot_loss_curves(
 
 
 def plot_run_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], field: str,
-                    colors: dict[str, str] | None = None, limit: int | None = None, steps: bool = False) -> None:
+                    colors: dict[str, str] | None = None, limit: int | None = None, steps: bool = False,
+                    log: bool = False) -> None:
     """Draw a per-batch list stored in each run (``"lr"``, ``"loss_scale"``), exactly equal series once.
+
+    A series lying on top of an earlier, unequal one gets markers and a legend note
+    (:func:`overlap_partner`).
 
     Args:
         ax: a matplotlib Axes.
@@ -143,6 +282,7 @@ def plot_run_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], fie
         colors: optional run id -> colour (default: by precision).
         limit: draw only the first ``limit`` batches.
         steps: draw as a step function (values hold until the next batch).
+        log: draw the y axis in log base 2 (and judge overlaps on that scale).
     """
     colors = colors or {}
     groups: dict[tuple[float, ...], list[dict[str, Any]]] = {}
@@ -151,15 +291,17 @@ def plot_run_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], fie
         values = tuple((run.get(field) or [])[:limit])
         if values:
             groups.setdefault(values, []).append(run)
+    series = []
     for values, members in groups.items():
         first = members[0]
-        kwargs = dict(color=colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444")),
-                      linestyle=PRECISION_STYLES.get(first["precision"], "-"), linewidth=1.6,
-                      label=_merged_label([m.get("label") or m["id"] for m in members]))
-        if steps:
-            ax.step(range(len(values)), values, where="post", **kwargs)
-        else:
-            ax.plot(range(len(values)), values, **kwargs)
+        series.append(dict(x=range(len(values)), y=values, where="post" if steps else None, linewidth=1.6,
+                           color=colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444")),
+                           linestyle=PRECISION_STYLES.get(first["precision"], "-"),
+                           name=_merged_label([m.get("label") or m["id"] for m in members]),
+                           first=members[0].get("label") or members[0]["id"]))
+    _draw(ax, series, log=log)
+    if log:
+        ax.set_yscale("log", base=2)
     ax.set_xlabel(BATCH_AXIS)
     ax.grid(alpha=0.3)
     legend_below(ax)
@@ -195,7 +337,7 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
 
     from .claims import relative_gap, warmup_steps
 
-    identical, steps = [], None
+    identical, steps, series = [], None, []
     for i, (cand, ref) in enumerate(pairs):
         a, b = run_by_id(record, cand), run_by_id(record, ref)
         if a.get("error") or b.get("error"):
@@ -206,8 +348,9 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
             identical.append(f"{cand} vs {ref}")
             continue
         color = PRECISION_COLORS.get(a["precision"], EXTRA_COLORS[i % len(EXTRA_COLORS)])
-        ax.plot(steps, np.maximum(gap, GAP_FLOOR), color=color, linestyle=PRECISION_STYLES.get(a["precision"], "-"),
-                linewidth=1.5, label=f"{cand} vs {ref}")
+        series.append(dict(x=steps, y=np.maximum(gap, GAP_FLOOR), color=color, linewidth=1.5,
+                           linestyle=PRECISION_STYLES.get(a["precision"], "-"), name=f"{cand} vs {ref}"))
+    _draw(ax, series, log=True, span=float(np.log10(1.0 / (GAP_FLOOR / 10))))
     if identical and steps is not None:
         import textwrap
 
@@ -216,7 +359,7 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
                 label="\n".join(textwrap.wrap(text, 60)))
     ax.set_yscale("log")
     ax.set_ylim(GAP_FLOOR / 10, 1.0)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
     ax.set_xlabel(BATCH_AXIS)
     ax.set_ylabel("relative difference of smoothed loss")
     ax.grid(alpha=0.3, which="major")
@@ -224,11 +367,18 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
 
 
 def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], key: str, title: str, ylabel: str,
-                      colors: dict[str, str] | None = None, log_base: int | None = None) -> None:
+                      colors: dict[str, str] | None = None, log_base: int | None = None,
+                      labels: dict[str, str] | None = None, steps: bool = True, legend: bool = True) -> None:
     """Draw a per-batch series that runs recorded in ``extra[key]`` (e.g. an update factor), as steps.
 
-    Series that are exactly equal are drawn once, with one legend entry naming every run; the
-    line style follows precision; the legend goes below the axes.
+    Series that are exactly equal are drawn once, with one legend entry naming every run; a series
+    lying on top of an earlier, unequal one gets hollow markers and a legend note naming it
+    (:func:`overlap_partner`); the line style follows precision; the legend goes below the axes.
+
+    On a log axis (``log_base``) a value of exactly 0 (a skipped step: nothing moved) has no place:
+    the line leaves a gap there and a triangle at the bottom of the axes marks the batch, with one
+    legend entry per run ("...: step skipped, update 0"). The axis shows only powers of
+    ``log_base`` within the data, never a 0 tick.
 
     Args:
         ax: a matplotlib Axes.
@@ -238,8 +388,16 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
         title: axes title.
         ylabel: y-axis label (with unit).
         colors: optional run id -> colour (default: :data:`~mpguide.verify.plotting.EXTRA_COLORS` in order).
-        log_base: draw the y axis in this log base (e.g. 2 for factors of two).
+        log_base: draw the y axis in this log base (e.g. 2 for factors of two, 10 for norms).
+        labels: optional run id -> legend text for this figure (default: the run's label).
+        steps: draw steps (a value per batch, held across it); ``False`` draws lines between batches.
+        legend: put a legend below the axes (``False`` when a neighbouring panel shows the same runs).
     """
+    import numpy as np
+    from matplotlib.patches import Rectangle
+    from matplotlib.ticker import FixedLocator, NullLocator
+    from matplotlib.transforms import blended_transform_factory
+
     colors = colors or {}
     groups: dict[tuple[float, ...], list[tuple[int, dict[str, Any]]]] = {}
     for i, run_id in enumerate(run_ids):
@@ -247,16 +405,46 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
         values = run.get("extra", {}).get(key)
         if values:
             groups.setdefault(tuple(values), []).append((i, run))
+    series, skips = [], []
     for values, members in groups.items():
         i, first = members[0]
-        ax.step(range(len(values)), values, where="mid", linewidth=1.5,
-                label=_merged_label([m.get("label") or m["id"] for _, m in members]),
-                color=colors.get(first["id"], EXTRA_COLORS[i % len(EXTRA_COLORS)]),
-                linestyle=PRECISION_STYLES.get(first["precision"], "-"))
+        y = np.asarray(values, dtype=float)
+        names = [(labels or {}).get(m["id"]) or m.get("label") or m["id"] for _, m in members]
+        name = _merged_label(names)
+        color = colors.get(first["id"], EXTRA_COLORS[i % len(EXTRA_COLORS)])
+        if log_base:
+            zero = np.flatnonzero(y == 0)
+            if zero.size:
+                skips.append((zero, color, names[0] if len(names) == 1 else " = ".join(names)))
+            y = np.where(y > 0, y, np.nan)
+        series.append(dict(x=np.arange(len(y)), y=y, where="mid" if steps else None, linewidth=1.5, name=name,
+                           first=names[0], color=color,
+                           linestyle=PRECISION_STYLES.get(first["precision"], "-")))
+    _draw(ax, series, log=bool(log_base))
     if log_base:
-        ax.set_yscale("symlog", base=log_base, linthresh=0.25)
-    ax.set_title(title, fontsize=10)
+        ax.set_yscale("log", base=log_base)
+        finite = np.concatenate([s["y"][np.isfinite(s["y"])] for s in series]) if series else np.array([1.0])
+        lo, hi = float(finite.min()), float(finite.max())
+        # room below the data for the skip markers; half a power of the base above
+        ax.set_ylim(lo / log_base ** (1.3 if skips else 0.5), hi * log_base ** 0.5)
+        if skips:  # ticks only at powers of the base within the data: none inside the skip band
+            powers = np.arange(np.ceil(np.log(lo) / np.log(log_base) - 1e-9),
+                               np.floor(np.log(hi) / np.log(log_base) + 1e-9) + 1)
+            ax.yaxis.set_major_locator(FixedLocator(float(log_base) ** powers))
+            ax.yaxis.set_minor_locator(NullLocator())
+        band = blended_transform_factory(ax.transData, ax.transAxes)
+        if skips:
+            top = 0.06 + 0.06 * len(skips)
+            ax.add_patch(Rectangle((0, 0), 1, top, transform=ax.transAxes, color="#999999", alpha=0.12, linewidth=0,
+                                   zorder=0))
+            ax.text(0.01, top - 0.01, "skipped steps (update 0, no value on a log axis)", transform=ax.transAxes,
+                    va="top", ha="left", fontsize=LEGEND_SIZE - 1, color="#555555")
+        for row, (zero, color, first) in enumerate(skips):
+            ax.plot(zero, np.full(zero.size, 0.03 + 0.06 * row), linestyle="none", marker="v", markersize=8,
+                    color=color, transform=band, label=f"{first}: step skipped, update 0")
+    ax.set_title(title)
     ax.set_xlabel(BATCH_AXIS)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    legend_below(ax)
+    if legend:
+        legend_below(ax)

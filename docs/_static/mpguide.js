@@ -1,0 +1,127 @@
+/* mpguide: three small reading aids, no network and no library.
+ *
+ * 1. Figures enlarge on click, tap, Enter or Space: an overlay shows the image at its own pixel size
+ *    (scaled down only to fit a desktop window; on a phone it keeps its size and the overlay scrolls),
+ *    so that legends and axis labels are readable. Escape, a click or the close button closes it.
+ * 2. A table wider than its column gets a "scroll sideways" hint above it and shadows on the sides
+ *    that hide content (the scroll container itself is the theme's .pst-scrollable-table-container).
+ * 3. The in-page table of contents keeps the highlighted section in view: when the reader scrolls
+ *    the page, the sidebar scrolls with it.
+ */
+(function () {
+  "use strict";
+
+  var FIGURES = ".bd-article img.sphx-glr-single-img, .bd-article img.sphx-glr-multi-img, " +
+    ".bd-article .cell_output img, .bd-article figure img, .bd-article img.align-center";
+
+  function openLightbox(img) {
+    var opener = document.activeElement;
+    var box = document.createElement("div");
+    box.className = "mpguide-lightbox";
+    box.setAttribute("role", "dialog");
+    box.setAttribute("aria-modal", "true");
+    box.setAttribute("aria-label", "Enlarged figure: " + (img.alt || ""));
+    var close = document.createElement("button");
+    close.type = "button";
+    close.className = "mpguide-lightbox-close";
+    close.setAttribute("aria-label", "Close the enlarged figure");
+    close.textContent = "\u00d7";
+    var big = document.createElement("img");
+    big.src = img.currentSrc || img.src;
+    big.alt = img.alt || "";
+    var natural = img.naturalWidth || img.width;
+    var wide = window.innerWidth >= 768;
+    // desktop: the image's own size, scaled down to fit the window; phone: its own size, scrolled
+    var width = wide ? Math.min(natural, window.innerWidth * 0.96,
+      (window.innerHeight * 0.9) * natural / Math.max(1, img.naturalHeight || img.height)) : natural;
+    big.style.width = Math.max(width, img.getBoundingClientRect().width * 1.25) + "px";
+    box.appendChild(close);
+    box.appendChild(big);
+    function shut() {
+      box.remove();
+      document.removeEventListener("keydown", onKey);
+      document.body.classList.remove("mpguide-lightbox-open");
+      if (opener && opener.focus) opener.focus();
+    }
+    function onKey(event) {
+      if (event.key === "Escape") shut();
+    }
+    box.addEventListener("click", function (event) {
+      if (event.target === box || event.target === close) shut();
+    });
+    big.addEventListener("click", function () { if (wide) shut(); });
+    document.addEventListener("keydown", onKey);
+    document.body.appendChild(box);
+    document.body.classList.add("mpguide-lightbox-open");
+    close.focus();
+  }
+
+  function setupFigures() {
+    document.querySelectorAll(FIGURES).forEach(function (img) {
+      if (img.closest("a")) return; // thumbnails and logos that are links keep their link
+      img.classList.add("mpguide-zoomable");
+      img.tabIndex = 0;
+      img.setAttribute("role", "button");
+      img.title = "Click or tap to enlarge";
+      img.addEventListener("click", function () { openLightbox(img); });
+      img.addEventListener("keydown", function (event) {
+        if (event.key === "Enter" || event.key === " ") {
+          event.preventDefault();
+          openLightbox(img);
+        }
+      });
+    });
+  }
+
+  function markWideTables() {
+    document.querySelectorAll(".bd-article .pst-scrollable-table-container").forEach(function (box) {
+      var wide = box.scrollWidth > box.clientWidth + 1;
+      box.classList.toggle("mpguide-wide", wide);
+      box.classList.toggle("mpguide-at-start", box.scrollLeft <= 1);
+      box.classList.toggle("mpguide-at-end", box.scrollLeft + box.clientWidth >= box.scrollWidth - 1);
+      if (!box.dataset.mpguideListen) {
+        box.dataset.mpguideListen = "1";
+        box.addEventListener("scroll", function () {
+          box.classList.toggle("mpguide-at-start", box.scrollLeft <= 1);
+          box.classList.toggle("mpguide-at-end", box.scrollLeft + box.clientWidth >= box.scrollWidth - 1);
+        }, { passive: true });
+      }
+    });
+  }
+
+  function followToc() {
+    var toc = document.querySelector(".bd-sidebar-secondary");
+    var nav = document.querySelector("#pst-page-toc-nav");
+    if (!toc || !nav) return;
+    var pending = false;
+    new MutationObserver(function () {
+      if (pending) return;
+      pending = true;
+      window.requestAnimationFrame(function () {
+        pending = false;
+        var links = nav.querySelectorAll("a.active");
+        var active = links[links.length - 1];
+        if (!active) return;
+        var box = toc.getBoundingClientRect();
+        var rect = active.getBoundingClientRect();
+        if (rect.top < box.top + 40 || rect.bottom > box.bottom - 40) {
+          toc.scrollTop += rect.top - box.top - box.height / 3;
+        }
+      });
+    }).observe(nav, { subtree: true, attributes: true, attributeFilter: ["class"] });
+  }
+
+  function start() {
+    setupFigures();
+    markWideTables();
+    followToc();
+    window.addEventListener("resize", markWideTables);
+    window.addEventListener("load", markWideTables);
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();
