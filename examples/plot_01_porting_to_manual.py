@@ -264,7 +264,7 @@ class TwoTowerEMA(pl.LightningModule):
     @torch.no_grad()
     def update_ema(self):
         for ema, online in ((self.audio_ema, self.audio_encoder), (self.text_ema, self.text_encoder)):
-            for e, p in zip(ema.parameters(), online.parameters()):
+            for e, p in zip(ema.parameters(), online.parameters(), strict=True):
                 e.lerp_(p, 1 - self.hparams.ema_decay)
 
     def optimizer_step(self, *args, **kwargs):
@@ -473,7 +473,7 @@ plt.show()
 # posted step switched on its own, compared with the posted step in bf16-mixed (final weights) and
 # with the automatic model (largest relative gap between the smoothed curves).
 
-from mpguide import claims
+from mpguide.verify import claims
 
 fig, (left, right) = plotting.figure(1, 2, 11, 5.2)
 plotting.describe(fig, "#20970's step in bf16-mixed equals automatic optimization; only the scheduler cadence moves it")

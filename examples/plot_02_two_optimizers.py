@@ -253,7 +253,7 @@ class MicroBatchProbe:
         before = [self.flat_grad(opt) for opt in self.trainer.optimizers]
         super().manual_backward(loss, *args, **kwargs)
         scale = steps.loss_scale(self.trainer) or 1.0
-        for opt, old in zip(self.trainer.optimizers, before):
+        for opt, old in zip(self.trainer.optimizers, before, strict=True):
             added = self.flat_grad(opt) - old
             if bool(added.abs().max() > 0):
                 self.added.setdefault(id(opt), []).append((added, scale))
@@ -316,11 +316,11 @@ def variant(**changes):
 # %%
 # The fix to paste on stock Lightning
 # -----------------------------------
-# Against the posted code, three lines change: ``zero_grad`` at the **start of each window** instead of every batch (so the
-# window accumulates, and a window cut short by the end of an epoch is discarded), the loss divided
-# by the window length (an average, as ``accumulate_grad_batches`` does), and a guard that steps
-# only an optimizer whose parameters hold gradients (GradScaler cannot step one without: that is
-# the AssertionError; in fp32 the same step silently does nothing).
+# Against the posted code, three lines change: ``zero_grad`` at the **start of each window** instead
+# of every batch (so the window accumulates, and a window cut short by the end of an epoch is
+# discarded), the loss divided by the window length (an average, as ``accumulate_grad_batches``
+# does), and a guard that steps only an optimizer whose parameters hold gradients (GradScaler
+# cannot step one without: that is the AssertionError; in fp32 the same step silently does nothing).
 
 
 class ReporterFixed(ReporterAlternation):

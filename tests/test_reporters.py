@@ -8,10 +8,10 @@ the right run and on a run of the wrong recipe, which must fail it.
 from __future__ import annotations
 
 import pytest
-
 from conftest import ROOT
-from mpguide import claims, declarations, hardware, runner
+
 from mpguide.precision import ManualMixedPrecision
+from mpguide.verify import claims, declarations, hardware, runner
 
 TINY = hardware.Preset("tiny", epochs=1, batch_size=64)
 pytestmark = pytest.mark.slow
