@@ -300,7 +300,8 @@ class ReporterStep(TwoTowerEMA):
             ya_ema, za_ema, qa_ema = self.audio_ema(xa)
             yt_ema, zt_ema, qt_ema = self.text_ema(xt)
         mixed = self.trainer.precision in ("16-mixed", "bf16-mixed")
-        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=mixed and self.own_autocast):
+        own = torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=mixed)
+        with own if self.own_autocast else nullcontext():  # removed, not enabled=False: that turns autocast off
             loss_dict = self.forward_and_loss(xa, xt, labels, za_ema.detach(), zt_ema.detach())
             total_loss = loss_dict["total_loss"]
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
