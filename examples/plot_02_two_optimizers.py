@@ -20,7 +20,10 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 * why the GradScaler refuses an optimizer without gradients, and why fp32 hiding it is worse;
 * the GAN step written so that each loss reaches its own model, with ``toggled_optimizer``;
-* alternating with gradient accumulation (the generator steps every second batch);
+* alternating with gradient accumulation (the generator steps every second batch), and when a loss-scale
+  change inside the window mis-weights a micro-batch;
+* the training step of Lightning issue #20116 as posted, one element changed at a time, and the fix
+  to paste on stock Lightning (a three-line change with a ``has_gradients`` guard);
 * a precision plugin that makes the empty step a warned no-op in every precision, without
   changing fp32 results by a single bit.
 """
@@ -134,7 +137,9 @@ class DetachedOnce(DigitsGAN):
 # -------------------------------------------------
 # Here the generator accumulates its gradient over a window of two batches and steps at the end
 # of the window, while the discriminator steps every batch. The loss is divided by the window
-# size so the accumulated gradient is an average; ``zero_grad`` runs only after the step.
+# size so the accumulated gradient is an average; ``zero_grad`` runs only after the step. Under
+# Lightning's own 16-mixed this is correct only while the loss scale stays constant inside the
+# generator's window: the discriminator's steps inside it can change the scale (next section).
 
 
 class WindowedGAN(DigitsGAN):
@@ -210,6 +215,156 @@ class WindowedWithOverflow(WindowedGAN):
 
 
 # %%
+# Lightning issue #20116, the reporter's ``training_step`` as posted
+# ------------------------------------------------------------------
+# The reporter of `Lightning issue #20116 <https://github.com/Lightning-AI/pytorch-lightning/issues/20116>`_
+# (Lightning 2.3.3, ``16-mixed``) alternates two optimizers every ``N`` batches and accumulates inside
+# each window: ``opt.zero_grad()`` at the top of every batch, ``with opt.toggle_model():`` around the
+# loss and ``manual_backward``, and ``opt.step()`` on the window's last batch. "I can take steps with
+# my first optimizer. When I take my first step with the second optimizer I get" the AssertionError.
+# Their ``inner_training_step`` is not in the issue; here model 1 is the discriminator and model 2
+# the generator of the GAN above, so each window's loss reaches its own model. Each class attribute
+# switches one element of the posted code, for the measurements below. ``toggle_model`` exists in
+# every Lightning 2.x release, unlike ``toggled_optimizer``.
+
+from contextlib import nullcontext
+
+
+class MicroBatchProbe:
+    """Measurement only, not the reporter's code: at every optimizer step, how many of the window's
+    micro-batches the gradient still holds, and the loss scale each of them was made at relative to
+    the scale the step unscales with (1 = counted once; 2 or 0.5 after a scale change in between)."""
+
+    growth_interval = None  # set to make the GradScaler change its scale often
+
+    def on_fit_start(self):
+        self.added = {}  # optimizer -> [(gradient one backward added, loss scale of that backward)]
+        self.windows = []  # per step: (micro-batches kept, micro-batches since the last step, scale factors)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None and self.growth_interval:
+            scaler.set_growth_interval(self.growth_interval)
+
+    @staticmethod
+    def flat_grad(opt):
+        return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).detach().flatten().float()
+                          for group in opt.param_groups for p in group["params"]])
+
+    def manual_backward(self, loss, *args, **kwargs):
+        before = [self.flat_grad(opt) for opt in self.trainer.optimizers]
+        super().manual_backward(loss, *args, **kwargs)
+        scale = steps.loss_scale(self.trainer) or 1.0
+        for opt, old in zip(self.trainer.optimizers, before, strict=True):
+            added = self.flat_grad(opt) - old
+            if bool(added.abs().max() > 0):
+                self.added.setdefault(id(opt), []).append((added, scale))
+
+    def on_before_optimizer_step(self, optimizer):
+        added = self.added.pop(id(optimizer), [])
+        scale = steps.loss_scale(self.trainer) or 1.0
+        grad = self.flat_grad(optimizer) * scale  # unscaled by now: back to the backward's scale
+        kept = next((k for k in range(len(added), 0, -1) if torch.allclose(
+            grad, sum(a for a, _ in added[-k:]), rtol=1e-4, atol=1e-6 * scale)), 0)
+        self.windows.append((kept, len(added), [s / scale for _, s in added[len(added) - kept:]]))
+
+    def record_extra(self):
+        return {**super().record_extra(),
+                "micro_batches_kept": sorted({k for k, n, _ in self.windows if n}),
+                "micro_batches_per_window": sorted({n for _, n, _ in self.windows}),
+                "windows_with_scale_change": sum(any(f != 1.0 for f in fs) for _, _, fs in self.windows),
+                "scale_changed_inside_a_window": any(f != 1.0 for _, _, fs in self.windows for f in fs),
+                "optimizer_steps": len(self.windows)}
+
+
+def has_gradients(opt):
+    """True when a parameter of ``opt`` holds a gradient, i.e. ``opt.step()`` would change something."""
+    return any(p.grad is not None for group in opt.param_groups for p in group["params"])
+
+
+class ReporterAlternation(MicroBatchProbe, DigitsGAN):
+    """#20116's training_step as posted; optimizer 0 trains model 1 (the discriminator)."""
+
+    n_batches_per_optimizer = 3
+    toggle = True  # ``with opt.toggle_model():``
+    detach_for_model_2 = False  # the mistake: model 2's loss computed from a detached batch
+    guard = False  # the fix's guard: step only with gradients
+
+    def inner_training_step(self, batch, batch_idx, compute_model_1_loss):
+        real, _ = batch
+        fake = self.generate(len(real), batch_idx)
+        if compute_model_1_loss:
+            return self.judge(real, True) + self.judge(fake.detach(), False)
+        return self.judge(fake.detach() if self.detach_for_model_2 else fake, True)
+
+    def training_step(self, batch, batch_idx):
+        opts = self.optimizers()
+        current_cycle = (batch_idx // self.n_batches_per_optimizer) % len(opts)
+        opt = opts[current_cycle]
+        opt.zero_grad()
+        with opt.toggle_model() if self.toggle else nullcontext():
+            loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
+            self.manual_backward(loss)
+            if (batch_idx + 1) % self.n_batches_per_optimizer == 0 and (not self.guard or has_gradients(opt)):
+                opt.step()
+        return loss.detach()
+
+
+def variant(**changes):
+    """The posted step with some elements changed (one ablation row)."""
+    return type("ReporterVariant", (ReporterAlternation,), changes)
+
+
+# %%
+# The fix to paste on stock Lightning
+# -----------------------------------
+# Against the posted code, three lines change: ``zero_grad`` at the **start of each window** instead
+# of every batch (so the window accumulates, and a window cut short by the end of an epoch is
+# discarded), the loss divided by the window length (an average, as ``accumulate_grad_batches``
+# does), and a guard that steps only an optimizer whose parameters hold gradients (GradScaler
+# cannot step one without: that is the AssertionError; in fp32 the same step silently does nothing).
+
+
+class ReporterFixed(ReporterAlternation):
+    def training_step(self, batch, batch_idx):
+        n = self.n_batches_per_optimizer
+        opts = self.optimizers()
+        current_cycle = (batch_idx // n) % len(opts)
+        opt = opts[current_cycle]
+        if batch_idx % n == 0:
+            opt.zero_grad()  # once per window, not every batch
+        with opt.toggle_model():
+            loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
+            self.manual_backward(loss / n)
+            if (batch_idx + 1) % n == 0 and has_gradients(opt):
+                opt.step()
+        return loss.detach()
+
+
+
+class OverlappingWindows(MicroBatchProbe, DigitsGAN):
+    """Example 02's other pattern, with ``toggle_model``: the discriminator steps every batch, inside
+    the generator's window of two batches."""
+
+    window = 2
+
+    def training_step(self, batch, batch_idx):
+        real, _ = batch
+        opt_d, opt_g = self.optimizers()
+        fake = self.generate(len(real), batch_idx)
+        with opt_d.toggle_model():
+            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            opt_d.zero_grad()
+            self.manual_backward(loss_d)
+            opt_d.step()
+        with opt_g.toggle_model():
+            loss_g = self.judge(fake, True)
+            self.manual_backward(loss_g / self.window)
+            if (batch_idx + 1) % self.window == 0:
+                opt_g.step()
+                opt_g.zero_grad()
+        return (loss_d + loss_g).detach()
+
+
+# %%
 # Runs and claims
 # ---------------
 # The buggy code runs in every precision with Lightning's own precision handling, and again
@@ -221,10 +376,25 @@ class WindowedWithOverflow(WindowedGAN):
 #   curve; fp32 and bf16-mixed with the plugin end with **bitwise identical** weights to the runs
 #   without it;
 # * the healthy alternation (every batch, and every second batch with accumulation) trains the
-#   generator and its mixed-precision curves follow fp32.
+#   generator and its mixed-precision curves follow fp32 (in these runs the scale never moved
+#   inside a generator window);
+# * #20116's step as posted trains under 16-mixed; only a model-2 loss that reaches none of model
+#   2's parameters raises, and then only without ``toggle_model``; the fix and the plugin complete;
+# * one optimizer per window keeps the scale constant inside every window even when the scale
+#   changes at every step; a discriminator stepping inside the generator's window does not.
 
 recipes = {"healthy": DigitsGAN, "detached once": DetachedOnce, "windowed": WindowedGAN,
-           "windowed, D overflow": WindowedWithOverflow}
+           "windowed, D overflow": WindowedWithOverflow,
+           "#20116 as posted": ReporterAlternation,
+           "#20116, N=1": variant(n_batches_per_optimizer=1),
+           "#20116, no toggle_model": variant(toggle=False),
+           "#20116, model 2 loss detached": variant(toggle=False, detach_for_model_2=True),
+           "#20116, model 2 loss detached, toggle_model": variant(detach_for_model_2=True),
+           "#20116, model 2 loss detached, guard": variant(toggle=False, detach_for_model_2=True, guard=True),
+           "#20116 fixed": ReporterFixed,
+           "#20116 fixed, growth_interval=1": type("FixedGrowth", (ReporterFixed,), {"growth_interval": 1}),
+           "overlapping windows, growth_interval=1": type("OverlapGrowth", (OverlappingWindows,),
+                                                          {"growth_interval": 1})}
 RUNS = [
     # run id            recipe            precision     options
     ("healthy-fp32", "healthy", "32-true", {"label": "healthy, 32-true"}),
@@ -243,6 +413,29 @@ RUNS = [
      {"label": "every 2nd batch, D overflow in window 2, 16-mixed"}),
     ("window-fp16-overflow-plugin", "windowed, D overflow", "16-mixed",
      {"plugin": "ManualMixedPrecision", "label": "same + ManualMixedPrecision, 16-mixed"}),
+    # Lightning issue #20116: the posted step (N=3), one element changed per row, then the fix
+    ("rep-fp32", "#20116 as posted", "32-true", {"label": "#20116 as posted, 32-true"}),
+    ("rep-fp16", "#20116 as posted", "16-mixed", {"label": "#20116 as posted, 16-mixed"}),
+    ("rep-n1-fp16", "#20116, N=1", "16-mixed", {"label": "#20116, N=1 (no accumulation), 16-mixed"}),
+    ("rep-notoggle-fp16", "#20116, no toggle_model", "16-mixed", {"label": "#20116 without toggle_model, 16-mixed"}),
+    ("unreached-fp32", "#20116, model 2 loss detached", "32-true",
+     {"label": "#20116, model 2's loss detached, 32-true"}),
+    ("unreached-fp16", "#20116, model 2 loss detached", "16-mixed",
+     {"label": "#20116, model 2's loss detached, 16-mixed"}),
+    ("unreached-toggle-fp32", "#20116, model 2 loss detached, toggle_model", "32-true",
+     {"label": "same with toggle_model, 32-true"}),
+    ("unreached-toggle-fp16", "#20116, model 2 loss detached, toggle_model", "16-mixed",
+     {"label": "same with toggle_model, 16-mixed"}),
+    ("unreached-guard-fp16", "#20116, model 2 loss detached, guard", "16-mixed",
+     {"label": "model 2's loss detached + has_gradients guard, 16-mixed"}),
+    ("unreached-fp16-plugin", "#20116, model 2 loss detached", "16-mixed",
+     {"plugin": "ManualMixedPrecision", "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed"}),
+    ("fixed-fp32", "#20116 fixed", "32-true", {"label": "#20116 fixed, 32-true"}),
+    ("fixed-fp16", "#20116 fixed", "16-mixed", {"label": "#20116 fixed, 16-mixed"}),
+    ("fixed-fp16-growth", "#20116 fixed, growth_interval=1", "16-mixed",
+     {"label": "#20116 fixed, scale changes every step, 16-mixed"}),
+    ("overlap-fp16-growth", "overlapping windows, growth_interval=1", "16-mixed",
+     {"label": "D inside G's window, scale changes every step, 16-mixed"}),
 ]
 CLAIMS = [
     ("raises", "bug-fp16", "AssertionError", "No inf checks were recorded for this optimizer",
@@ -267,6 +460,33 @@ CLAIMS = [
      "without an overflow the scale is constant inside G's windows"),
     ("expect", "window-fp16-overflow-plugin", "forced_window_factors", [1.0, 1.0],
      "plugin: the scale update waits for G's step, both micro-batches count once"),
+    ("expect", "rep-fp16", "generator_changed", True,
+     "#20116 as posted trains both models under 16-mixed (no AssertionError here)"),
+    ("match", "rep-fp16", "rep-fp32", "mixed-vs-fp32", "#20116 as posted: 16-mixed = fp32"),
+    ("expect", "rep-fp32", "micro_batches_kept", [1],
+     "#20116 as posted: zero_grad() at the top leaves only the window's last micro-batch in each step"),
+    ("expect", "rep-n1-fp16", "generator_changed", True, "#20116 with N=1 trains under 16-mixed"),
+    ("expect", "rep-notoggle-fp16", "generator_changed", True, "#20116 without toggle_model trains under 16-mixed"),
+    ("raises", "unreached-fp16", "AssertionError", "No inf checks were recorded for this optimizer",
+     "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's first step"),
+    ("expect", "unreached-fp32", "generator_changed", False, "the same code in fp32: no error, model 2 never changes"),
+    ("raises", "unreached-toggle-fp32", "RuntimeError", "does not require grad",
+     "with toggle_model the same mistake stops in backward instead (fp32)"),
+    ("raises", "unreached-toggle-fp16", "RuntimeError", "does not require grad",
+     "with toggle_model the same mistake stops in backward instead (16-mixed)"),
+    ("match", "unreached-guard-fp16", "unreached-fp32", "mixed-vs-fp32",
+     "has_gradients guard: 16-mixed completes and = fp32"),
+    ("expect", "unreached-guard-fp16", "generator_changed", False, "has_gradients guard: the empty step is skipped"),
+    ("warns", "unreached-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient",
+     "plugin: the same code completes under 16-mixed and warns"),
+    ("match", "unreached-fp16-plugin", "unreached-fp32", "mixed-vs-fp32", "plugin: 16-mixed = fp32"),
+    ("expect", "fixed-fp32", "micro_batches_kept", [3], "the fix: each step holds all 3 micro-batches of its window"),
+    ("expect", "fixed-fp16", "generator_changed", True, "the fix trains both models under 16-mixed"),
+    ("match", "fixed-fp16", "fixed-fp32", "mixed-vs-fp32", "the fix: 16-mixed = fp32"),
+    ("expect", "fixed-fp16-growth", "scale_changed_inside_a_window", False,
+     "one optimizer per window: the scale never changes inside a window, even when it changes every step"),
+    ("expect", "overlap-fp16-growth", "scale_changed_inside_a_window", True,
+     "D stepping inside G's window: a scale change lands inside G's windows"),
 ]
 
 # %%
@@ -314,6 +534,23 @@ for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
     print(f"{run['label']:<55} factors {run['extra']['forced_window_factors']}")
 
 # %%
+# #20116: which element does what
+# -------------------------------
+# One row per run of the reporter's step: whether it raised, whether model 2 (the generator)
+# changed, how many micro-batches each applied step held, and how many steps unscaled a micro-batch
+# with another scale than it was made at.
+
+for run_id in ("rep-fp32", "rep-fp16", "rep-n1-fp16", "rep-notoggle-fp16", "unreached-fp32", "unreached-fp16",
+               "unreached-toggle-fp16", "unreached-guard-fp16", "unreached-fp16-plugin", "fixed-fp32", "fixed-fp16",
+               "fixed-fp16-growth", "overlap-fp16-growth"):
+    run = plotting.run_by_id(record, run_id)
+    extra = run["extra"]
+    outcome = f"raised {run['error']['type']}" if run["error"] else "trained"
+    print(f"{run['label']:<58} {outcome:<22} model 2 changed: {str(extra.get('generator_changed')):<5} "
+          f"micro-batches per step: {extra.get('micro_batches_kept')}  "
+          f"steps with a scale change inside: {extra.get('windows_with_scale_change')}")
+
+# %%
 # Verdicts
 # --------
 
@@ -346,8 +583,12 @@ print(f"optimizer steps (two per batch): {trainer.global_step}, "
 # Conclusion
 # ----------
 # Under 16-mixed, step only optimizers whose parameters got a gradient in this iteration: make
-# each loss reach its own model (``toggled_optimizer``, no shared ``detach``), and guard
-# different step frequencies so that a step always follows its own backward. If you want the
+# each loss reach its own model (``toggled_optimizer`` or ``toggle_model``, no shared ``detach``),
+# and guard different step frequencies so that a step always follows its own backward
+# (``has_gradients`` above). For #20116's alternation: zero the gradients once per window, not every
+# batch, or only the window's last micro-batch reaches the step. Windows in which only one optimizer
+# backpropagates and steps are safe under Lightning's own 16-mixed; a window inside which another
+# optimizer steps is mis-weighted at every scale change that lands in it. If you want the
 # fp32 behaviour back (and a warning in every precision, where fp32 used to stay silent), pass
 # ``plugins=[ManualMixedPrecision("16-mixed", "cuda")]``. When your models train well in bf16,
 # bf16-mixed has no GradScaler and none of these rules.

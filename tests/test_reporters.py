@@ -1,0 +1,95 @@
+"""The two reporters' training steps (examples 01 and 02): their measurements and claims can fail.
+
+Each test trains one-epoch runs of an example's own recipes with a real Trainer (the example's code up
+to its ``run_example`` call is executed, nothing is copied), then judges the example's own claim on
+the right run and on a run of the wrong recipe, which must fail it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT
+
+from mpguide.precision import ManualMixedPrecision
+from mpguide.verify import claims, declarations, hardware, runner
+
+TINY = hardware.Preset("tiny", epochs=1, batch_size=64)
+pytestmark = pytest.mark.slow
+
+
+def example_namespace(example: str) -> dict:
+    """The example's module namespace, executed up to (not including) its ``run_example`` call."""
+    source = (ROOT / "examples" / f"{example}.py").read_text()
+    namespace = {"__name__": f"test_{example}"}
+    exec(compile(source[:source.index("record = runner.run_example(")], example, "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def two():
+    return example_namespace("plot_02_two_optimizers")
+
+
+@pytest.fixture(scope="module")
+def one():
+    return example_namespace("plot_01_porting_to_manual")
+
+
+def train(ns: dict, example: str, run_id: str, recipe: str | None = None) -> dict:
+    """Train the declared run ``run_id`` for one epoch, optionally with another recipe of the example."""
+    spec = next(s for s in declarations.from_tables(example, ns["RUNS"], ns["CLAIMS"]).runs if s.id == run_id)
+    recipe = recipe or spec.recipe
+    result = runner.train_run(spec, ns["recipes"][recipe], "cpu", TINY, ManualMixedPrecision if spec.plugin else None)
+    return dict(result.__dict__)
+
+
+def judge(ns: dict, example: str, title_part: str, runs: dict) -> claims.Verdict:
+    """Judge the example's claim whose title contains ``title_part`` on ``runs`` (run id -> run)."""
+    declaration = declarations.from_tables(example, ns["RUNS"], ns["CLAIMS"])
+    (claim,) = [c for c in declaration.claims if title_part in (c.get("title") or "")]
+    return claims._evaluate_claim(claim, runs, lambda **kw: claims.Verdict(example=example, **kw))
+
+
+def test_20116_posted_step_keeps_one_micro_batch_and_the_fix_all_three(two):
+    posted = train(two, "plot_02_two_optimizers", "rep-fp32")
+    fixed = train(two, "plot_02_two_optimizers", "fixed-fp32")
+    assert posted["error"] is None and fixed["error"] is None
+    assert posted["extra"]["micro_batches_kept"] == [1]
+    assert fixed["extra"]["micro_batches_kept"] == [3]
+    claim = "the fix: each step holds all 3 micro-batches"
+    assert judge(two, "plot_02_two_optimizers", claim, {"fixed-fp32": fixed}).passed
+    # the posted step trained under the fix's run id: the claim must fail
+    assert not judge(two, "plot_02_two_optimizers", claim, {"fixed-fp32": posted}).passed
+
+
+def test_20116_assertion_needs_a_loss_that_misses_model_2(two):
+    posted = train(two, "plot_02_two_optimizers", "rep-fp16")
+    unreached = train(two, "plot_02_two_optimizers", "unreached-fp16")
+    guarded = train(two, "plot_02_two_optimizers", "unreached-guard-fp16")
+    claim = "reaches none of its parameters: 16-mixed raises"
+    assert judge(two, "plot_02_two_optimizers", claim, {"unreached-fp16": unreached}).passed
+    assert not judge(two, "plot_02_two_optimizers", claim, {"unreached-fp16": posted}).passed
+    assert guarded["error"] is None and guarded["extra"]["generator_changed"] is False
+    assert posted["error"] is None and posted["extra"]["generator_changed"] is True
+
+
+def test_scale_change_inside_a_window_is_detected(two):
+    overlap = train(two, "plot_02_two_optimizers", "overlap-fp16-growth")
+    fixed = train(two, "plot_02_two_optimizers", "fixed-fp16-growth")
+    assert overlap["extra"]["scale_changed_inside_a_window"] is True
+    assert overlap["extra"]["windows_with_scale_change"] > 0
+    assert fixed["extra"]["scale_changed_inside_a_window"] is False
+    claim = "one optimizer per window: the scale never changes"
+    assert judge(two, "plot_02_two_optimizers", claim, {"fixed-fp16-growth": fixed}).passed
+    assert not judge(two, "plot_02_two_optimizers", claim, {"fixed-fp16-growth": overlap}).passed
+
+
+def test_20970_elements_change_no_weight_and_the_same_claim_can_fail(one):
+    posted = train(one, "plot_01_porting_to_manual", "reporter-bf16")
+    no_autocast = train(one, "plot_01_porting_to_manual", "rep-noautocast-bf16")
+    per_epoch = train(one, "plot_01_porting_to_manual", "rep-noautocast-bf16", recipe="#20970, scheduler per epoch")
+    claim = "the own autocast changes no weight"
+    assert judge(one, "plot_01_porting_to_manual", claim,
+                 {"rep-noautocast-bf16": no_autocast, "reporter-bf16": posted}).passed
+    assert not judge(one, "plot_01_porting_to_manual", claim,
+                     {"rep-noautocast-bf16": per_epoch, "reporter-bf16": posted}).passed
