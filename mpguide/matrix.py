@@ -47,9 +47,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from . import declarations, records
+from .schema import MATRIX_SCHEMA, matrix_problem
 
 #: Format of a summary file; bump on incompatible changes.
-SCHEMA = "mpguide-matrix-1"
+SCHEMA = MATRIX_SCHEMA
 
 #: The Lightning releases of the matrix, oldest first. Latest patch of each minor where not named
 #: (``pip index versions lightning`` on 2026-11-30: 2.2.5 and 2.3.3 close their minors; 2.6.6 is the
@@ -202,7 +203,7 @@ def write_summary(summary: dict[str, Any], directory: Path | None = None) -> Pat
 
 
 def validate(summary: Any, where: str | Path) -> dict[str, Any]:
-    """Check the layout of a parsed summary.
+    """Check the layout of a parsed summary against :class:`mpguide.schema.MatrixSummary`.
 
     Raises:
         MatrixError: naming ``where`` and the first problem, with the fix (rerun ``nox -s matrix``).
@@ -211,15 +212,9 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
     if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
         got = summary.get("schema") if isinstance(summary, dict) else type(summary).__name__
         raise MatrixError(f"{where}: not a matrix summary of schema {SCHEMA!r} (found {got!r}); {fix}")
-    for key, kind in (("lightning", str), ("status", str), ("library_sha256", str), ("examples", dict)):
-        if not isinstance(summary.get(key), kind):
-            raise MatrixError(f"{where}: field {key!r} missing or not a {kind.__name__}; {fix}")
-    for name, entry in summary["examples"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("claims"), list) or "status" not in entry:
-            raise MatrixError(f"{where}: examples[{name!r}] lacks 'status' or a 'claims' list; {fix}")
-        for claim in entry["claims"]:
-            if not isinstance(claim, dict) or not {"id", "title", "verdict", "message"} <= set(claim):
-                raise MatrixError(f"{where}: a claim of {name!r} lacks id, title, verdict or message; {fix}")
+    problem = matrix_problem(summary, where)  # every field typed (mpguide.schema.MatrixSummary)
+    if problem:
+        raise MatrixError(f"{problem}; {fix}")
     return summary
 
 

@@ -36,7 +36,7 @@ from sphinx.application import Sphinx
 from sphinx.errors import ConfigError, ExtensionError
 from sphinx.util import logging
 
-from . import gate
+from . import gate, matrix
 from .declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
 from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
@@ -180,6 +180,10 @@ def _on_env_before_read_docs(app: Sphinx, env: Any, docnames: list[str]) -> None
             load_record(path)
         except RecordError as err:
             raise ExtensionError(f"[mpguide] {err}") from None
+    try:  # the guide page reads the version matrix too: a malformed summary fails here, not in a kernel
+        matrix.load_matrix()
+    except matrix.MatrixError as err:
+        raise ExtensionError(f"[mpguide] {err}") from None
 
 
 def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
