@@ -296,7 +296,7 @@ def requirement(name: str) -> str:
 def matrix(session: nox.Session) -> None:
     """Every example at the test preset on each Lightning release of mpguide.matrix.RELEASES.
 
-    One base environment holds torch (CPU build), scikit-learn, matplotlib, numpy and pytest; each
+    One base environment holds torch (CPU build), scikit-learn, matplotlib, numpy, pydantic and pytest; each
     release gets its own venv that sees the base through a .pth file and installs only
     ``lightning==X`` (plus a setuptools that still ships pkg_resources, which Lightning < 2.4
     imports). ``python -m mpguide.matrix run`` then runs the examples and the plugin tests there and
@@ -310,7 +310,7 @@ def matrix(session: nox.Session) -> None:
     torch_spec = os.environ.get("MPGUIDE_TORCH", "torch==2.13.0")
     if torch_spec:
         session.install(*torch_spec.split())
-    session.install(*(requirement(n) for n in ("scikit-learn", "numpy", "matplotlib", "pytest")))
+    session.install(*(requirement(n) for n in ("scikit-learn", "numpy", "matplotlib", "pydantic", "pytest")))
     base = Path(session.virtualenv.location)
     base_site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
                             silent=True).strip()

@@ -333,19 +333,21 @@ class Claim(_Model):
     kind: Name
     runs: list[Any]  # checked by _runs_for_kind, with the kind in the message
     title: str = ""
-    tolerance: str | None = None
-    exception: str | None = None
-    message: str | None = None
-    category: str | None = None
-    key: str | None = None
+    # the defining keys a kind needs (CLAIM_FIELDS); absent ones are "" (a stored null is refused)
+    tolerance: str = ""
+    exception: str = ""
+    message: str = ""
+    category: str = ""
+    key: str = ""
     expected: Any = None
-    only_on: Literal["cpu", "cuda"] | None = None
-    value: AnyNumber | None = None  # what the run judged: NaN for a curve that could not be compared
-    threshold: str | None = None
-    verdict: str | None = None
-    metric: str | None = None
-    detail: str | None = None
-    observed: str | None = None
+    only_on: Literal["cpu", "cuda"] = "cpu"
+    # what the run that wrote the record judged (the gate judges again and does not read these)
+    value: AnyNumber | None = None  # NaN for a curve that could not be compared, None for no number
+    threshold: str = ""
+    verdict: str = ""
+    metric: str = ""
+    detail: str = ""
+    observed: str = ""
 
     @field_validator("expected", mode="after")
     @classmethod
