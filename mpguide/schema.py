@@ -253,7 +253,7 @@ class Source(_Model):
     commit: str | None = None
     dirty: bool | None = None
     run_env: RunEnv
-    upgraded_from_schema: Literal[1] | None = None
+    upgraded_from_schema: Annotated[int, Field(ge=1, le=1)] | None = None  # not Literal[1]: it accepts True
 
 
 class ErrorInfo(_Model):
@@ -380,7 +380,7 @@ class Record(_Model):
     """A results record of ``schema_version`` 2 (the layout in :mod:`mpguide.records`)."""
 
     example: Name
-    schema_version: Literal[2]
+    schema_version: Annotated[int, Field(ge=SCHEMA_VERSION, le=SCHEMA_VERSION)]  # strict int: not 2.0, not True
     created: str
     preset: Name
     env: Env
@@ -513,7 +513,7 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
     if not isinstance(record, dict):
         raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
     version = record.get("schema_version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
                           + (" (a committed reference of version 1 can be converted with "
                              "`python -m mpguide.records upgrade PATH --commit SHA`)" if version == 1 else ""))
@@ -591,9 +591,7 @@ def matrix_problem(summary: Any, where: Path | str) -> str:
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         loc = tuple(first["loc"])
-        at = "".join(f"[{p!r}]" if i == 1 and loc[0] == "examples" else (f"[{p}]" if isinstance(p, int) else
-                                                                            (f".{p}" if i else str(p)))
-                     for i, p in enumerate(loc))
+        at = _json_path(loc)  # examples.<name>.claims[0].verdict
         if first["type"] == "missing":
             return f"{where}: missing field {at!r}"
         if first["type"] == "extra_forbidden":
