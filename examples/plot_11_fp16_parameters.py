@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import runner
+from mpguide.verify import runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
@@ -141,7 +141,7 @@ record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS)
 # fp16 gradients are exactly what may have overflowed, and an fp16 optimizer update of fp16 weights
 # loses small steps to rounding. The design is fp32 master weights with fp16 arithmetic.
 
-from mpguide import plotting
+from mpguide.verify import plotting
 
 print(plotting.run_by_id(record, "half-fp16")["error"]["traceback"])
 
@@ -175,7 +175,7 @@ print(f"{run['error']['type']}: {run['error']['message']}")
 
 import matplotlib.pyplot as plt
 
-from mpguide import report
+from mpguide.verify import report
 
 fig, ax = plt.subplots(figsize=(9, 4))
 plotting.plot_loss_curves(ax, record, ["fp32", "fixed-bf16", "fixed-fp16", "half-fp16", "half-bf16",
@@ -196,6 +196,7 @@ print(report.summary(record))
 # ----------
 # Under ``"16-mixed"`` and ``"bf16-mixed"``, keep trainable parameters in fp32: autocast already
 # runs the matrix products in half precision, GradScaler unscales fp32 gradients, clipping sees
-# one gradient dtype, and AdamW's state has the range it needs. To store the whole model in half
-# precision, use the ``"16-true"`` or ``"bf16-true"`` precision instead (no GradScaler, no
-# autocast), and accept the rounding of small updates that comes with it.
+# one gradient dtype, and AdamW's state has the range it needs. Storing the whole model in half
+# precision (``"bf16-true"``, ``"16-true"``) is another trade: small updates round away, an EMA copy
+# in half precision never moves, and AdamW's default ``eps`` makes fp16 weights NaN, as measured in
+# :doc:`plot_16_true_half_precision`.

@@ -3,11 +3,11 @@
 Real records: this build's record of ``plot_05_skipped_steps`` (run once, at the test preset, in a
 session fixture) and the committed H200 references (``results/reference/nvidia-h200``, real GPU
 runs of eight examples). Each mutation changes one field of one record the way a hand edit, a
-truncated copy or a buggy writer would, and the gate's command line (``mpguide.gate.main``) judges
+truncated copy or a buggy writer would, and the gate's command line (``mpguide.verify.gate.main``) judges
 the result in this process, so that any exception it lets through fails the test.
 
 What counts as type-breaking is written here from the producer's side (what
-:class:`mpguide.runner.RunResult` and the writers store), not read from :mod:`mpguide.schema`: a
+:class:`mpguide.verify.runner.RunResult` and the writers store), not read from :mod:`mpguide.verify.schema`: a
 value of another JSON type; ``null`` where the writer never stores one; NaN or Infinity in a
 finite number (a loss, a logged value or a claim's stored value may legitimately be NaN);
 a negative integer where the writer stores a count; a deleted field that the writer always
@@ -29,12 +29,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from conftest import ROOT
-from mpguide import gate, records, schema
+from mpguide.verify import gate, records, schema
 
 FRESH = "plot_05_skipped_steps"  # the quickest example at the test preset
 REFERENCES = ROOT / "results" / "reference" / "nvidia-h200"
@@ -158,7 +158,7 @@ def mutation_groups(fresh_record) -> list[tuple[dict, bool, list]]:
     over the thousands of loss values.
     """
     groups: dict[tuple, list] = {}
-    for index, (record, reference) in enumerate(_real_records(fresh_record)):
+    for index, (record, _) in enumerate(_real_records(fresh_record)):
         for path, how, new in type_breaking_mutations(record):
             kind = "nan" if isinstance(new, float) and math.isnan(new) else type(new).__name__
             groups.setdefault((index, _generic(path), how, kind, repr(new)[:8]), []).append((path, how, new))
@@ -185,12 +185,12 @@ def test_every_extra_key_of_the_real_records_is_typed(fresh_record):
     """Claims and pages read these keys: each must have a registered type, so no claim absorbs a wrong one."""
     untyped = {(r["example"], key) for record, _ in _real_records(fresh_record) for r in [record]
                for run in r["runs"] for key in run["extra"] if schema.extra_type(key) is None}
-    assert not untyped, f"extra keys without a type in mpguide.schema.EXTRA_KEYS: {sorted(untyped)}"
+    assert not untyped, f"extra keys without a type in mpguide.verify.schema.EXTRA_KEYS: {sorted(untyped)}"
 
 
 def test_every_key_a_declared_claim_reads_is_typed():
     """Every ``key`` in an example's CLAIMS table (expect, same, ratio, rate_ratio) has a registered type."""
-    from mpguide import declarations
+    from mpguide.verify import declarations
 
     untyped = []
     for name in declarations.example_names():
@@ -199,14 +199,14 @@ def test_every_key_a_declared_claim_reads_is_typed():
             if claim["kind"] == "ratio" and isinstance(claim.get("expected"), str):
                 keys.append(claim["expected"])
             untyped += [(name, k) for k in keys if schema.extra_type(k) is None]
-    assert not untyped, f"claims read extra keys without a type in mpguide.schema.EXTRA_KEYS: {untyped}"
+    assert not untyped, f"claims read extra keys without a type in mpguide.verify.schema.EXTRA_KEYS: {untyped}"
 
 
 def _check(record, reference, path, how, new, tmp_path):
     mutated = apply(record, path, how, new)
     try:
         status, err = judge_file(_write(tmp_path, mutated, reference, name=record["example"]), reference)
-    except Exception as exc:  # a traceback is the failure this test exists for
+    except Exception as exc:  # noqa: BLE001 - a traceback is the failure this test exists for
         pytest.fail(f"{record['example']}: {how} {path} = {new!r}: the gate raised {type(exc).__name__}: {exc}")
     assert status != 0, f"{record['example']}: {how} {path} = {new!r} passed the gate (exit 0)"
     return status, err
@@ -274,7 +274,7 @@ def test_the_docs_build_refuses_a_malformed_record_before_any_page_runs(fresh_re
 
     from sphinx.errors import ExtensionError
 
-    from mpguide import sphinx_ext
+    from mpguide_build import sphinx_ext
 
     results = tmp_path / "results"
     results.mkdir()
@@ -299,7 +299,7 @@ def test_the_docs_build_refuses_a_malformed_record_before_any_page_runs(fresh_re
      "field 'plugin_tests.passed' should be a number >= 0"),
 ])
 def test_matrix_summaries_are_typed(tmp_path, mutate, message):
-    from mpguide import matrix
+    from mpguide_build import matrix
 
     summary = json.loads(sorted(matrix.MATRIX_DIR.glob("lightning-*.json"))[-1].read_text())
     matrix.validate(copy.deepcopy(summary), "s.json")  # the committed summary is valid
@@ -311,7 +311,7 @@ def test_matrix_summaries_are_typed(tmp_path, mutate, message):
 
 def test_the_readers_wheel_declares_the_schema_library():
     """A downloaded example validates its record with pydantic: the wheel's METADATA makes pip install it."""
-    from mpguide import download
+    from mpguide_build import download
 
     pins = dict(line.split("#")[0].strip().split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
                 if "==" in line.split("#")[0])

@@ -9,9 +9,11 @@ from . import records
 from .claims import smooth
 
 #: One colour per precision (colour-blind-safe Okabe-Ito hues, legible on light and dark pages).
-PRECISION_COLORS = {"32-true": "#0072B2", "bf16-mixed": "#E69F00", "16-mixed": "#009E73"}
+PRECISION_COLORS = {"32-true": "#0072B2", "bf16-mixed": "#E69F00", "16-mixed": "#009E73", "bf16-true": "#D55E00",
+                    "16-true": "#CC79A7"}
 #: One line style per precision, so that precisions stay apart when a figure recolours its runs.
-PRECISION_STYLES = {"32-true": "-", "bf16-mixed": (0, (6, 2)), "16-mixed": (0, (1.5, 1.5))}
+PRECISION_STYLES = {"32-true": "-", "bf16-mixed": (0, (6, 2)), "16-mixed": (0, (1.5, 1.5)),
+                    "bf16-true": (0, (4, 1, 1, 1)), "16-true": (0, (1, 1, 4, 1))}
 #: Colours for runs that are not a plain recipe (pitfalls, user recipes), in order of appearance.
 EXTRA_COLORS = ["#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999"]
 #: Label of the x axis of every per-batch series (one point per ``training_step`` call). With
@@ -86,7 +88,7 @@ def plot_loss_curves(
 ) -> None:
     """Draw the smoothed loss curves of ``run_ids`` on ``ax``, one point per batch.
 
-    Each curve is the exponential moving average the claims use (:func:`mpguide.claims.smooth`),
+    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.claims.smooth`),
     drawn over the raw per-batch loss in a faint line. Colour follows precision unless ``colors``
     gives one per run id; the line style always follows precision (:data:`PRECISION_STYLES`).
     Runs whose losses are bitwise identical are drawn once, with one legend entry naming them all
@@ -178,9 +180,9 @@ GAP_FLOOR = 1e-7
 def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[str, str]], title: str) -> None:
     """Draw, per batch after the warm-up, the relative difference the claims judge (log scale).
 
-    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.claims.relative_gap`,
+    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.claims.relative_gap`,
     coloured and styled by the candidate's precision. Pairs whose curves are bitwise identical have
-    no difference to draw on a log axis: they share one line at :data:`~mpguide.plotting.GAP_FLOOR`
+    no difference to draw on a log axis: they share one line at :data:`~mpguide.verify.plotting.GAP_FLOOR`
     and one legend entry naming every such pair.
 
     Args:
@@ -235,7 +237,7 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
         key: name of the list in each run's ``extra``.
         title: axes title.
         ylabel: y-axis label (with unit).
-        colors: optional run id -> colour (default: :data:`~mpguide.plotting.EXTRA_COLORS` in order).
+        colors: optional run id -> colour (default: :data:`~mpguide.verify.plotting.EXTRA_COLORS` in order).
         log_base: draw the y axis in this log base (e.g. 2 for factors of two).
     """
     colors = colors or {}

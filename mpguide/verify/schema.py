@@ -1,6 +1,6 @@
 """The schema of a results record (and of a version-matrix summary), as typed pydantic models.
 
-Every field of the layout in :mod:`mpguide.records` has a type here, checked in pydantic's strict
+Every field of the layout in :mod:`mpguide.verify.records` has a type here, checked in pydantic's strict
 mode (no coercion: ``"0.5"`` is not a number, ``true`` is not ``1``), and every measured number
 that a claim or a page reads is finite where it must be. A record that breaks the schema is
 refused with one :class:`RecordError` naming the file, the field as a JSON path (for example
@@ -8,7 +8,7 @@ refused with one :class:`RecordError` naming the file, the field as a JSON path 
 exit status 2, the docs build into one build error.
 
 Why pydantic (v2) rather than jsonschema: the records are made and read by Python only, and the
-models state the types next to the code that writes them (:class:`mpguide.runner.RunResult`);
+models state the types next to the code that writes them (:class:`mpguide.verify.runner.RunResult`);
 each error carries a location tuple (``("runs", 3, "extra", ...)``) that becomes the JSON path of
 the message; strict mode refuses the silent coercions a hand check forgets (a bool is an int in
 Python); ``allow_inf_nan=False`` says per field where NaN and Infinity are malformed input and
@@ -41,8 +41,17 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 #: Bump when the layout changes incompatibly; the gate refuses other versions.
@@ -112,7 +121,7 @@ def check_json(value: Any, at: str = "") -> None:
 # ------------------------------------------------------------------------------------ extra keys
 
 class BenchmarkVariant(_Model):
-    """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.throughput`)."""
+    """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.throughput`)."""
 
     steps_per_s: Positive
     samples_per_s: Positive
@@ -124,7 +133,7 @@ class BenchmarkVariant(_Model):
 
 
 class BenchmarkSize(_Model):
-    """``extra.size``: the fields of :class:`mpguide.throughput.Size` (the page recomputes FLOP/s from them)."""
+    """``extra.size``: the fields of :class:`mpguide.verify.throughput.Size` (the page recomputes FLOP/s from them)."""
 
     width: Count
     layers: Count
@@ -142,19 +151,22 @@ def _json_finite(value: Any) -> Any:
 
 
 #: ``extra`` keys that claims or pages read, with their types. Keys written by the run harness
-#: (:func:`mpguide.runner.train_run`, :mod:`mpguide.probes`, :mod:`mpguide.distributed`,
-#: :mod:`mpguide.fabric`) and by the recipes of the examples (their ``record_extra``).
+#: (:func:`mpguide.verify.runner.train_run`, :mod:`mpguide.verify.probes`, :mod:`mpguide.verify.distributed`,
+#: :mod:`mpguide.verify.fabric_runs`) and by the recipes of the examples (their ``record_extra``).
 EXTRA_KEYS: dict[str, Any] = {
-    # every Trainer run (mpguide.runner)
+    # every Trainer run (mpguide.verify.runner)
     "global_step": Count, "batches": Count, "skipped_per_step": list[bool],
-    # probes (mpguide.probes)
+    # probes (mpguide.verify.probes)
     "logged": dict[str, list[AnyNumber]],  # what self.log saw, as it was: a blown-up value is data
     "updates_applied": Count, "updates_not_applied": Count, "all_updates_applied": bool,
     "applied_per_step": list[bool], "final_loss_scale": NonNegative, "final_weights": Name,
-    # two ranks of DDP (mpguide.distributed)
+    "updates_with_gradient": Count, "updates_lost": Count, "updates_kept": Count,
+    "lost_fraction_per_step": list[Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]],
+    # two ranks of DDP (mpguide.verify.distributed)
     "ranks": Count, "allreduce_calls": Count, "allreduce_bytes": Count, "allreduce_counts_agree": bool,
     "weights_agree_across_ranks": bool, "skipped_batches_per_rank": list[list[Count]],
-    "skip_decisions_agree": bool, "record_extra_per_rank": Annotated[list[dict[str, Any]], AfterValidator(_json_finite)],
+    "skip_decisions_agree": bool,
+    "record_extra_per_rank": Annotated[list[dict[str, Any]], AfterValidator(_json_finite)],
     "allreduces_per_optimizer_step": NonNegative, "allreduce_bytes_per_optimizer_step": NonNegative,
     # plot_02
     "generator_changed": bool, "weights": Name, "forced_window_factors": list[Finite],
@@ -167,7 +179,7 @@ EXTRA_KEYS: dict[str, Any] = {
     "seen_norm": list[NonNegative], "update_norm": list[NonNegative],
     # plot_05
     "first_applied_lr": NonNegative, "first_applied_lr_is_base": bool, "skipped_steps": Count, "skipped_any": bool,
-    "global_step_counts_skipped": bool,
+    "global_step_counts_skipped": bool, "step_calls": Count, "ran_past_max_steps": bool,
     # plot_06
     "window_moved": list[bool], "scale_constant_in_windows": bool, "overflow_window_skipped": bool,
     "other_windows_moved": bool,
@@ -175,7 +187,11 @@ EXTRA_KEYS: dict[str, Any] = {
     "trainer_precision": Name, "has_scaler": bool, "stale_after_step": bool,
     # plot_09
     "weights_digest": Name, "max_abs_diff_vs_automatic": list[NonNegative], "identical_to_automatic": bool,
-    # plot_15 (mpguide.throughput)
+    # plot_16
+    "student_moved": Count, "teacher_moved": Count, "teacher_elements": Count, "teacher_unchanged": Count,
+    "teacher_followed": Count, "teacher_frozen": Count, "weight_dtype": Name, "teacher_dtype": Name,
+    "nonfinite_weights": Count,
+    # plot_15 (mpguide.verify.throughput)
     "benchmark": dict[str, BenchmarkVariant], "size": BenchmarkSize, "device_wait_s": NonNegative,
     "peak_bf16_tflops": Positive, "automatic_tflops": NonNegative,
 }
@@ -265,7 +281,7 @@ class ErrorInfo(_Model):
 
 
 class Run(_Model):
-    """One entry of ``runs`` (the fields of :class:`mpguide.runner.RunResult`)."""
+    """One entry of ``runs`` (the fields of :class:`mpguide.verify.runner.RunResult`)."""
 
     id: Name
     mode: Name
@@ -328,7 +344,7 @@ CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
 
 
 class Claim(_Model):
-    """One entry of ``claims``: its defining keys (:data:`mpguide.declarations.CLAIM_KEYS`) and what was judged."""
+    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declarations.CLAIM_KEYS`), what was judged."""
 
     kind: Name
     runs: list[Any]  # checked by _runs_for_kind, with the kind in the message
@@ -356,12 +372,13 @@ class Claim(_Model):
         return value
 
     @model_validator(mode="after")
-    def _runs_for_kind(self) -> "Claim":
+    def _runs_for_kind(self) -> Claim:
         ids = self.runs
         needs = CLAIM_FIELDS.get(self.kind)
         if needs is None:  # an unknown kind is judged (and failed) by the gate, naming the kind
             if not all(isinstance(r, str) and r for r in ids):
-                raise PydanticCustomError("mpguide", "'runs' must be a list of run ids, found {ids}", {"ids": repr(ids)})
+                raise PydanticCustomError("mpguide", "'runs' must be a list of run ids, found {ids}",
+                                          {"ids": repr(ids)})
             return self
         count, fields = needs
         if len(ids) != count or not all(isinstance(r, str) and r for r in ids) or len(set(map(repr, ids))) != len(ids):
@@ -377,7 +394,7 @@ class Claim(_Model):
 
 
 class Record(_Model):
-    """A results record of ``schema_version`` 2 (the layout in :mod:`mpguide.records`)."""
+    """A results record of ``schema_version`` 2 (the layout in :mod:`mpguide.verify.records`)."""
 
     example: Name
     schema_version: Annotated[int, Field(ge=SCHEMA_VERSION, le=SCHEMA_VERSION)]  # strict int: not 2.0, not True
@@ -389,7 +406,7 @@ class Record(_Model):
     claims: list[Claim]
 
     @model_validator(mode="after")
-    def _whole_record(self) -> "Record":
+    def _whole_record(self) -> Record:
         seen: set[str] = set()
         for run in self.runs:
             if run.id in seen:
@@ -437,7 +454,8 @@ def _expected(error: dict[str, Any]) -> str:
              "string_type": "a string", "int_type": "an integer", "float_type": "a number",
              "finite_number": "a finite number (not NaN or Infinity)", "bool_type": "true or false",
              "none_required": "null", "string_too_short": "a non-empty string",
-             "greater_than_equal": f"a number >= {ctx.get('ge', 0):g}", "greater_than": f"a number > {ctx.get('gt', 0):g}",
+             "greater_than_equal": f"a number >= {ctx.get('ge', 0):g}",
+             "less_than_equal": f"a number <= {ctx.get('le', 0):g}", "greater_than": f"a number > {ctx.get('gt', 0):g}",
              "literal_error": f"one of {ctx.get('expected')}"}
     if kind == "mpguide_type":
         return ctx.get("expected", "")
@@ -516,7 +534,7 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
     if type(version) is not int or version != SCHEMA_VERSION:
         raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
                           + (" (a committed reference of version 1 can be converted with "
-                             "`python -m mpguide.records upgrade PATH --commit SHA`)" if version == 1 else ""))
+                             "`python -m mpguide.verify.records upgrade PATH --commit SHA`)" if version == 1 else ""))
     try:
         Record.model_validate(record)
     except ValidationError as err:
@@ -525,7 +543,7 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
 
 # -------------------------------------------------------------------------------- matrix summary
 
-#: Format of a version-matrix summary (:mod:`mpguide.matrix`).
+#: Format of a version-matrix summary (:mod:`mpguide_build.matrix`).
 MATRIX_SCHEMA = "mpguide-matrix-1"
 
 
@@ -568,7 +586,7 @@ class PluginTests(_Model):
 
 
 class MatrixSummary(_Model):
-    """A version-matrix summary, ``results/matrix/lightning-<version>.json`` (see :mod:`mpguide.matrix`)."""
+    """A version-matrix summary, ``results/matrix/lightning-<version>.json`` (see :mod:`mpguide_build.matrix`)."""
 
     schema_: Literal["mpguide-matrix-1"] = Field(alias="schema")  # "schema" would shadow a BaseModel attribute
     lightning: Name
