@@ -6,7 +6,8 @@
 Sessions: ``site`` (the environment the site sessions share), ``docs`` (strict build; ``-- --clean``),
 ``docs_preview``, ``docs_live``, ``tests``, ``gate``, ``docs_gpu`` (strict build on a CUDA GPU;
 ``-- --update-reference``, ``-- --no-install``), ``lint``, ``matrix`` (one environment per Lightning
-release, by nox's parametrization) and ``upstream`` (Lightning's own AMP tests; needs a checkout).
+release, by nox's parametrization), ``matrix_torch`` and ``matrix_main`` (older torch, Lightning's master
+branch; not in CI) and ``upstream`` (Lightning's own AMP tests; needs a checkout).
 
 One environment for the site sessions: docs, docs_preview, docs_live, tests and gate need the same
 packages (requirements.txt), so they require the ``site`` session, whose nox environment ``.nox/site``
@@ -16,12 +17,15 @@ Environment variables:
     MPGUIDE_TORCH    pip requirement for torch (default "torch==2.13.0", the CPU build on these machines).
                      Set it to "" to keep the torch already installed (a CUDA build with ``nox --no-venv``).
     MPGUIDE_PRESET   quick (default), full or test; MPGUIDE_DEVICE: auto (default), cpu or cuda.
+    MPGUIDE_LIGHTNING_GIT    a copy of Lightning's git repository for ``nox -s matrix_main``.
+    MPGUIDE_MATRIX_TIMEOUT   seconds per example in the matrix sessions (default 600; raise it on a loaded machine).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -183,6 +187,86 @@ def matrix(session: nox.Session, lightning: str) -> None:
                     "--message", f"pip install lightning=={lightning} failed (see the nox log)", *only, env=env)
         return
     session.run("python", "-m", "mpguide_build.matrix", "run", "--lightning", lightning, *only, env=env)
+
+
+def _torch_releases() -> list[str]:
+    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
+    from mpguide_build.matrix import TORCH_RELEASES
+
+    return list(TORCH_RELEASES)
+
+
+@nox.session
+@nox.parametrize("torch", _torch_releases())
+def matrix_torch(session: nox.Session, torch: str) -> None:
+    """The examples whose claims depend on torch, with Lightning TORCH_LIGHTNING on an older torch release.
+
+    Writes results/matrix/torch-X+lightning-2.6.6.json (mpguide_build.matrix.TORCH_EXAMPLES, the plugin tests
+    and the minimal autocast-cache reproduction). Not part of CI: torch X comes from PyPI as a CUDA build
+    (2.5-3 GB with its CUDA libraries on x86_64 Linux) and runs on the CPU. ``nox -s matrix_torch -k 2.10.0``
+    runs one release; MPGUIDE_MATRIX_EXAMPLES restricts the examples.
+    """
+    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
+    from mpguide_build.matrix import TORCH_LIGHTNING
+
+    examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
+    only = ["--examples", *examples] if examples else []
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
+    column = ["--lightning", TORCH_LIGHTNING, "--torch", torch]
+    try:
+        session.install(f"torch=={torch}", *MATRIX_BASE, f"lightning=={TORCH_LIGHTNING}", "setuptools<81")
+    except nox.command.CommandFailed:
+        session.run("python", "-m", "mpguide_build.matrix", "error", *column, "--stage", "install",
+                    "--message", f"pip install torch=={torch} lightning=={TORCH_LIGHTNING} failed (see the nox log)",
+                    *only, env=env)
+        return
+    session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
+
+
+@nox.session(name="matrix_main")
+def matrix_main(session: nox.Session) -> None:
+    """Lightning's development branch (``master``, unreleased) on the site's torch: every example, one column.
+
+    ``MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning(.git) nox -s matrix_main`` (a clone or a bare mirror;
+    or pass the path after ``--``). Its HEAD is exported with ``git archive`` (only what the install needs:
+    a mirror may lack the large files of docs/) and installed with ``PACKAGE_NAME=lightning`` (Lightning's
+    setup.py then builds the unified ``lightning`` package). Writes results/matrix/lightning-master.json,
+    naming the commit and its committer date. Skips without a repository copy (CI has none).
+    """
+    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
+    from mpguide_build.matrix import MAIN_BRANCH
+
+    git_dir = (session.posargs or [os.environ.get("MPGUIDE_LIGHTNING_GIT", "")])[0]
+    if not git_dir:
+        session.skip("no copy of Lightning's git repository: MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning "
+                     "nox -s matrix_main")
+    head = subprocess.run(["git", "-C", git_dir, "log", "-1", "--format=%H %cI"], capture_output=True, text=True)
+    if head.returncode:
+        session.error(f"{git_dir}: not a git repository ({head.stderr.strip()}); point MPGUIDE_LIGHTNING_GIT at a "
+                      "clone or a bare mirror of Lightning-AI/pytorch-lightning")
+    commit, date = head.stdout.split()
+    src = Path(session.create_tmp()) / "lightning-src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD", "setup.py", "pyproject.toml", "README.md",
+                              "LICENSE", "requirements.txt", "requirements", "src", ".actions"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
+    only = ["--examples", *examples] if examples else []
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
+    column = ["--lightning", MAIN_BRANCH, "--git-commit", commit, "--git-date", date]
+    if TORCH:
+        session.install(*TORCH)
+    session.install(*MATRIX_BASE)
+    try:
+        session.install(str(src), "setuptools<81", env={"PACKAGE_NAME": "lightning"})
+    except nox.command.CommandFailed:
+        session.run("python", "-m", "mpguide_build.matrix", "error", *column, "--stage", "install",
+                    "--message", f"pip install of {git_dir} at {commit[:10]} failed (see the nox log)", *only,
+                    env=env)
+        return
+    session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
 
 
 @nox.session(venv_backend="none", requires=["site"])

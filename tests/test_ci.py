@@ -162,7 +162,7 @@ def test_update_reference_refuses_bad_records(tmp_path, bad, message):
 
 
 DOCUMENTED_SESSIONS = ("site", "docs", "docs_preview", "docs_live", "tests", "gate", "docs_gpu", "lint", "matrix",
-                       "upstream")
+                       "matrix_torch", "matrix_main", "upstream")
 #: The module each session calls, with an argument that runs it without building anything.
 SESSION_MODULES = [("mpguide_build.tasks", "--help"), ("mpguide_build.matrix", "--help"),
                    ("mpguide_build.reference", "--help"), ("mpguide.verify.gate", "--help"), ("upstream.run", "--help"),
@@ -179,9 +179,10 @@ def test_every_documented_session_is_defined():
     assert proc.returncode == 0, proc.stderr
     listed = {ln.split()[1].split("(")[0] for ln in proc.stdout.splitlines() if ln[:2] in ("* ", "- ")}
     assert set(DOCUMENTED_SESSIONS) <= listed, proc.stdout
-    from mpguide_build.matrix import RELEASES
+    from mpguide_build.matrix import RELEASES, TORCH_RELEASES
 
     assert all(f"matrix(lightning='{v}')" in proc.stdout for v in RELEASES)
+    assert all(f"matrix_torch(torch='{v}')" in proc.stdout for v in TORCH_RELEASES)
     readme = (ROOT / "README.md").read_text()
     assert all(f"nox -s {name}" in readme for name in DOCUMENTED_SESSIONS if name != "site")
 

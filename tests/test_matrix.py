@@ -58,14 +58,15 @@ def test_staleness_names_changed_new_and_removed_examples_and_the_library(fake_e
 
 def test_check_current_fails_with_the_fix(fake_examples, tmp_path):
     matrix.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
-    matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",))
+    only = {"main": None, "torch_releases": ()}
+    matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), **only)
     with pytest.raises(matrix.MatrixError, match=r"Lightning 2\.4\.0: no summary[\s\S]*nox -s matrix"):
-        matrix.check_current(tmp_path, fake_examples, releases=("2.4.0", "2.6.6"))
+        matrix.check_current(tmp_path, fake_examples, releases=("2.4.0", "2.6.6"), **only)
     data = json.loads((tmp_path / "lightning-2.6.6.json").read_text())
     data["library_sha256"] = "f" * 64
     (tmp_path / "lightning-2.6.6.json").write_text(json.dumps(data))
     with pytest.raises(matrix.MatrixError, match="library changed"):
-        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",))
+        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), **only)
 
 
 def test_corrupt_or_foreign_summary_is_refused(tmp_path):
@@ -184,10 +185,144 @@ def test_a_partial_rerun_keeps_the_other_examples_of_the_same_library(tmp_path):
     """``MPGUIDE_MATRIX_EXAMPLES`` reruns some examples; the others come from the previous summary."""
     old = summary("2.4.0", {"c": "pass"})
     old["examples"]["plot_98_other"] = dict(old["examples"]["plot_99_fake"], example_sha256="aa")
+    old["plugin_tests"] = {"status": "pass", "passed": 15, "failed": 0, "message": "15 passed"}
     matrix.write_summary(old, tmp_path)
-    new = summary("2.4.0", {"c": "fail"})  # reran plot_99_fake only
+    new = summary("2.4.0", {"c": "fail"})  # reran plot_99_fake only, without the plugin tests
     merged = matrix.merge_into_previous(new, tmp_path)
+    assert merged["plugin_tests"]["passed"] == 15
     assert merged["examples"]["plot_98_other"]["example_sha256"] == "aa"
     assert merged["examples"]["plot_99_fake"]["claims"][0]["verdict"] == "fail"
     new["library_sha256"] = "another library"  # nothing is taken over from another library's run
     assert list(matrix.merge_into_previous(new, tmp_path)["examples"]) == ["plot_99_fake"]
+    new["library_sha256"] = old["library_sha256"]
+    new["source"] = {"kind": "git", "commit": "another", "date": "2026-07-21"}  # nor from another commit
+    assert list(matrix.merge_into_previous(new, tmp_path)["examples"]) == ["plot_99_fake"]
+
+
+# --------------------------------------------------- the unreleased branch column and the older-torch columns
+
+GIT = {"kind": "git", "repository": "Lightning-AI/pytorch-lightning", "branch": "master",
+       "commit": "7f0c3436cd3f6ad3753125672024fc415cbcb414", "date": "2026-07-20T13:18:29+01:00"}
+
+
+def branch_summary(verdicts, examples_dir=None):
+    out = summary("master", verdicts, examples_dir=examples_dir)
+    out.update(source=dict(GIT), lightning_version="2.6.2")
+    return out
+
+
+def torch_summary(pin, verdicts, examples_dir=None, lost=None):
+    out = summary("2.6.6", verdicts, examples_dir=examples_dir)
+    out.update(torch_pin=pin, torch=f"{pin}+cu128", scope=["plot_99_fake"])
+    if lost is not None:
+        out["autocast_cache_probe"] = {"torch": out["torch"], "gradient_lost": lost, "detail": "d"}
+    return out
+
+
+def test_the_unreleased_column_is_last_named_by_its_commit_and_kept_out_of_the_release_sentence(tmp_path):
+    for s in (summary("2.5.5", {"c": "pass"}), summary("2.6.6", {"c": "pass"}), branch_summary({"c": "fail"})):
+        matrix.write_summary(s, tmp_path)
+    assert (tmp_path / "lightning-master.json").exists()
+    sums = matrix.load_matrix(tmp_path)
+    assert [matrix.column_label(s) for s in sums] == ["2.5.5", "2.6.6", "master (unreleased)"]
+    text = matrix.render_table(sums)
+    header = next(line for line in text.splitlines() if line.startswith("| claim"))
+    assert header.endswith("| master (unreleased) |")
+    assert "**Lightning master (unreleased)** (commit 7f0c3436cd of 2026-07-20 on branch master" in text
+    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == (
+        "This applies to every Lightning release tested: 2.5.5, 2.6.6. On Lightning's unreleased master branch "
+        "(commit 7f0c3436cd, 2026-07-20) it does not hold (fail).")
+    sums[-1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"  # same as the newest release: no clause
+    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
+        "This applies to every Lightning release tested: 2.5.5, 2.6.6."
+    assert matrix.passing_releases(sums, [("plot_99_fake", "c")]) == ["2.5.5", "2.6.6"]
+
+
+@pytest.mark.parametrize("source, message", [
+    ({"kind": "git", "commit": "abc"}, "must name its git 'commit' and 'date'"),
+    ({"kind": "svn"}, "field 'source' must be"),
+])
+def test_a_branch_column_without_commit_and_date_is_refused(tmp_path, source, message):
+    bad = branch_summary({"c": "pass"})
+    bad["source"] = source
+    (tmp_path / "lightning-master.json").write_text(json.dumps(bad))
+    with pytest.raises(matrix.MatrixError, match=rf"lightning-master\.json: .*{message}"):
+        matrix.load_matrix(tmp_path)
+
+
+def test_check_current_wants_the_branch_and_torch_columns_with_their_commands(fake_examples, tmp_path):
+    matrix.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    with pytest.raises(matrix.MatrixError) as error:
+        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
+    text = str(error.value)
+    assert "Lightning master (unreleased): no summary" in text and "Lightning 2.6.6, torch 2.9.1: no summary" in text
+    assert "MPGUIDE_LIGHTNING_GIT=" in text and "nox -s matrix_torch" in text and "nox -s matrix_main" in text
+    matrix.write_summary(branch_summary({"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    matrix.write_summary(torch_summary("2.9.1", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    assert (tmp_path / "torch-2.9.1+lightning-2.6.6.json").exists()
+    matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
+    (fake_examples / "plot_99_fake.py").write_text((fake_examples / "plot_99_fake.py").read_text() + "\n# edit\n")
+    with pytest.raises(matrix.MatrixError) as error:
+        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
+    assert "Lightning master (unreleased): examples/plot_99_fake.py changed" in str(error.value)
+    assert "Lightning 2.6.6, torch 2.9.1: examples/plot_99_fake.py changed" in str(error.value)
+
+
+def test_a_torch_column_expects_only_its_examples(fake_examples):
+    pinned = torch_summary("2.9.1", {"c": "pass"}, examples_dir=fake_examples)
+    (fake_examples / "plot_98_other.py").write_text("")  # out of its scope: not missing there
+    assert matrix.staleness(pinned, fake_examples) == []
+    pinned["scope"].append("plot_98_other")  # in scope but absent from the summary: missing
+    assert matrix.staleness(pinned, fake_examples) == [
+        "Lightning 2.6.6, torch 2.9.1: examples/plot_98_other.py is not in the matrix"]
+
+
+def test_torch_columns_render_not_run_outside_their_scope_and_name_the_torch():
+    site = summary("2.6.6", {"c": "pass"})
+    site["examples"]["plot_98_other"] = site["examples"]["plot_99_fake"]
+    old, new = torch_summary("2.9.1", {"c": "fail"}), torch_summary("2.10.0", {"c": "pass"})
+    text = matrix.render_table([site, new, old])
+    header = next(line for line in text.splitlines() if line.startswith("| claim"))
+    assert header.index("2.6.6, torch 2.9.1") < header.index("2.6.6, torch 2.10.0") < header.rindex("| 2.6.6 |")
+    other = text.split("**plot_98_other**")[1].split("**plot")[0]
+    assert other.count(">not run<") == 2 and "not part of the column Lightning 2.6.6, torch 2.9.1" in text
+    site["torch"] = "2.13.0+cpu"
+    assert matrix.torch_sentence([site, old, new], [("plot_99_fake", "c")]) == \
+        "With Lightning 2.6.6 this holds on torch 2.10.0+cu128, 2.13.0+cpu; not on torch 2.9.1+cu128 (fail)."
+    with pytest.raises(matrix.MatrixError, match="no column of the matrix has claim"):
+        matrix.torch_sentence([old], [("plot_99_fake", "typo")])
+
+
+def test_the_autocast_cache_probe_reports_a_lost_gradient():
+    """On the installed torch (2.13) the gradient arrives; a forward that drops autograd history after a
+    no_grad forward, as affected torch does, is reported as lost."""
+    ok = matrix.probe_autocast_cache()
+    assert ok["gradient_lost"] is False and "weight.grad present" in ok["detail"]
+    import torch
+
+    def stale(layer, x):  # what the bug does: the graded call reuses a cast made without history
+        return torch.nn.functional.linear(x, layer.weight.detach(), layer.bias.detach())
+
+    lost = matrix.probe_autocast_cache(stale)
+    assert lost["gradient_lost"] is True and "without grad_fn" in lost["detail"]
+
+
+def test_cache_bug_sentence_names_the_affected_torch_releases():
+    sums = [torch_summary("2.9.1", {}, lost=True), torch_summary("2.10.0", {}, lost=False),
+            dict(summary("2.6.6", {}), autocast_cache_probe={"torch": "2.13.0+cpu", "gradient_lost": False})]
+    assert matrix.cache_bug_sentence(sums) == \
+        "Measured: torch 2.9.1+cu128 loses the gradient; torch 2.10.0+cu128, 2.13.0+cpu do not."
+    with pytest.raises(matrix.MatrixError, match="autocast_cache_probe"):
+        matrix.cache_bug_sentence([summary("2.6.6", {})])
+
+
+def test_a_torch_column_refuses_an_environment_with_another_torch(tmp_path):
+    """The older-torch column checks the torch it imports before running anything."""
+    import lightning
+    import torch
+
+    out = matrix.run_release(lightning.__version__, tmp_path, ["plot_99_fake"], torch_pin="2.10.0")
+    assert out["status"] == "could not run" and out["error"]["stage"] == "import"
+    assert out["error"]["message"] == f"this environment imports torch {torch.__version__}, not 2.10.0"
+    assert matrix.load(tmp_path / f"torch-2.10.0+lightning-{lightning.__version__}.json")["error"] == out["error"]
+    assert matrix.cell(out, "plot_99_fake", "c")[0] == "could not run"

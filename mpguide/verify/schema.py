@@ -585,6 +585,24 @@ class PluginTests(_Model):
     message: str
 
 
+class MatrixSource(_Model):
+    """``source`` of a summary: a release from PyPI, or a commit of Lightning's development branch."""
+
+    kind: Literal["pypi", "git"]
+    repository: str | None = None
+    branch: str | None = None
+    commit: str | None = None
+    date: str | None = None
+
+
+class CacheProbe(_Model):
+    """``autocast_cache_probe``: the minimal reproduction of the autocast-cache bug on that torch."""
+
+    torch: str | None = None
+    gradient_lost: bool | None = None
+    detail: str = ""
+
+
 class MatrixSummary(_Model):
     """A version-matrix summary, ``results/matrix/lightning-<version>.json`` (see :mod:`mpguide_build.matrix`)."""
 
@@ -600,6 +618,13 @@ class MatrixSummary(_Model):
     library_sha256: Name
     examples: dict[str, MatrixExample]
     plugin_tests: PluginTests | None
+    # written since the older-torch and unreleased columns (absent in older summaries)
+    torch_threads: Count | None = None
+    lightning_version: str | None = None
+    source: MatrixSource | None = None
+    torch_pin: str | None = None
+    scope: list[str] | None = None
+    autocast_cache_probe: CacheProbe | None = None
 
 
 def matrix_problem(summary: Any, where: Path | str) -> str:

@@ -24,6 +24,23 @@
 ``plugin_tests``
     outcome of the :class:`mpguide.precision.ManualMixedPrecision` tests in that environment:
     ``{"status" ("pass" | "fail" | "refused" | "could not run"), "passed", "failed", "message"}``.
+``lightning_version``
+    ``lightning.__version__`` as imported (for a release the same as ``lightning``).
+``source``
+    ``{"kind": "pypi"}`` for a release (``nox -s matrix``); ``{"kind": "git", "repository", "branch",
+    "commit", "date"}`` for the **unreleased** column of Lightning's development branch (``nox -s
+    matrix_main``; :data:`MAIN_BRANCH`, file ``lightning-master.json``; ``lightning`` is then the branch
+    name), installed from a copy of the repository: ``commit`` is the full hash, ``date`` its committer
+    date (ISO 8601).
+``torch_pin``, ``scope``
+    ``None`` for a column on the site's torch; for an **older-torch** column the torch release it
+    pins (``nox -s matrix_torch``; file ``torch-<torch_pin>+lightning-<lightning>.json``) and the
+    examples it runs (:data:`~mpguide_build.matrix.TORCH_EXAMPLES`); other examples show "not run" there.
+``autocast_cache_probe``
+    the minimal reproduction of the autocast-cache bug on that torch (:func:`probe_autocast_cache`):
+    ``{"torch", "gradient_lost" (bool), "detail"}``.
+
+Summaries without the last four fields (written before they existed) read as releases on the site's torch.
 
 A summary is **stale** when an example or the library changed since it was produced
 (:func:`~mpguide_build.matrix.staleness`); the test suite fails then, and the message says to run
@@ -58,11 +75,29 @@ SCHEMA = MATRIX_SCHEMA
 #: ``cache_enabled=False`` (``lightning/pytorch/plugins/precision/amp.py`` of 2.5.5).
 RELEASES: tuple[str, ...] = ("2.2.5", "2.3.3", "2.4.0", "2.5.0", "2.5.4", "2.5.5", "2.6.6")
 
+#: Lightning's development branch (the default branch of github.com/Lightning-AI/pytorch-lightning is
+#: ``master``): one **unreleased** column, installed from a copy of that repository
+#: (``MPGUIDE_LIGHTNING_GIT=<git dir> nox -s matrix_main``), so its summary names a commit.
+MAIN_BRANCH = "master"
+#: Older torch releases for the claims that depend on torch, each with :data:`TORCH_LIGHTNING`. They
+#: bracket the fix of the autocast-cache bug (PyTorch pull request #165068, merged 2025-12-10): the
+#: minimal reproduction (:func:`probe_autocast_cache`, measured 2026-12-01) loses the gradient on torch
+#: 2.9.1 and 2.10.0 (the last release without the fix; PyPI has no 2.10.x patch) and keeps it on 2.11.0
+#: and 2.13.0. PyPI has CUDA builds only for x86_64 Linux (2.5-3 GB with their CUDA libraries); they
+#: run on the CPU.
+TORCH_RELEASES: tuple[str, ...] = ("2.10.0", "2.11.0")
+#: The Lightning release the older-torch columns use (it supports torch >= 2.1).
+TORCH_LIGHTNING = "2.6.6"
+#: The examples the older-torch columns run, those whose claims concern autocast caching (plot_08; plot_01
+#: has the #20970 reporter's no_grad teacher recipe) and the two seed cases (plot_01, plot_02).
+TORCH_EXAMPLES: tuple[str, ...] = ("plot_01_porting_to_manual", "plot_02_two_optimizers", "plot_08_autocast_cache")
+
 #: Where the summaries are committed.
 MATRIX_DIR = records.REPO_ROOT / "results" / "matrix"
 
 #: Verdict words of a table cell, and what an absent cell shows.
-CELL_WORDS = {"pass": "pass", "fail": "fail", "not judged": "not judged", "could not run": "could not run"}
+CELL_WORDS = {"pass": "pass", "fail": "fail", "not judged": "not judged", "could not run": "could not run",
+              "not run": "not run"}
 #: Id of the row that stands for the implicit checks of an example (runs complete, losses finite).
 RUNS_ROW = "runs complete"
 #: The tests of the plugin run in every environment.
@@ -76,9 +111,44 @@ class MatrixError(ValueError):
     """A summary file is missing, unreadable or of another schema; the message names the file and the fix."""
 
 
-def summary_path(version: str, directory: Path | None = None) -> Path:
-    """``<directory>/lightning-<version>.json`` (default directory :data:`~mpguide_build.matrix.MATRIX_DIR`)."""
-    return Path(directory or MATRIX_DIR) / f"lightning-{version}.json"
+def summary_path(version: str, directory: Path | None = None, torch_pin: str | None = None) -> Path:
+    """``<directory>/lightning-<version>.json`` (default directory :data:`~mpguide_build.matrix.MATRIX_DIR`), or
+    ``torch-<torch_pin>+lightning-<version>.json`` for an older-torch column."""
+    name = f"torch-{torch_pin}+lightning-{version}.json" if torch_pin else f"lightning-{version}.json"
+    return Path(directory or MATRIX_DIR) / name
+
+
+def summary_file(summary: dict[str, Any], directory: Path | None = None) -> Path:
+    """The file of ``summary`` in ``directory`` (:func:`summary_path` of its ``lightning`` and ``torch_pin``)."""
+    return summary_path(summary["lightning"], directory, summary.get("torch_pin"))
+
+
+def is_unreleased(summary: dict[str, Any]) -> bool:
+    """True for a column installed from a git copy (``source.kind == "git"``), not from a release."""
+    return (summary.get("source") or {}).get("kind") == "git"
+
+
+def column_label(summary: dict[str, Any]) -> str:
+    """Short name of a summary's column: ``"2.6.6"``, ``"master (unreleased)"`` or ``"2.6.6, torch 2.10.0"``."""
+    label = summary["lightning"] + (" (unreleased)" if is_unreleased(summary) else "")
+    return label + (f", torch {summary['torch_pin']}" if summary.get("torch_pin") else "")
+
+
+def column_order(summary: dict[str, Any]) -> tuple:
+    """Sort key of columns: by pinned torch (site's torch last), releases oldest first, unreleased last."""
+    pin = summary.get("torch_pin")
+    return (pin is None, version_key(pin or ""), is_unreleased(summary), version_key(summary["lightning"]))
+
+
+def column_heading(summary: dict[str, Any]) -> str:
+    """What a column ran on, for the line above its messages: versions, device, preset, date; for the
+    unreleased column the commit and its date (from ``source``)."""
+    source = summary.get("source") or {}
+    where = (f"commit {str(source.get('commit'))[:10]} of {str(source.get('date'))[:10]} on branch "
+             f"{source.get('branch')} of {source.get('repository')}, version string "
+             f"{summary.get('lightning_version')}, " if is_unreleased(summary) else "")
+    return (f"**Lightning {column_label(summary)}** ({where}torch {summary.get('torch')}, {summary.get('device')}, "
+            f"preset {summary.get('preset')}, {str(summary.get('created', ''))[:10]})")
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -110,13 +180,15 @@ def _word(status: str) -> str:
 
 
 def summarize_example(example: str, record_dir: Path, version: str, script_error: str = "",
-                      seconds: float | None = None, examples: Path | None = None) -> dict[str, Any]:
+                      seconds: float | None = None, examples: Path | None = None,
+                      torch_pin: str | None = None) -> dict[str, Any]:
     """Judge one example's record in ``record_dir`` with the gate and keep the compact part.
 
     Args:
         example: file stem, e.g. ``"plot_05_skipped_steps"``.
         record_dir: folder holding ``<example>.json`` written by the example in this environment.
         version: the Lightning release (used in messages instead of the temporary record path).
+        torch_pin: the torch release of an older-torch column (named in the record path of messages).
         script_error: last lines of the script's stderr when it exited non-zero (``""`` otherwise).
         seconds: wall time of the script.
         examples: folder of the examples (default :func:`mpguide.verify.declarations.examples_dir`).
@@ -135,7 +207,7 @@ def summarize_example(example: str, record_dir: Path, version: str, script_error
         entry["status"] = "could not run"
         entry["error"] = script_error or report.record_errors[0].replace(str(record_dir), "<records>")
         return entry
-    shown = f"lightning-{version}/{example}.json"
+    shown = summary_path(version, Path("."), torch_pin).stem + f"/{example}.json"
     declared = [v for v in report.verdicts if v.kind not in ("finite", "completes")]
     implicit = [v for v in report.verdicts if v.kind in ("finite", "completes")]
     for v in report.verdicts:
@@ -164,22 +236,32 @@ def _key_of(verdict: Any) -> str:
 
 
 def new_summary(version: str, status: str = "ran", error: dict[str, str] | None = None,
-                examples: Sequence[str] = (), examples_dir: Path | None = None) -> dict[str, Any]:
+                examples: Sequence[str] = (), examples_dir: Path | None = None,
+                source: dict[str, str] | None = None, torch_pin: str | None = None,
+                scope: Sequence[str] | None = None) -> dict[str, Any]:
     """An empty summary of ``version`` with versions, date and source digests filled in.
 
     ``examples`` are listed as "could not run" with the release's ``error`` when the release
-    itself could not run, so that the table still has their rows.
+    itself could not run, so that the table still has their rows. ``source``, ``torch_pin`` and
+    ``scope`` are stored as given (see the module docstring; ``source`` defaults to ``{"kind": "pypi"}``).
     """
     try:
         import torch
         torch_version = torch.__version__
     except Exception:  # noqa: BLE001 - an environment without torch is a result too
         torch_version = None
+    try:
+        import lightning
+        lightning_version = lightning.__version__
+    except Exception:  # noqa: BLE001 - an environment without lightning is a result too
+        lightning_version = None
     out: dict[str, Any] = {
         "schema": SCHEMA, "lightning": version, "torch": torch_version, "python": platform.python_version(),
         "device": f"CPU ({os.cpu_count()} cores)", "preset": "test", "created": records.utc_now(),
         "status": status, "error": error, "library_sha256": verdict_library_digest(), "examples": {},
-        "plugin_tests": None,
+        "plugin_tests": None, "torch_threads": _torch_threads(), "lightning_version": lightning_version,
+        "source": source or {"kind": "pypi"},
+        "torch_pin": torch_pin, "scope": list(scope) if scope is not None else None, "autocast_cache_probe": None,
     }
     for example in examples:
         out["examples"][example] = {
@@ -188,10 +270,18 @@ def new_summary(version: str, status: str = "ran", error: dict[str, str] | None 
     return out
 
 
+def _torch_threads() -> int | None:
+    try:
+        import torch
+        return torch.get_num_threads()
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def write_summary(summary: dict[str, Any], directory: Path | None = None) -> Path:
-    """Write ``summary`` to ``lightning-<version>.json`` in ``directory`` atomically (temp file, rename)."""
+    """Write ``summary`` to :func:`summary_file` in ``directory`` atomically (temp file, rename)."""
     validate(summary, "<new summary>")
-    path = summary_path(summary["lightning"], directory)
+    path = summary_file(summary, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -212,6 +302,25 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
     if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
         got = summary.get("schema") if isinstance(summary, dict) else type(summary).__name__
         raise MatrixError(f"{where}: not a matrix summary of schema {SCHEMA!r} (found {got!r}); {fix}")
+    for key, kind in (("lightning", str), ("status", str), ("library_sha256", str), ("examples", dict)):
+        if not isinstance(summary.get(key), kind):
+            raise MatrixError(f"{where}: field {key!r} missing or not a {kind.__name__}; {fix}")
+    source = summary.get("source")
+    if source is not None and (not isinstance(source, dict) or source.get("kind") not in ("pypi", "git")):
+        raise MatrixError(f"{where}: field 'source' must be {{'kind': 'pypi'}} or {{'kind': 'git', 'commit', "
+                          f"'date', ...}} (found {source!r}); {fix}")
+    if is_unreleased(summary) and not all(isinstance(source.get(k), str) and source[k] for k in ("commit", "date")):
+        raise MatrixError(f"{where}: an unreleased column must name its git 'commit' and 'date' in 'source' "
+                          f"(found {source!r}); {fix} with MPGUIDE_LIGHTNING_GIT set to the repository copy")
+    scope = summary.get("scope")
+    if scope is not None and not (isinstance(scope, list) and all(isinstance(x, str) for x in scope)):
+        raise MatrixError(f"{where}: field 'scope' must be null or a list of example names (found {scope!r}); {fix}")
+    for name, entry in summary["examples"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("claims"), list) or "status" not in entry:
+            raise MatrixError(f"{where}: examples[{name!r}] lacks 'status' or a 'claims' list; {fix}")
+        for claim in entry["claims"]:
+            if not isinstance(claim, dict) or not {"id", "title", "verdict", "message"} <= set(claim):
+                raise MatrixError(f"{where}: a claim of {name!r} lacks id, title, verdict or message; {fix}")
     problem = matrix_problem(summary, where)  # every field typed (mpguide.verify.schema.MatrixSummary)
     if problem:
         raise MatrixError(f"{problem}; {fix}")
@@ -231,7 +340,8 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def load_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
-    """Every summary in ``directory`` (default :data:`~mpguide_build.matrix.MATRIX_DIR`), oldest release first.
+    """Every Lightning column in ``directory`` (default :data:`~mpguide_build.matrix.MATRIX_DIR`) on the site's
+    torch (``lightning-*.json``): oldest release first, the unreleased branch column last.
 
     Raises:
         MatrixError: a file is unreadable, or the folder holds no summary at all.
@@ -240,7 +350,17 @@ def load_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
     found = [load(p) for p in sorted(directory.glob("lightning-*.json"))]
     if not found:
         raise MatrixError(f"{directory}: no matrix summaries (lightning-*.json); run `nox -s matrix`")
-    return sorted(found, key=lambda s: version_key(s["lightning"]))
+    return sorted(found, key=column_order)
+
+
+def load_torch_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
+    """The older-torch columns in ``directory`` (``torch-*.json``), oldest torch first; ``[]`` when none.
+
+    Raises:
+        MatrixError: a file is unreadable or of another schema.
+    """
+    directory = Path(directory or MATRIX_DIR)
+    return sorted((load(p) for p in sorted(directory.glob("torch-*.json"))), key=column_order)
 
 
 def verdict_library_digest() -> str:
@@ -257,8 +377,11 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
     """
     folder = Path(examples or declarations.examples_dir())
     current = {p.stem: records.file_digest(p) for p in sorted(folder.glob("plot_*.py"))}
+    scope = summary.get("scope")
+    if scope is not None:  # a column that runs some examples only: the others are not expected there
+        current = {name: digest for name, digest in current.items() if name in scope}
     recorded = summary["examples"]
-    where = f"Lightning {summary['lightning']}"
+    where = f"Lightning {column_label(summary)}"
     reasons = [f"{where}: examples/{name}.py changed since the matrix was produced" for name in sorted(current)
                if name in recorded and recorded[name].get("example_sha256") != current[name]]
     added, removed = sorted(set(current) - set(recorded)), sorted(set(recorded) - set(current))
@@ -270,19 +393,32 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
 
 
 def check_current(directory: Path | None = None, examples: Path | None = None,
-                  releases: Sequence[str] = RELEASES) -> None:
-    """Raise when the committed matrix is missing a release or was produced from other sources.
+                  releases: Sequence[str] = RELEASES, main: str | None = MAIN_BRANCH,
+                  torch_releases: Sequence[str] = TORCH_RELEASES) -> None:
+    """Raise when the committed matrix is missing a column or was produced from other sources.
+
+    The columns: every release of ``releases``, the unreleased ``main`` branch (``None``: none) and
+    one older-torch column per ``torch_releases`` (with :data:`TORCH_LIGHTNING`).
 
     Raises:
-        MatrixError: one line per problem, ending with the fix (``nox -s matrix``).
+        MatrixError: one line per problem, ending with the command that refreshes each stale column.
     """
     summaries = load_matrix(directory)
-    problems = [f"Lightning {v}: no summary" for v in releases if v not in {s["lightning"] for s in summaries}]
-    for summary in summaries:
+    pinned = load_torch_matrix(directory)
+    have = {s["lightning"] for s in summaries}
+    problems = [f"Lightning {v}: no summary" for v in releases if v not in have]
+    if main and not any(s["lightning"] == main and is_unreleased(s) for s in summaries):
+        problems.append(f"Lightning {main} (unreleased): no summary")
+    problems += [f"Lightning {TORCH_LIGHTNING}, torch {v}: no summary" for v in torch_releases
+                 if v not in {s.get("torch_pin") for s in pinned}]
+    for summary in summaries + pinned:
         problems += staleness(summary, examples)
     if problems:
         raise MatrixError("the committed version matrix (results/matrix) is stale:\n  - " + "\n  - ".join(problems)
-                          + "\nrun `nox -s matrix` (about 20 min on 2 cores) and commit results/matrix/")
+                          + "\nrun `nox -s matrix` (the releases, about 20 min on 2 cores), "
+                          "`MPGUIDE_LIGHTNING_GIT=<copy of Lightning's git repository> nox -s matrix_main` (the "
+                          "unreleased column) and `nox -s matrix_torch` (the older-torch columns, downloads of "
+                          "2.5-3 GB each), then commit results/matrix/")
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -295,17 +431,21 @@ def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
     example could not run, or the claim is absent from its record).
     """
     entry = summary["examples"].get(example)
+    label = column_label(summary)
+    if summary.get("scope") is not None and example not in summary["scope"]:
+        return "not run", f"{example} is not part of the column Lightning {label} (it runs " \
+                          f"{', '.join(summary['scope'])})"
     if summary["status"] != "ran":
         err = summary.get("error") or {}
-        return "could not run", f"Lightning {summary['lightning']} could not be {err.get('stage', 'run')}ed: " \
+        return "could not run", f"Lightning {label} could not be {err.get('stage', 'run')}ed: " \
                                 f"{err.get('message', '')}"
     if entry is None or entry["status"] != "ran":
-        return "could not run", f"{example} could not run on Lightning {summary['lightning']}: " \
+        return "could not run", f"{example} could not run on Lightning {label}: " \
                                 f"{(entry or {}).get('error') or 'not in the matrix'}"
     for claim in entry["claims"]:
         if claim["id"] == cid:
             return claim["verdict"], claim["message"]
-    return "could not run", f"{example}: claim {cid!r} has no verdict on Lightning {summary['lightning']} " \
+    return "could not run", f"{example}: claim {cid!r} has no verdict on Lightning {label} " \
                             f"(the example stopped before judging it)"
 
 
@@ -316,7 +456,7 @@ def rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """
     out: list[tuple[str, str, str]] = []
     seen: set[tuple[str, str]] = set()
-    for summary in sorted(summaries, key=lambda s: version_key(s["lightning"]), reverse=True):
+    for summary in sorted(summaries, key=column_order, reverse=True):
         for example in sorted(summary["examples"]):
             for claim in summary["examples"][example]["claims"]:
                 if (example, claim["id"]) not in seen:
@@ -346,12 +486,12 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
         Markdown text (render it with ``nb_render_markdown_format = "myst"``, or any CommonMark
         renderer with tables and raw HTML).
     """
-    summaries = sorted(summaries, key=lambda s: version_key(s["lightning"]))
+    summaries = sorted(summaries, key=column_order)
     wanted = None if examples is None else set(examples)
     table_rows = [r for r in rows(summaries) if wanted is None or r[0] in wanted]
-    head = ["claim"] + [s["lightning"] for s in summaries]  # short headers leave the claim column its width
+    head = ["claim"] + [column_label(s) for s in summaries]  # short headers leave the claim column its width
     lines: list[str] = []
-    messages: dict[str, list[tuple[str, str, str]]] = {s["lightning"]: [] for s in summaries}
+    messages: dict[str, list[tuple[str, str, str]]] = {column_label(s): [] for s in summaries}
     current = None
     for example, cid, title in table_rows:
         if example != current:  # one table per example: the claim column keeps its width
@@ -360,16 +500,15 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
         cells = []
         for summary in summaries:
             word, message = cell(summary, example, cid)
-            anchor = _anchor(summary["lightning"], example, cid)
+            anchor = _anchor(column_label(summary), example, cid)
             text = html.escape(CELL_WORDS.get(word, word))
             cells.append(f'<a href="#{anchor}">{"<b>" + text + "</b>" if word != "pass" else text}</a>')
-            messages[summary["lightning"]].append((anchor, word, message))
+            messages[column_label(summary)].append((anchor, word, message))
         lines.append("| " + " | ".join([_md(title)] + cells) + " |")
     lines.append("")
     for summary in summaries:
-        version = summary["lightning"]
-        lines.append(f"**Lightning {version}** (torch {summary.get('torch')}, {summary.get('device')}, preset "
-                     f"{summary.get('preset')}, {str(summary.get('created', ''))[:10]})")
+        version = column_label(summary)
+        lines.append(column_heading(summary))
         lines.append("")
         ordered = [m for m in messages[version] if m[1] != "pass"] + [m for m in messages[version] if m[1] == "pass"]
         bad = sum(m[1] != "pass" for m in ordered)
@@ -397,8 +536,9 @@ def _md(text: str) -> str:
 
 
 def passing_releases(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> list[str]:
-    """Releases (oldest first) on which every ``(example, claim id)`` of ``claims`` passed."""
-    ordered = sorted(summaries, key=lambda s: version_key(s["lightning"]))
+    """Releases (oldest first) on which every ``(example, claim id)`` of ``claims`` passed (the
+    unreleased column is no release: see :func:`unreleased_clause`)."""
+    ordered = sorted((s for s in summaries if not is_unreleased(s)), key=column_order)
     return [s["lightning"] for s in ordered if all(cell(s, ex, cid)[0] == "pass" for ex, cid in claims)]
 
 
@@ -424,11 +564,12 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     if unknown:
         raise MatrixError(f"no release of the matrix has claim(s) {unknown}; known ids look like "
                           f"{sorted(known)[:3]}")
-    ordered = sorted(summaries, key=lambda s: version_key(s["lightning"]))
+    ordered = sorted((s for s in summaries if not is_unreleased(s)), key=column_order)
     tested = [s["lightning"] for s in ordered]
     ok = passing_releases(ordered, claims)
+    unreleased = unreleased_clause(summaries, claims)
     if not ok:
-        return f"This holds on none of the Lightning releases tested ({', '.join(tested)})."
+        return f"This holds on none of the Lightning releases tested ({', '.join(tested)}).{unreleased}"
     others = []
     for s in ordered:
         if s["lightning"] not in ok:
@@ -436,8 +577,91 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
             others.append(f"{s['lightning']} ({' / '.join(sorted(words))})")
     listed = ", ".join(ok)
     if not others:
-        return f"This applies to every Lightning release tested: {listed}."
-    return f"This applies to the tested Lightning releases {listed}; not on {', '.join(others)}."
+        return f"This applies to every Lightning release tested: {listed}.{unreleased}"
+    return f"This applies to the tested Lightning releases {listed}; not on {', '.join(others)}.{unreleased}"
+
+
+def unreleased_clause(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:
+    """What the unreleased column says about ``claims`` when it differs from the newest release.
+
+    Returns:
+        ``""`` when there is no unreleased column or its cells equal the newest release's; else e.g.
+        ``" On Lightning's unreleased master branch (commit 7f0c3436cd, 2026-07-20) it does not hold
+        (fail)."`` or ``"... it holds."`` (with a leading space, to append to a sentence).
+    """
+    branch = [s for s in summaries if is_unreleased(s)]
+    released = sorted((s for s in summaries if not is_unreleased(s)), key=column_order)
+    if not branch:
+        return ""
+    words = {cell(branch[-1], ex, cid)[0] for ex, cid in claims}
+    if released and words == {cell(released[-1], ex, cid)[0] for ex, cid in claims}:
+        return ""
+    source = branch[-1]["source"]
+    where = (f" On Lightning's unreleased {branch[-1]['lightning']} branch (commit {source['commit'][:10]}, "
+             f"{source['date'][:10]})")
+    if words == {"pass"}:
+        return where + " it holds."
+    return where + f" it does not hold ({' / '.join(sorted(words - {'pass'}))})."
+
+
+def torch_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:
+    """Which torch releases ``claims`` hold on, from the older-torch columns plus the site's column of
+    the same Lightning release.
+
+    Args:
+        summaries: :func:`load_torch_matrix` plus, optionally, the :data:`TORCH_LIGHTNING` column of
+            :func:`load_matrix` (its torch is named by its ``torch`` field).
+        claims: ``(example, claim id)`` pairs; they hold on a torch when all of them pass.
+
+    Returns:
+        e.g. ``"With Lightning 2.6.6 this holds on torch 2.11.0+cu130, 2.13.0+cpu; not on torch
+        2.10.0+cu128 (fail)."``
+
+    Raises:
+        MatrixError: ``claims`` is empty or names a claim no summary has.
+    """
+    if not claims:
+        raise MatrixError("torch_sentence needs at least one (example, claim id)")
+    known = {(ex, cid) for ex, cid, _ in rows(summaries)}
+    unknown = [c for c in claims if tuple(c) not in known]
+    if unknown:
+        raise MatrixError(f"no column of the matrix has claim(s) {unknown}")
+    ordered = sorted(summaries, key=lambda s: version_key(str(s.get("torch"))))
+    ok, bad = [], []
+    for s in ordered:
+        words = {cell(s, ex, cid)[0] for ex, cid in claims}
+        if words == {"pass"}:
+            ok.append(str(s.get("torch")))
+        elif words != {"not run"}:
+            bad.append(f"{s.get('torch')} ({' / '.join(sorted(words - {'pass'}))})")
+    lightning_versions = ", ".join(sorted({s["lightning"] for s in ordered}))
+    held = f"this holds on torch {', '.join(ok)}" if ok else "this holds on none of the torch releases tested"
+    return f"With Lightning {lightning_versions} {held}" + (f"; not on torch {', '.join(bad)}." if bad else ".")
+
+
+def cache_bug_sentence(summaries: Sequence[dict[str, Any]]) -> str:
+    """Which torch releases lose a weight's gradient in the minimal autocast-cache reproduction
+    (:func:`probe_autocast_cache`), from every summary that ran it.
+
+    Returns:
+        e.g. ``"Measured: torch 2.10.0+cu128 loses the gradient; torch 2.11.0+cu130, 2.13.0+cpu do not."``
+
+    Raises:
+        MatrixError: no summary holds a probe result.
+    """
+    results: dict[str, bool] = {}
+    for s in summaries:
+        probe = s.get("autocast_cache_probe")
+        if isinstance(probe, dict) and probe.get("torch"):
+            results[probe["torch"]] = bool(probe.get("gradient_lost"))
+    if not results:
+        raise MatrixError("no matrix summary holds an autocast_cache_probe result; rerun the matrix")
+    order = sorted(results, key=version_key)
+    lost = [t for t in order if results[t]]
+    kept = [t for t in order if not results[t]]
+    parts = ([f"torch {', '.join(lost)} lose{'s' if len(lost) == 1 else ''} the gradient"] if lost else []) + \
+            ([f"torch {', '.join(kept)} do{'es' if len(kept) == 1 else ''} not"] if kept else [])
+    return "Measured: " + "; ".join(parts) + "."
 
 
 # ------------------------------------------------------------------------------------ producing
@@ -469,28 +693,91 @@ def run_plugin_tests(python: str, root: Path, timeout: float = 600) -> dict[str,
             "message": (first_error + " | " if first_error else "") + (tail[-1] if tail else "no output")}
 
 
-def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: float = 600) -> dict[str, Any]:
+def probe_autocast_cache(forward: Any = None) -> dict[str, Any]:
+    """The minimal reproduction of the autocast-cache bug on the installed torch.
+
+    In one ``torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=True)`` region, a
+    ``nn.Linear(8, 4)`` forwards a ``(3, 8)`` float32 batch under ``torch.no_grad()``, then again with
+    gradients; the second output is summed and backpropagated. On affected torch the second forward
+    reuses the bf16 weight cast cached without autograd history, so the output has no ``grad_fn`` and
+    the weight gets no gradient (PyTorch issues #65766, #112583, #158232; fixed by pull request
+    #165068, merged 2025-12-10, in ``aten/src/ATen/autocast_mode.cpp``). CPU autocast shares that code.
+
+    Args:
+        forward: ``forward(layer, x) -> Tensor`` (default ``layer(x)``); tests pass a broken one to
+            prove the probe reports a lost gradient.
+
+    Returns:
+        ``{"torch": torch.__version__, "gradient_lost": bool, "detail": str}``.
+    """
+    import torch
+
+    forward = forward or (lambda layer, x: layer(x))
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=True):
+        with torch.no_grad():
+            forward(layer, x)
+        out = forward(layer, x)
+        has_graph = out.requires_grad
+        if has_graph:
+            out.float().sum().backward()
+    grad = layer.weight.grad
+    lost = grad is None or not bool(torch.isfinite(grad).all()) or not bool(grad.abs().sum() > 0)
+    if not has_graph:
+        detail = "the graded forward after a no_grad forward returned an output without grad_fn (weight.grad None)"
+    elif grad is None:
+        detail = "backward ran but weight.grad is None"
+    else:
+        detail = f"weight.grad present, |grad| sum {float(grad.abs().sum()):.4g}" + \
+                 ("" if not lost else " (zero or not finite)")
+    return {"torch": torch.__version__, "gradient_lost": lost, "detail": detail}
+
+
+def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: float = 600,
+                source: dict[str, str] | None = None, torch_pin: str | None = None,
+                scope: Sequence[str] | None = None, plugin_tests: bool = True) -> dict[str, Any]:
     """In the current environment: run ``names`` at the test preset, judge them, write the summary.
 
     Each example runs as ``python examples/<name>.py`` with ``MPGUIDE_PRESET=test`` and
     ``MPGUIDE_DEVICE=cpu``; a script that fails or times out is recorded, not raised.
 
+    Args:
+        version: the release this environment must import, or the branch name of an unreleased
+            column (``source`` of kind ``git``: any version string is accepted and recorded).
+        source: ``{"kind": "git", "repository", "branch", "commit", "date"}`` for the unreleased column.
+        torch_pin: the torch release this environment must import (older-torch columns).
+        scope: the examples such a column runs (stored; others read "not run").
+        plugin_tests: run :data:`PLUGIN_TESTS` (else the previous summary's outcome is kept, see
+            :func:`merge_into_previous`).
+
     Returns:
-        The summary written to :func:`~mpguide_build.matrix.summary_path` in ``out_dir``.
+        The summary written to :func:`~mpguide_build.matrix.summary_file` in ``out_dir``.
     """
     root = records.REPO_ROOT
-    summary = new_summary(version)
+    summary = new_summary(version, source=source, torch_pin=torch_pin, scope=scope)
     try:
         import lightning
+        import torch
     except Exception as err:  # noqa: BLE001 - a release that installs but does not import is a result
         summary.update(status="could not run", error={"stage": "import", "message": f"{type(err).__name__}: {err}"})
         write_summary(summary, out_dir)
         return summary
-    if lightning.__version__ != version:
+    if not is_unreleased(summary) and lightning.__version__ != version:
         summary.update(status="could not run", error={
             "stage": "import", "message": f"this environment imports Lightning {lightning.__version__}, "
                                           f"not {version}"})
+        write_summary(summary, out_dir)  # the column shows why
         return summary
+    if torch_pin and torch.__version__.split("+")[0] != torch_pin:
+        summary.update(status="could not run", error={
+            "stage": "import", "message": f"this environment imports torch {torch.__version__}, not {torch_pin}"})
+        write_summary(summary, out_dir)
+        return summary
+    summary["autocast_cache_probe"] = probe_autocast_cache()
+    print(f"  Lightning {column_label(summary)}: autocast cache probe on torch {torch.__version__}: "
+          f"{summary['autocast_cache_probe']['detail']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="mpguide-matrix-") as tmp:
         for name in names:
             start = time.perf_counter()
@@ -503,15 +790,17 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
             except subprocess.TimeoutExpired:
                 err = f"timed out after {timeout:.0f} s"
             seconds = round(time.perf_counter() - start, 1)
-            summary["examples"][name] = summarize_example(name, Path(tmp), version, err, seconds)
+            summary["examples"][name] = summarize_example(name, Path(tmp), version, err, seconds,
+                                                          torch_pin=torch_pin)
             entry = summary["examples"][name]
             bad = sum(c["verdict"] != "pass" for c in entry["claims"])
-            print(f"  Lightning {version}: {name}: {entry['status']}, {len(entry['claims']) - bad} pass, "
+            print(f"  Lightning {column_label(summary)}: {name}: {entry['status']}, {len(entry['claims']) - bad} pass, "
                   f"{bad} not passing, {seconds} s" + (f" ({err.splitlines()[-1][:120]})" if err else ""),
                   flush=True)
-    summary["plugin_tests"] = run_plugin_tests(sys.executable, root, timeout)
-    print(f"  Lightning {version}: plugin tests {summary['plugin_tests']['status']}: "
-          f"{summary['plugin_tests']['message'][:160]}", flush=True)
+    if plugin_tests:
+        summary["plugin_tests"] = run_plugin_tests(sys.executable, root, timeout)
+        print(f"  Lightning {column_label(summary)}: plugin tests {summary['plugin_tests']['status']}: "
+              f"{summary['plugin_tests']['message'][:160]}", flush=True)
     summary = merge_into_previous(summary, out_dir)
     write_summary(summary, out_dir)
     return summary
@@ -525,14 +814,17 @@ def merge_into_previous(summary: dict[str, Any], directory: Path | None = None) 
     own ``example_sha256``, so :func:`~mpguide_build.matrix.staleness` still names every entry that
     describes an older example.
     """
-    path = summary_path(summary["lightning"], directory)
+    path = summary_file(summary, directory)
     try:
         previous = load(path)
     except MatrixError:
         return summary
     if previous.get("library_sha256") != summary["library_sha256"] or previous.get("status") != "ran":
         return summary
-    merged = dict(summary, examples={**previous["examples"], **summary["examples"]})
+    if previous.get("source") != summary.get("source"):  # another commit of the branch: nothing carries over
+        return summary
+    merged = dict(summary, examples={**previous["examples"], **summary["examples"]},
+                  plugin_tests=summary.get("plugin_tests") or previous.get("plugin_tests"))
     merged["examples"] = dict(sorted(merged["examples"].items()))
     return merged
 
@@ -545,35 +837,56 @@ def _last_error(stderr: str, lines: int = 3) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mpguide_build.matrix run|error|check|table``; see ``--help``."""
+    """``python -m mpguide_build.matrix run|error|check|table|probe``; see ``--help``."""
     parser = argparse.ArgumentParser(prog="python -m mpguide_build.matrix", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the examples in this environment and write its summary")
-    run.add_argument("--lightning", required=True, help="the release this environment should import")
-    run.add_argument("--out", type=Path, default=MATRIX_DIR)
-    run.add_argument("--examples", nargs="*", default=None, help="example stems (default: every plot_*.py)")
     err = sub.add_parser("error", help="write the summary of a release that could not be installed")
-    err.add_argument("--lightning", required=True)
+    for command in (run, err):
+        command.add_argument("--lightning", required=True,
+                             help="the release this environment should import, or the branch name with --git-commit")
+        command.add_argument("--out", type=Path, default=MATRIX_DIR)
+        command.add_argument("--examples", nargs="*", default=None,
+                             help="example stems (default: every plot_*.py, or TORCH_EXAMPLES with --torch)")
+        command.add_argument("--torch", default=None, help="an older-torch column: the torch release it pins")
+        command.add_argument("--git-commit", default=None, help="an unreleased column: the commit installed")
+        command.add_argument("--git-date", default=None, help="its committer date (ISO 8601)")
+        command.add_argument("--git-repository", default="Lightning-AI/pytorch-lightning")
+    run.add_argument("--no-plugin-tests", action="store_true",
+                     help="leave plugin_tests as in the previous summary (for a partial rerun of examples)")
+    run.add_argument("--timeout", type=float, default=float(os.environ.get("MPGUIDE_MATRIX_TIMEOUT", 600)),
+                     help="seconds per example and for the plugin tests (default: MPGUIDE_MATRIX_TIMEOUT or 600)")
     err.add_argument("--stage", default="install")
     what = err.add_mutually_exclusive_group(required=True)
     what.add_argument("--message-file", type=Path, help="a log whose last error lines say why")
     what.add_argument("--message", help="why, in words")
-    err.add_argument("--out", type=Path, default=MATRIX_DIR)
-    err.add_argument("--examples", nargs="*", default=None)
     sub.add_parser("check", help="exit 1 when the committed matrix is stale")
     table = sub.add_parser("table", help="print the Markdown table")
     table.add_argument("--dir", type=Path, default=MATRIX_DIR)
+    table.add_argument("--torch", action="store_true", help="the older-torch columns and the site's TORCH_LIGHTNING")
+    sub.add_parser("probe", help="print the minimal autocast-cache reproduction's outcome on this torch (JSON)")
     args = parser.parse_args(argv)
     every = sorted(p.stem for p in declarations.examples_dir().glob("plot_*.py"))
+    if args.command in ("run", "error"):
+        if bool(args.git_commit) != bool(args.git_date):
+            parser.error("--git-commit and --git-date go together (the unreleased column names both)")
+        source = ({"kind": "git", "repository": args.git_repository, "branch": args.lightning,
+                   "commit": args.git_commit, "date": args.git_date} if args.git_commit else None)
+        scope = list(TORCH_EXAMPLES) if args.torch else None
+        names = args.examples or scope or every
     if args.command == "run":
-        run_release(args.lightning, args.out, args.examples or every)
+        run_release(args.lightning, args.out, names, args.timeout, source=source, torch_pin=args.torch, scope=scope,
+                    plugin_tests=not args.no_plugin_tests)
         return 0
     if args.command == "error":
         message = args.message or _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)
         summary = new_summary(args.lightning, "could not run", {"stage": args.stage, "message": message},
-                              args.examples or every)
-        print(f"  Lightning {args.lightning}: could not {args.stage}: {message.splitlines()[-1][:160]}")
+                              names, source=source, torch_pin=args.torch, scope=scope)
+        print(f"  Lightning {column_label(summary)}: could not {args.stage}: {message.splitlines()[-1][:160]}")
         write_summary(summary, args.out)
+        return 0
+    if args.command == "probe":
+        print(json.dumps(probe_autocast_cache()))
         return 0
     if args.command == "check":
         try:
@@ -582,6 +895,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(error, file=sys.stderr)
             return 1
         print("the committed version matrix is current")
+        return 0
+    if args.torch:
+        site = [s for s in load_matrix(args.dir) if s["lightning"] == TORCH_LIGHTNING and not is_unreleased(s)]
+        print(render_table(load_torch_matrix(args.dir) + site, examples=TORCH_EXAMPLES))
         return 0
     print(render_table(load_matrix(args.dir)))
     return 0
