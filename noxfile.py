@@ -156,7 +156,7 @@ def _pins(*names: str) -> list[str]:
     return [line for line in lines if line.split("=")[0].split(">")[0].strip().lower() in names]
 
 
-MATRIX_BASE = _pins("scikit-learn", "numpy", "matplotlib", "pytest")
+MATRIX_BASE = _pins("scikit-learn", "numpy", "matplotlib", "pydantic", "pytest")  # pydantic: the record schema
 
 
 def _releases() -> list[str]:

@@ -45,7 +45,8 @@ EXIT_CODES = """exit status:
   1  a claim failed, or a record differs from its example's declaration, or a build record is stale,
      or a record was edited after it was written (its runs or claims no longer hash to its
      source.declaration_sha256, its hardware fields disagree, a reference lies in another device's folder)
-  2  a record is missing, unreadable or of another schema, or no record was found"""
+  2  a record is missing, unreadable, of another schema version or malformed (a field missing or of
+     the wrong type, a number not finite where the schema says so: mpguide.verify.schema), or no record was found"""
 
 
 class GateFailure(Exception):

@@ -20,9 +20,12 @@ claim gate. Layout (``schema_version`` 2)::
                   | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 
-Every field is listed in :data:`~mpguide.verify.records.SCHEMA_FIELDS`; a record with any other field
-(top level, ``env``, ``source``, ``run_env``, a run, its ``error``, a claim) is refused. A run's
-``extra`` is the one free-form object: each recipe records its own measurements there.
+Every field is typed in :mod:`mpguide.verify.schema` (pydantic models, strict mode) and listed in
+:data:`~mpguide.verify.records.SCHEMA_FIELDS`; a record with any other field (top level, ``env``,
+``source``, ``run_env``, a run, its ``error``, a claim) or a value of the wrong type is refused,
+naming the file, the field's JSON path and the fix. A run's ``extra`` is the one free-form object:
+each recipe records its own measurements there, and the keys that claims and pages read are typed
+(:data:`mpguide.verify.schema.EXTRA_KEYS`).
 
 ``source`` says what the record was produced from: SHA-256 digests of the example file, of the
 helper library's sources (:func:`~mpguide.verify.records.library_digest`) and of the runs and claims the
@@ -51,41 +54,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-#: Bump when the layout above changes incompatibly; the gate refuses other versions.
-SCHEMA_VERSION = 2
+# The schema (types, validation, RecordError) lives in mpguide.verify.schema; these names stay importable from here.
+from .schema import SCHEMA_FIELDS as SCHEMA_FIELDS
+from .schema import SCHEMA_VERSION, RecordError, validate_record
 
 #: Environment variable naming the folder where examples write records (the docs build sets it).
 RESULTS_ENV = "MPGUIDE_RESULTS_DIR"
-
-_REQUIRED_TOP = {"example": str, "schema_version": int, "created": str, "preset": str, "env": dict,
-                 "source": dict, "runs": list, "claims": list}
-_REQUIRED_RUN = {"id": str, "mode": str, "precision": str, "recipe": str, "loss": list, "steps": int}
-_REQUIRED_CLAIM = {"kind": str, "runs": list}
-
-#: Every field schema 2 defines, per object (the layout in this module's docstring). A field not
-#: listed here is refused: a typo, a record of a newer schema, or a hand edit would otherwise be
-#: ignored silently. Runs hold the fields of :class:`mpguide.verify.runner.RunResult`; claims hold the
-#: defining keys of :data:`mpguide.verify.declarations.CLAIM_KEYS`, a title and what the run judged.
-SCHEMA_FIELDS: dict[str, frozenset[str]] = {
-    "record": frozenset(_REQUIRED_TOP),
-    "env": frozenset({"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"}),
-    "source": frozenset({"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty", "run_env",
-                         "upgraded_from_schema"}),
-    "run_env": frozenset({"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}),
-    "run": frozenset({"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps", "plugin",
-                      "trainer_kwargs", "plain_flag", "swapped_from", "label", "loss", "lr", "loss_scale",
-                      "skipped_steps", "seconds", "error", "warnings", "extra"}),
-    "error": frozenset({"type", "message", "traceback"}),
-    "claim": frozenset({"kind", "runs", "title", "tolerance", "exception", "message", "category", "key", "expected",
-                        "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}),
-}
-
-
-class RecordError(Exception):
-    """A results record is missing, unreadable, or does not follow the schema.
-
-    The message names the file and says how to produce a good one.
-    """
 
 
 def results_dir() -> Path:
@@ -293,99 +267,6 @@ def load_record(path: Path) -> dict[str, Any]:
     if record["example"] != path.stem:
         raise RecordError(f"{path}: holds the record of {record['example']!r}, not of {path.stem!r}; {fix}")
     return record
-
-
-def validate_record(record: Any, path: Path | str = "<record>") -> None:
-    """Check the schema of a record already parsed from JSON.
-
-    Raises:
-        RecordError: naming ``path`` and the first problem found.
-    """
-    fix = f"rerun python examples/{Path(path).stem}.py to write a fresh record"
-    if not isinstance(record, dict):
-        raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
-    version = record.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
-                          + (" (a committed reference of version 1 can be converted with "
-                             "`python -m mpguide.verify.records upgrade PATH --commit SHA`)" if version == 1 else ""))
-    _check_fields(record, _REQUIRED_TOP, f"{path}", fix)
-    _check_known(record, "record", f"{path}", path)
-    _check_known(record["env"], "env", f"{path}: env", path)
-    _check_known(record["source"], "source", f"{path}: source", path)
-    if isinstance(record["source"].get("run_env"), dict):
-        _check_known(record["source"]["run_env"], "run_env", f"{path}: source.run_env", path)
-    seen = set()
-    for i, run in enumerate(record["runs"]):
-        _check_fields(run, _REQUIRED_RUN, f"{path}: runs[{i}]", fix)
-        _check_known(run, "run", f"{path}: runs[{i}] ({run['id']})", path)
-        if run["id"] in seen:
-            raise RecordError(f"{path}: run id {run['id']!r} appears twice; {fix}")
-        seen.add(run["id"])
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in run["loss"]):
-            raise RecordError(f"{path}: runs[{i}] ({run['id']}) has a non-numeric loss value; {fix}")
-        error = run.get("error")
-        if error is not None and not (isinstance(error, dict) and isinstance(error.get("type"), str)
-                                      and error["type"] and isinstance(error.get("message"), str)):
-            raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'error' must be null or an object with "
-                              f"string 'type' and 'message'; {fix}")
-        if error is not None:
-            _check_known(error, "error", f"{path}: runs[{i}] ({run['id']}).error", path)
-        if not isinstance(run.get("extra", {}), dict) or not isinstance(run.get("warnings", []), list):
-            raise RecordError(f"{path}: runs[{i}] ({run['id']}): 'extra' must be an object and 'warnings' a list; {fix}")
-    if not record["claims"]:
-        raise RecordError(f"{path}: declares no claims, so it verifies nothing; {fix}")
-    for i, claim in enumerate(record["claims"]):
-        where = f"{path}: claims[{i}]"
-        _check_fields(claim, _REQUIRED_CLAIM, where, fix)
-        _check_known(claim, "claim", where, path)
-        kind, ids = claim["kind"], claim["runs"]
-        needs = _CLAIM_FIELDS.get(kind)
-        if needs is None:
-            continue  # an unknown kind is judged (and failed) by the gate, naming the kind
-        count, fields = needs
-        if len(ids) != count or not all(isinstance(r, str) and r for r in ids) or len(set(ids)) != len(ids):
-            raise RecordError(f"{where}: a {kind!r} claim needs {count} distinct run id(s), found {ids!r}; {fix}")
-        for name in fields:
-            if not isinstance(claim.get(name), str) or not claim[name]:
-                raise RecordError(f"{where}: a {kind!r} claim needs a non-empty string {name!r}; {fix}")
-        if kind in ("expect", "ratio") and "expected" not in claim:
-            raise RecordError(f"{where}: a {kind!r} claim needs 'expected'; {fix}")
-
-
-#: Per claim kind: number of runs and the string fields it needs.
-_CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "match": (2, ("tolerance",)), "diverge": (2, ("tolerance",)), "ratio": (2, ("tolerance", "key")),
-    "raises": (1, ("exception", "message")), "warns": (1, ("category", "message")),
-    "no_warning": (1, ("message",)), "expect": (1, ("key",)), "same": (2, ("key",)),
-    "rate_ratio": (1, ("tolerance", "key")),
-}
-
-
-def _check_known(obj: dict[str, Any], part: str, where: str, path: Path | str) -> None:
-    """Refuse the first field of ``obj`` that :data:`~mpguide.verify.records.SCHEMA_FIELDS` does not define for ``part``."""
-    import difflib
-
-    unknown = sorted(set(obj) - SCHEMA_FIELDS[part], key=str)
-    if not unknown:
-        return
-    name = unknown[0]
-    close = difflib.get_close_matches(str(name), sorted(SCHEMA_FIELDS[part]), n=1)
-    typo = f"a typo of {close[0]!r}" if close else "a typo"
-    raise RecordError(f"{where}: unknown field {name!r}, which schema {SCHEMA_VERSION} does not define "
-                      f"({len(unknown)} unknown field(s) in all): {typo} (fix the name), a field of a newer mpguide "
-                      f"(update this checkout) or a hand edit; rerun python examples/{Path(path).stem}.py to write "
-                      f"a fresh record")
-
-
-def _check_fields(obj: Any, required: dict[str, type], where: str, fix: str) -> None:
-    if not isinstance(obj, dict):
-        raise RecordError(f"{where}: expected a JSON object, found {type(obj).__name__}; {fix}")
-    for key, kind in required.items():
-        if key not in obj:
-            raise RecordError(f"{where}: missing field {key!r}; {fix}")
-        if not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool)):
-            raise RecordError(f"{where}: field {key!r} should be {kind.__name__}, found {type(obj[key]).__name__}; {fix}")
 
 
 def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, library_sources: dict[str, bytes]) -> dict[str, Any]:

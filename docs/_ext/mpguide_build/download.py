@@ -26,6 +26,10 @@ DIST = "mpguide"
 WHEEL_NAME = f"{DIST}-{__version__}-py3-none-any.whl"
 #: What the examples import besides mpguide and torch, pinned as in ``requirements.txt``.
 READER_REQUIREMENTS = ("lightning==2.6.6", "scikit-learn==1.9.1", "matplotlib==3.11.2")
+#: What the library itself imports besides torch and Lightning, declared as ``Requires-Dist`` in the
+#: wheel's ``METADATA`` so that the install line pulls it in (pinned as in ``requirements.txt``):
+#: pydantic validates every record an example writes (:mod:`mpguide.verify.schema`).
+WHEEL_REQUIREMENTS = ("pydantic==2.14.3",)
 #: The instruction printed on every example page and in the header of every downloaded file.
 INSTALL_LINE = f"pip install {WHEEL_NAME} {' '.join(READER_REQUIREMENTS)}"
 _DATE = (2026, 1, 1, 0, 0, 0)  # fixed entry date: reproducible bytes
@@ -54,7 +58,7 @@ def wheel_files(package_dir: Path | None = None) -> dict[str, bytes]:
     files[f"{info}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {__version__}\n"
         "Summary: Helper library of the verified guide to manual optimization under mixed precision\n"
-        "Requires-Python: >=3.10\n").encode()
+        "Requires-Python: >=3.10\n" + "".join(f"Requires-Dist: {r}\n" for r in WHEEL_REQUIREMENTS)).encode()
     files[f"{info}/WHEEL"] = (
         "Wheel-Version: 1.0\nGenerator: mpguide_build.download\nRoot-Is-Purelib: true\nTag: py3-none-any\n").encode()
     files[f"{info}/entry_points.txt"] = b"[console_scripts]\nmpguide-gate = mpguide.verify.gate:main\n"

@@ -64,9 +64,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from mpguide.verify import declarations, records
+from mpguide.verify.schema import MATRIX_SCHEMA, matrix_problem
 
 #: Format of a summary file; bump on incompatible changes.
-SCHEMA = "mpguide-matrix-1"
+SCHEMA = MATRIX_SCHEMA
 
 #: The Lightning releases of the matrix, oldest first. Latest patch of each minor where not named
 #: (``pip index versions lightning`` on 2026-11-30: 2.2.5 and 2.3.3 close their minors; 2.6.6 is the
@@ -292,7 +293,7 @@ def write_summary(summary: dict[str, Any], directory: Path | None = None) -> Pat
 
 
 def validate(summary: Any, where: str | Path) -> dict[str, Any]:
-    """Check the layout of a parsed summary.
+    """Check the layout of a parsed summary against :class:`mpguide.verify.schema.MatrixSummary`.
 
     Raises:
         MatrixError: naming ``where`` and the first problem, with the fix (rerun ``nox -s matrix``).
@@ -320,6 +321,9 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
         for claim in entry["claims"]:
             if not isinstance(claim, dict) or not {"id", "title", "verdict", "message"} <= set(claim):
                 raise MatrixError(f"{where}: a claim of {name!r} lacks id, title, verdict or message; {fix}")
+    problem = matrix_problem(summary, where)  # every field typed (mpguide.verify.schema.MatrixSummary)
+    if problem:
+        raise MatrixError(f"{problem}; {fix}")
     return summary
 
 

@@ -1,0 +1,643 @@
+"""The schema of a results record (and of a version-matrix summary), as typed pydantic models.
+
+Every field of the layout in :mod:`mpguide.verify.records` has a type here, checked in pydantic's strict
+mode (no coercion: ``"0.5"`` is not a number, ``true`` is not ``1``), and every measured number
+that a claim or a page reads is finite where it must be. A record that breaks the schema is
+refused with one :class:`RecordError` naming the file, the field as a JSON path (for example
+``runs[3] (bench-fp32).extra.manual_round_steps_per_s[2]``) and the fix; the gate turns it into
+exit status 2, the docs build into one build error.
+
+Why pydantic (v2) rather than jsonschema: the records are made and read by Python only, and the
+models state the types next to the code that writes them (:class:`mpguide.verify.runner.RunResult`);
+each error carries a location tuple (``("runs", 3, "extra", ...)``) that becomes the JSON path of
+the message; strict mode refuses the silent coercions a hand check forgets (a bool is an int in
+Python); ``allow_inf_nan=False`` says per field where NaN and Infinity are malformed input and
+where they are data. A language-neutral JSON Schema can still be written from the models
+(``Record.model_json_schema()``), but nothing here needs one.
+
+What is finite and what is not:
+
+* ``loss`` may hold NaN and Infinity: a run expected to blow up stores its curve as it was (JSON's
+  ``NaN``/``Infinity`` tokens), and the gate's implicit ``finite`` check judges it;
+* ``lr``, ``loss_scale``, ``seconds``, ``steps``, ``skipped_steps`` and the recipe measurements
+  in ``extra`` are finite (counts are integers >= 0, rates are > 0);
+* ``extra`` stays a free-form object per recipe, but every key that a claim or the page reads is
+  registered in :data:`EXTRA_KEYS` (or matches :data:`EXTRA_PATTERNS`) with its type, and any
+  other key is a JSON value whose numbers are finite (:func:`check_json`). A registered key may be
+  ``null`` only in a run that raised (the recipe had nothing to measure), or where
+  :data:`NULLABLE_EXTRA` says so.
+
+Semantic rules the types cannot say are model validators: run ids are unique, a record holds at
+least one claim, a claim of a known kind names as many distinct runs as the kind compares and
+carries the fields it needs, and a record written by schema 2 itself (not upgraded from schema 1)
+stores every run option.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+#: Bump when the layout changes incompatibly; the gate refuses other versions.
+SCHEMA_VERSION = 2
+
+
+class RecordError(Exception):
+    """A results record is missing, unreadable, or does not follow the schema.
+
+    The message names the file, the field and how to produce a good one.
+    """
+
+
+# ----------------------------------------------------------------------------------- value types
+
+#: A finite number (an int is a number; a bool is not).
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+#: A number that may be NaN or Infinity (a loss of a run that blew up is data).
+AnyNumber = Annotated[float, Field(allow_inf_nan=True)]
+#: A finite number >= 0 (seconds, norms, a loss scale).
+NonNegative = Annotated[float, Field(allow_inf_nan=False, ge=0)]
+#: A finite number > 0 (a rate: steps per second).
+Positive = Annotated[float, Field(allow_inf_nan=False, gt=0)]
+#: An integer >= 0 (a count of steps, batches, calls, bytes).
+Count = Annotated[int, Field(ge=0)]
+#: A non-empty string (an id, a digest, a name).
+Name = Annotated[str, Field(min_length=1)]
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class _Model(BaseModel):
+    model_config = _STRICT
+
+
+def check_json(value: Any, at: str = "") -> None:
+    """Refuse anything in ``value`` that is not plain JSON with finite numbers.
+
+    Args:
+        value: a parsed JSON value (an unregistered ``extra`` entry, a claim's ``expected``).
+        at: JSON path of ``value`` below the field being validated, for the message.
+
+    Raises:
+        pydantic_core.PydanticCustomError: ``mpguide_type`` naming the sub-path and what was found.
+    """
+    if value is None or isinstance(value, (bool, str, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": "a finite number",
+                                                                     "found": value})
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            check_json(item, f"{at}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": "string keys",
+                                                                         "found": key})
+            check_json(item, f"{at}.{key}")
+        return
+    raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": "a JSON value", "found": value})
+
+
+# ------------------------------------------------------------------------------------ extra keys
+
+class BenchmarkVariant(_Model):
+    """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.throughput`)."""
+
+    steps_per_s: Positive
+    samples_per_s: Positive
+    tflops: NonNegative
+    spread: NonNegative
+    steps_per_window: Count
+    window_seconds: list[NonNegative]
+    round_steps_per_s: list[Positive]
+
+
+class BenchmarkSize(_Model):
+    """``extra.size``: the fields of :class:`mpguide.verify.throughput.Size` (the page recomputes FLOP/s from them)."""
+
+    width: Count
+    layers: Count
+    batch: Count
+    warmup: Count
+    steps: Count
+    rounds: Count
+    tuned: bool = False
+    min_window_s: NonNegative = 0.0
+
+
+def _json_finite(value: Any) -> Any:
+    check_json(value)
+    return value
+
+
+#: ``extra`` keys that claims or pages read, with their types. Keys written by the run harness
+#: (:func:`mpguide.verify.runner.train_run`, :mod:`mpguide.verify.probes`, :mod:`mpguide.verify.distributed`,
+#: :mod:`mpguide.verify.fabric_runs`) and by the recipes of the examples (their ``record_extra``).
+EXTRA_KEYS: dict[str, Any] = {
+    # every Trainer run (mpguide.verify.runner)
+    "global_step": Count, "batches": Count, "skipped_per_step": list[bool],
+    # probes (mpguide.verify.probes)
+    "logged": dict[str, list[AnyNumber]],  # what self.log saw, as it was: a blown-up value is data
+    "updates_applied": Count, "updates_not_applied": Count, "all_updates_applied": bool,
+    "applied_per_step": list[bool], "final_loss_scale": NonNegative, "final_weights": Name,
+    "updates_with_gradient": Count, "updates_lost": Count, "updates_kept": Count,
+    "lost_fraction_per_step": list[Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]],
+    # two ranks of DDP (mpguide.verify.distributed)
+    "ranks": Count, "allreduce_calls": Count, "allreduce_bytes": Count, "allreduce_counts_agree": bool,
+    "weights_agree_across_ranks": bool, "skipped_batches_per_rank": list[list[Count]],
+    "skip_decisions_agree": bool,
+    "record_extra_per_rank": Annotated[list[dict[str, Any]], AfterValidator(_json_finite)],
+    "allreduces_per_optimizer_step": NonNegative, "allreduce_bytes_per_optimizer_step": NonNegative,
+    # plot_02
+    "generator_changed": bool, "weights": Name, "forced_window_factors": list[Finite],
+    "other_windows_constant": bool,
+    # plot_03, plot_14
+    "head_update_factor": list[Finite], "predicted_factor": list[Finite], "predicted_at_overflow": Finite,
+    "smallest_scale_change": Finite, "steps_with_scale_change": Count, "predicted_first_three": list[Finite],
+    "unused_model_moved": bool,
+    # plot_04
+    "seen_norm": list[NonNegative], "update_norm": list[NonNegative],
+    # plot_05
+    "first_applied_lr": NonNegative, "first_applied_lr_is_base": bool, "skipped_steps": Count, "skipped_any": bool,
+    "global_step_counts_skipped": bool, "step_calls": Count, "ran_past_max_steps": bool,
+    # plot_06
+    "window_moved": list[bool], "scale_constant_in_windows": bool, "overflow_window_skipped": bool,
+    "other_windows_moved": bool,
+    # plot_07, plot_08
+    "trainer_precision": Name, "has_scaler": bool, "stale_after_step": bool,
+    # plot_09
+    "weights_digest": Name, "max_abs_diff_vs_automatic": list[NonNegative], "identical_to_automatic": bool,
+    # plot_16
+    "student_moved": Count, "teacher_moved": Count, "teacher_elements": Count, "teacher_unchanged": Count,
+    "teacher_followed": Count, "teacher_frozen": Count, "weight_dtype": Name, "teacher_dtype": Name,
+    "nonfinite_weights": Count,
+    # plot_15 (mpguide.verify.throughput)
+    "benchmark": dict[str, BenchmarkVariant], "size": BenchmarkSize, "device_wait_s": NonNegative,
+    "peak_bf16_tflops": Positive, "automatic_tflops": NonNegative,
+}
+
+#: ``extra`` keys by pattern (the throughput rates are named after the benchmark's variants).
+EXTRA_PATTERNS: tuple[tuple[re.Pattern[str], Any], ...] = (
+    (re.compile(r"[a-z0-9_]+_round_steps_per_s"), list[Positive]),
+    (re.compile(r"[a-z0-9_]+_steps_per_s"), Positive),
+    (re.compile(r"[a-z0-9_]+_samples_per_s"), Positive),
+)
+
+#: Registered keys that are ``null`` in a run that completed: no GradScaler, no final scale.
+NULLABLE_EXTRA = frozenset({"final_loss_scale"})
+
+_ADAPTERS = {key: TypeAdapter(kind) if isinstance(kind, type) and issubclass(kind, BaseModel)
+             else TypeAdapter(kind, config=ConfigDict(strict=True)) for key, kind in EXTRA_KEYS.items()}
+_PATTERN_ADAPTERS = tuple((pattern, TypeAdapter(kind, config=ConfigDict(strict=True)))
+                          for pattern, kind in EXTRA_PATTERNS)
+
+
+def extra_type(key: str) -> TypeAdapter | None:
+    """The validator of ``extra[key]``, or ``None`` for an unregistered key (then :func:`check_json` applies)."""
+    if key in _ADAPTERS:
+        return _ADAPTERS[key]
+    return next((adapter for pattern, adapter in _PATTERN_ADAPTERS if pattern.fullmatch(key)), None)
+
+
+def _validate_extra(extra: dict[str, Any], raised: bool) -> None:
+    for key, value in extra.items():
+        adapter = extra_type(key)
+        if adapter is None:
+            check_json(value, f".{key}")
+            continue
+        if value is None and (raised or key in NULLABLE_EXTRA):
+            continue
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError as err:
+            first = err.errors(include_url=False)[0]
+            at = f".{key}" + _json_path(first["loc"], absolute=False)
+            if first["type"] == "mpguide_type":
+                at += first["ctx"]["at"]
+            raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": _expected(first),
+                                                                     "found": first.get("input")}) from None
+
+
+# ---------------------------------------------------------------------------------------- record
+
+class Env(_Model):
+    """``env``: versions and hardware of the process that made the record (all strings)."""
+
+    python: str
+    torch: str
+    lightning: str
+    accelerator: str
+    device: str
+    cuda: str
+    platform: str
+
+
+class RunEnv(_Model):
+    """``source.run_env``: the environment variables that steer a run (``None``: not recorded)."""
+
+    MPGUIDE_PRESET: str | None = None
+    MPGUIDE_DEVICE: str | None = None
+    swaps: dict[str, str] = {}
+
+
+class Source(_Model):
+    """``source``: what the record was produced from (digests, commit, run environment)."""
+
+    example_sha256: str | None
+    library_sha256: Name
+    declaration_sha256: str | None  # the gate's integrity check explains a missing one
+    commit: str | None = None
+    dirty: bool | None = None
+    run_env: RunEnv
+    upgraded_from_schema: Annotated[int, Field(ge=1, le=1)] | None = None  # not Literal[1]: it accepts True
+
+
+class ErrorInfo(_Model):
+    """A run's ``error``: the exception it raised."""
+
+    type: Name
+    message: str
+    traceback: str = ""
+
+
+class Run(_Model):
+    """One entry of ``runs`` (the fields of :class:`mpguide.verify.runner.RunResult`)."""
+
+    id: Name
+    mode: Name
+    precision: Name
+    precision_plugin: str
+    recipe: Name
+    seed: int
+    steps: Count
+    plugin: str | None = None
+    trainer_kwargs: dict[str, Any] = {}
+    plain_flag: bool = False
+    swapped_from: str | None = None
+    label: str
+    loss: list[AnyNumber]
+    lr: list[NonNegative]
+    loss_scale: list[NonNegative] | None
+    skipped_steps: Count
+    seconds: NonNegative
+    error: ErrorInfo | None
+    warnings: list[str]
+    extra: dict[str, Any]
+
+    @field_validator("error", mode="before")
+    @classmethod
+    def _error_shape(cls, value: Any) -> Any:
+        if value is not None and not (isinstance(value, dict) and isinstance(value.get("type"), str) and value["type"]
+                                      and isinstance(value.get("message"), str)):
+            raise PydanticCustomError("mpguide", "'error' must be null or an object with string 'type' and 'message'")
+        return value
+
+    @field_validator("trainer_kwargs", mode="after")
+    @classmethod
+    def _kwargs_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_json(value)
+        return value
+
+    @field_validator("warnings", mode="before")
+    @classmethod
+    def _warnings_list(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise PydanticCustomError("mpguide", "'warnings' must be a list of strings")
+        return value
+
+    @field_validator("extra", mode="before")
+    @classmethod
+    def _extra_typed(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, dict):
+            raise PydanticCustomError("mpguide", "'extra' must be an object")
+        _validate_extra(value, raised=info.data.get("error") is not None)
+        return value
+
+
+#: Per claim kind: number of runs it names and the string fields it needs.
+CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "match": (2, ("tolerance",)), "diverge": (2, ("tolerance",)), "ratio": (2, ("tolerance", "key")),
+    "raises": (1, ("exception", "message")), "warns": (1, ("category", "message")),
+    "no_warning": (1, ("message",)), "expect": (1, ("key",)), "same": (2, ("key",)),
+    "rate_ratio": (1, ("tolerance", "key")),
+}
+
+
+class Claim(_Model):
+    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declarations.CLAIM_KEYS`), what was judged."""
+
+    kind: Name
+    runs: list[Any]  # checked by _runs_for_kind, with the kind in the message
+    title: str = ""
+    # the defining keys a kind needs (CLAIM_FIELDS); absent ones are "" (a stored null is refused)
+    tolerance: str = ""
+    exception: str = ""
+    message: str = ""
+    category: str = ""
+    key: str = ""
+    expected: Any = None
+    only_on: Literal["cpu", "cuda"] = "cpu"
+    # what the run that wrote the record judged (the gate judges again and does not read these)
+    value: AnyNumber | None = None  # NaN for a curve that could not be compared, None for no number
+    threshold: str = ""
+    verdict: str = ""
+    metric: str = ""
+    detail: str = ""
+    observed: str = ""
+
+    @field_validator("expected", mode="after")
+    @classmethod
+    def _expected_json(cls, value: Any) -> Any:
+        check_json(value)
+        return value
+
+    @model_validator(mode="after")
+    def _runs_for_kind(self) -> Claim:
+        ids = self.runs
+        needs = CLAIM_FIELDS.get(self.kind)
+        if needs is None:  # an unknown kind is judged (and failed) by the gate, naming the kind
+            if not all(isinstance(r, str) and r for r in ids):
+                raise PydanticCustomError("mpguide", "'runs' must be a list of run ids, found {ids}",
+                                          {"ids": repr(ids)})
+            return self
+        count, fields = needs
+        if len(ids) != count or not all(isinstance(r, str) and r for r in ids) or len(set(map(repr, ids))) != len(ids):
+            raise PydanticCustomError("mpguide", "a {kind} claim needs {count} distinct run id(s), found {ids}",
+                                      {"kind": repr(self.kind), "count": count, "ids": repr(ids)})
+        for name in fields:
+            if not getattr(self, name):
+                raise PydanticCustomError("mpguide", "a {kind} claim needs a non-empty string {name}",
+                                          {"kind": repr(self.kind), "name": repr(name)})
+        if self.kind in ("expect", "ratio") and "expected" not in self.model_fields_set:
+            raise PydanticCustomError("mpguide", "a {kind} claim needs 'expected'", {"kind": repr(self.kind)})
+        return self
+
+
+class Record(_Model):
+    """A results record of ``schema_version`` 2 (the layout in :mod:`mpguide.verify.records`)."""
+
+    example: Name
+    schema_version: Annotated[int, Field(ge=SCHEMA_VERSION, le=SCHEMA_VERSION)]  # strict int: not 2.0, not True
+    created: str
+    preset: Name
+    env: Env
+    source: Source
+    runs: list[Run]
+    claims: list[Claim]
+
+    @model_validator(mode="after")
+    def _whole_record(self) -> Record:
+        seen: set[str] = set()
+        for run in self.runs:
+            if run.id in seen:
+                raise PydanticCustomError("mpguide", "run id {id} appears twice", {"id": repr(run.id)})
+            seen.add(run.id)
+        if not self.claims:
+            raise PydanticCustomError("mpguide", "declares no claims, so it verifies nothing")
+        if self.source.upgraded_from_schema is None:  # schema 2 writes every run option (schema 1 did not)
+            for i, run in enumerate(self.runs):
+                missing = [f for f in ("plugin", "trainer_kwargs", "plain_flag") if f not in run.model_fields_set]
+                if missing:
+                    raise PydanticCustomError("mpguide", "runs[{i}] ({id}): missing field {name} (a record not "
+                                              "upgraded from schema 1 stores every run option)",
+                                              {"i": i, "id": run.id, "name": repr(missing[0])})
+        return self
+
+
+#: Every field schema 2 defines, per object (a field not listed is refused as unknown).
+SCHEMA_FIELDS: dict[str, frozenset[str]] = {
+    "record": frozenset(Record.model_fields), "env": frozenset(Env.model_fields),
+    "source": frozenset(Source.model_fields), "run_env": frozenset(RunEnv.model_fields),
+    "run": frozenset(Run.model_fields), "error": frozenset(ErrorInfo.model_fields),
+    "claim": frozenset(Claim.model_fields),
+}
+
+
+# -------------------------------------------------------------------------------------- messages
+
+_JSON_TYPES = ((bool, "boolean"), (str, "string"), (int, "number"), (float, "number"), (list, "list"),
+               (dict, "object"), (type(None), "null"))
+
+
+def _found(value: Any) -> str:
+    kind = next((name for t, name in _JSON_TYPES if isinstance(value, t)), type(value).__name__)
+    if kind in ("list", "object"):
+        return f"{kind} of {len(value)} item(s)"
+    text = repr(value) if not isinstance(value, float) or math.isfinite(value) else \
+        {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[str(value)]
+    return kind if kind == "null" else f"{kind} {text[:40] + ('...' if len(text) > 40 else '')}"
+
+
+def _expected(error: dict[str, Any]) -> str:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    words = {"list_type": "list", "dict_type": "object", "model_type": "object", "model_attributes_type": "object",
+             "string_type": "a string", "int_type": "an integer", "float_type": "a number",
+             "finite_number": "a finite number (not NaN or Infinity)", "bool_type": "true or false",
+             "none_required": "null", "string_too_short": "a non-empty string",
+             "greater_than_equal": f"a number >= {ctx.get('ge', 0):g}",
+             "less_than_equal": f"a number <= {ctx.get('le', 0):g}", "greater_than": f"a number > {ctx.get('gt', 0):g}",
+             "literal_error": f"one of {ctx.get('expected')}"}
+    if kind == "mpguide_type":
+        return ctx.get("expected", "")
+    return words.get(kind, error["msg"].replace("Input should be ", ""))
+
+
+def _json_path(loc: tuple[Any, ...], absolute: bool = True, record: Any = None) -> str:
+    """``("runs", 3, "extra", "x", 2)`` -> ``runs[3] (id).extra.x[2]`` (the run id from ``record``)."""
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+            if i == 1 and loc[0] == "runs" and isinstance(record, dict):
+                runs = record.get("runs")
+                run = runs[part] if isinstance(runs, list) and part < len(runs) else None
+                if isinstance(run, dict) and isinstance(run.get("id"), str):
+                    out += f" ({run['id']})"
+        else:
+            out += f".{part}" if out or not absolute else str(part)
+    return out
+
+
+def _part(loc: tuple[Any, ...]) -> str:
+    """Which object of :data:`SCHEMA_FIELDS` lies at ``loc``."""
+    names = [p for p in loc if isinstance(p, str)]
+    return {(): "record", ("env",): "env", ("source",): "source", ("source", "run_env"): "run_env",
+            ("runs",): "run", ("runs", "error"): "error", ("claims",): "claim"}.get(tuple(names), "")
+
+
+def describe(err: ValidationError, record: Any, path: Path | str) -> str:
+    """One message for the first problem pydantic found: the file, the field's JSON path, what is wrong, the fix."""
+    errors = err.errors(include_url=False)
+    first = errors[0]
+    loc, kind, ctx = tuple(first["loc"]), first["type"], first.get("ctx") or {}
+    stem = Path(path).stem
+    fix = f"rerun python examples/{stem}.py to write a fresh record"
+
+    def where(at: tuple[Any, ...]) -> str:
+        text = _json_path(at, record=record)
+        return f"{path}: {text}" if text else f"{path}"
+
+    if kind == "extra_forbidden":
+        parent = loc[:-1]
+        unknown = sorted((str(e["loc"][-1]) for e in errors
+                          if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) == parent), key=str)
+        name = unknown[0]
+        known = sorted(SCHEMA_FIELDS.get(_part(parent), ()))
+        close = difflib.get_close_matches(name, known, n=1)
+        typo = f"a typo of {close[0]!r}" if close else "a typo"
+        return (f"{where(parent)}: unknown field {name!r}, which schema {SCHEMA_VERSION} does not define "
+                f"({len(unknown)} unknown field(s) in all): {typo} (fix the name), a field of a newer mpguide "
+                f"(update this checkout) or a hand edit; {fix}")
+    more = f" ({len(errors) - 1} more problem(s) in this record)" if len(errors) > 1 else ""
+    if kind == "missing":
+        return f"{where(loc[:-1])}: missing field {loc[-1]!r}{more}; {fix}"
+    if kind == "mpguide":
+        return f"{where(loc)}: {first['msg']}{more}; {fix}"
+    at = _json_path(loc, record=record) + (ctx.get("at", "") if kind == "mpguide_type" else "")
+    value = ctx.get("found") if kind == "mpguide_type" else first.get("input")
+    if len(loc) == 4 and loc[0] == "runs" and loc[2] == "loss":
+        return (f"{path}: field {at!r} is a non-numeric loss value ({_found(value)}); a loss is a number "
+                f"(NaN and Infinity are stored as JSON's NaN/Infinity){more}; {fix}")
+    return f"{path}: field {at!r} should be {_expected(first)}, found {_found(value)}{more}; {fix}"
+
+
+def validate_record(record: Any, path: Path | str = "<record>") -> None:
+    """Check a record already parsed from JSON against :class:`Record`.
+
+    Raises:
+        RecordError: naming ``path``, the first problem's field (a JSON path) and the fix.
+    """
+    fix = f"rerun python examples/{Path(path).stem}.py to write a fresh record"
+    if not isinstance(record, dict):
+        raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
+    version = record.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
+                          + (" (a committed reference of version 1 can be converted with "
+                             "`python -m mpguide.verify.records upgrade PATH --commit SHA`)" if version == 1 else ""))
+    try:
+        Record.model_validate(record)
+    except ValidationError as err:
+        raise RecordError(describe(err, record, path)) from None
+
+
+# -------------------------------------------------------------------------------- matrix summary
+
+#: Format of a version-matrix summary (:mod:`mpguide_build.matrix`).
+MATRIX_SCHEMA = "mpguide-matrix-1"
+
+
+class MatrixClaim(_Model):
+    """One row of an example in a summary: a declared claim or the implicit ``runs complete`` row."""
+
+    id: Name
+    kind: Name
+    runs: list[str]
+    title: str
+    verdict: Literal["pass", "fail", "not judged"]
+    observed: str | None = None
+    message: str
+
+
+class MatrixExample(_Model):
+    """``examples[name]`` of a summary."""
+
+    example_sha256: str | None
+    status: Literal["ran", "could not run"]
+    error: str | None
+    seconds: NonNegative | None
+    claims: list[MatrixClaim]
+
+
+class ReleaseError(_Model):
+    """``error`` of a release that could not run."""
+
+    stage: Literal["install", "import"]
+    message: str
+
+
+class PluginTests(_Model):
+    """``plugin_tests``: the plugin's tests in that environment."""
+
+    status: Literal["pass", "fail", "refused", "could not run"]
+    passed: Count
+    failed: Count
+    message: str
+
+
+class MatrixSource(_Model):
+    """``source`` of a summary: a release from PyPI, or a commit of Lightning's development branch."""
+
+    kind: Literal["pypi", "git"]
+    repository: str | None = None
+    branch: str | None = None
+    commit: str | None = None
+    date: str | None = None
+
+
+class CacheProbe(_Model):
+    """``autocast_cache_probe``: the minimal reproduction of the autocast-cache bug on that torch."""
+
+    torch: str | None = None
+    gradient_lost: bool | None = None
+    detail: str = ""
+
+
+class MatrixSummary(_Model):
+    """A version-matrix summary, ``results/matrix/lightning-<version>.json`` (see :mod:`mpguide_build.matrix`)."""
+
+    schema_: Literal["mpguide-matrix-1"] = Field(alias="schema")  # "schema" would shadow a BaseModel attribute
+    lightning: Name
+    torch: str | None
+    python: str
+    device: str
+    preset: str
+    created: str
+    status: Literal["ran", "could not run"]
+    error: ReleaseError | None
+    library_sha256: Name
+    examples: dict[str, MatrixExample]
+    plugin_tests: PluginTests | None
+    # written since the older-torch and unreleased columns (absent in older summaries)
+    torch_threads: Count | None = None
+    lightning_version: str | None = None
+    source: MatrixSource | None = None
+    torch_pin: str | None = None
+    scope: list[str] | None = None
+    autocast_cache_probe: CacheProbe | None = None
+
+
+def matrix_problem(summary: Any, where: Path | str) -> str:
+    """``""`` for a valid summary, else the first problem: the file, the field's JSON path, what is wrong."""
+    try:
+        MatrixSummary.model_validate(summary)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        loc = tuple(first["loc"])
+        at = _json_path(loc)  # examples.<name>.claims[0].verdict
+        if first["type"] == "missing":
+            return f"{where}: missing field {at!r}"
+        if first["type"] == "extra_forbidden":
+            return f"{where}: unknown field {at!r}"
+        return f"{where}: field {at!r} should be {_expected(first)}, found {_found(first.get('input'))}"
+    return ""
