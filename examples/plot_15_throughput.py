@@ -18,7 +18,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 **What you will learn**
 
 * how to time training steps fairly: warm-up excluded, device synchronised, median of several
-  windows, variants interleaved;
+  windows, variants interleaved, and as many rounds as it takes for a confidence interval to
+  decide (or an honest "inconclusive");
 * that manual optimization runs at the speed of automatic optimization, and how much a plain
   loop saves where a step is very short (Lightning's fixed per-step cost);
 * on a GPU, what bf16-mixed buys over fp32, in steps/s and in TFLOP/s against a measured peak,
@@ -204,14 +205,17 @@ if not size.tuned:
 # %%
 # Verdicts
 # --------
+# A parity claim reads ``pass`` or ``FAIL`` when its interval decided it, and ``inconclusive`` when
+# the machine was too noisy to tell within the cap of rounds: that is not a pass, and the build
+# says so in its gate summary without failing (:data:`mpguide.claims.INCONCLUSIVE_RULE`).
 
 print(report.summary(record))
 
 # %%
 # Conclusion
 # ----------
-# Manual optimization does not cost speed: Lightning's manual loop, its automatic loop and a plain
-# PyTorch loop run the same kernels, and the per-step bookkeeping of either Lightning loop is small
+# Manual optimization does not cost speed (where the verdicts above say ``pass``): Lightning's
+# manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step bookkeeping of either Lightning loop is small
 # next to a real model's step. What changes speed is the precision, on hardware built for it; on a
 # GPU, the speed-ups section above measures what TF32 matmuls, a fused optimizer and
 # ``torch.compile`` add to a manual loop.

@@ -20,6 +20,11 @@ claim gate. Layout (``schema_version`` 2)::
                   | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 
+A claim's ``verdict`` is ``"pass"``, ``"FAIL"``, ``"inconclusive"`` (a paired throughput claim the data
+could not decide; never a pass, see :data:`mpguide.claims.INCONCLUSIVE_RULE`) or ``"not judged"``, as
+:attr:`mpguide.claims.Verdict.status` gives it when the record is written; the gate re-judges every
+record and never reads these words.
+
 Every field is listed in :data:`~mpguide.records.SCHEMA_FIELDS`; a record with any other field
 (top level, ``env``, ``source``, ``run_env``, a run, its ``error``, a claim) is refused. A run's
 ``extra`` is the one free-form object: each recipe records its own measurements there.
