@@ -30,7 +30,8 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide import plotting, report, runner, steps
+from mpguide.verify import plotting, report, runner
+from mpguide import steps
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -119,7 +120,7 @@ for run in record["runs"]:
 #
 # On CPU, Lightning's accelerator connector replaces ``"16-mixed"`` by ``"bf16-mixed"`` with a
 # warning. The examples of this site pass ``plugins=[MixedPrecision("16-mixed", "cpu")]`` instead
-# (see :func:`mpguide.hardware.trainer_precision_kwargs`), which builds a CPU
+# (see :func:`mpguide.verify.hardware.trainer_precision_kwargs`), which builds a CPU
 # ``torch.amp.GradScaler`` and an fp16 autocast region.
 
 fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]

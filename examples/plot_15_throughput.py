@@ -29,12 +29,12 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # %%
 # The benchmark
 # -------------
-# :func:`mpguide.throughput.interleaved` builds ``layers`` x ``Linear(width, width)`` for every
+# :func:`mpguide.verify.throughput.interleaved` builds ``layers`` x ``Linear(width, width)`` for every
 # variant from the same seed and trains it on one batch that already lives on the device. In every
 # round each variant runs one window (``warmup`` untimed steps, then timed ones: at least ``steps``,
 # and on CPU enough for 50 ms) in an order that rotates per round; the rate of a variant is the
 # median over rounds. How many rounds is decided as it goes (see "Runs and claims"). On a GPU the
-# benchmark also times the manual loop with standard speed-ups (:data:`mpguide.throughput.TUNED`),
+# benchmark also times the manual loop with standard speed-ups (:data:`mpguide.verify.throughput.TUNED`),
 # and it waits until no other example of the build uses the GPU.
 
 import dataclasses
@@ -42,7 +42,7 @@ import time
 
 import matplotlib.pyplot as plt
 
-from mpguide import hardware, plotting, report, runner, throughput
+from mpguide.verify import hardware, plotting, report, runner, throughput
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -65,7 +65,7 @@ print(f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} 
 # confidence interval of the median ratio (from order statistics, no assumption about the noise)
 # lies inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles
 # an edge: the benchmark then times another round, up to its cap, so a noisy machine costs rounds,
-# not a wrong verdict (:func:`mpguide.claims.decide_paired`).
+# not a wrong verdict (:func:`mpguide.verify.claims.decide_paired`).
 
 
 class TimedManual(DigitsClassifier):
@@ -207,7 +207,7 @@ if not size.tuned:
 # --------
 # A parity claim reads ``pass`` or ``FAIL`` when its interval decided it, and ``inconclusive`` when
 # the machine was too noisy to tell within the cap of rounds: that is not a pass, and the build
-# says so in its gate summary without failing (:data:`mpguide.claims.INCONCLUSIVE_RULE`).
+# says so in its gate summary without failing (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`).
 
 print(report.summary(record))
 

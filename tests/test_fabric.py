@@ -8,8 +8,9 @@ from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
 
 from mpguide import fabric as mf
-from mpguide.declarations import RunDecl
-from mpguide.hardware import Preset
+from mpguide.verify import fabric_runs
+from mpguide.verify.declarations import RunDecl
+from mpguide.verify.hardware import Preset
 
 
 def two_models(plugin):
@@ -131,12 +132,12 @@ def test_a_closure_without_gradients_warns_once():
 
 
 def test_precision_kwargs_run_real_fp16_on_cpu():
-    kwargs = mf.fabric_precision_kwargs("16-mixed", "cpu")
+    kwargs = fabric_runs.fabric_precision_kwargs("16-mixed", "cpu")
     assert isinstance(kwargs["plugins"][0], MixedPrecision) and kwargs["plugins"][0].scaler is not None
-    assert mf.fabric_precision_kwargs("bf16-mixed", "cpu") == {"precision": "bf16-mixed"}
+    assert fabric_runs.fabric_precision_kwargs("bf16-mixed", "cpu") == {"precision": "bf16-mixed"}
 
 
-class Tiny(mf.FabricRecipe):
+class Tiny(fabric_runs.FabricRecipe):
     def __init__(self):
         self.model = torch.nn.Linear(64, 10)
 
@@ -156,7 +157,7 @@ class Tiny(mf.FabricRecipe):
 
 def test_train_run_records_a_run_like_the_trainer_runner():
     spec = RunDecl("x", "tiny", "16-mixed", plugin="ours")
-    result = mf.train_run(spec, Tiny, "cpu", Preset("tiny", 1, 64), mf.FabricManualMixedPrecision)
+    result = fabric_runs.train_run(spec, Tiny, "cpu", Preset("tiny", 1, 64), mf.FabricManualMixedPrecision)
     assert result.error is None and result.precision_plugin == "FabricManualMixedPrecision"
     assert len(result.loss) == len(result.lr) == len(result.loss_scale) == result.steps == 28
     assert result.extra["skipped_per_step"][2] and result.skipped_steps >= 1  # the 1e9 batch overflows fp16
@@ -167,5 +168,5 @@ def test_train_run_stores_an_exception():
         def training_step(self, batch, batch_idx):
             raise RuntimeError("boom")
 
-    result = mf.train_run(RunDecl("x", "b", "32-true"), Broken, "cpu", Preset("tiny", 1, 64))
+    result = fabric_runs.train_run(RunDecl("x", "b", "32-true"), Broken, "cpu", Preset("tiny", 1, 64))
     assert result.error["type"] == "RuntimeError" and result.error["message"] == "boom" and not result.loss

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide import precision as precision_mod
 from mpguide.precision import ManualMixedPrecision, UnsupportedVersionError, check_versions
-from mpguide.runner import parameter_digest, quiet_lightning
+from mpguide.verify.runner import parameter_digest, quiet_lightning
 from mpguide.steps import step_skip_aware
 
 quiet_lightning()

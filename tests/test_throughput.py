@@ -1,4 +1,4 @@
-"""The throughput benchmark's plumbing (mpguide.throughput) and the device lock it times under.
+"""The throughput benchmark's plumbing (mpguide.verify.throughput) and the device lock it times under.
 
 The rates themselves are judged by plot_15's claims in the docs build; here: which variants run,
 in which order, that tuned settings are undone, and that the GPU lock really excludes other runs.
@@ -19,7 +19,7 @@ import torch
 
 from pathlib import Path
 
-from mpguide import hardware, throughput
+from mpguide.verify import hardware, throughput
 
 TINY = throughput.Size(width=32, layers=2, batch=16, warmup=2, steps=2, rounds=2, tuned=True)
 
@@ -82,7 +82,7 @@ def test_unknown_precision_is_refused_before_training():
 
 HOLD_SHARED = """
 import sys
-from mpguide import hardware
+from mpguide.verify import hardware
 print("asking", flush=True)
 with hardware.device_lock("cpu"):
     print("held", flush=True)
@@ -144,7 +144,7 @@ def test_speedup_rows_of_the_guide_table():
     """The guide's GPU table: a row per tuned (and plain manual) variant of CUDA records, none for CPU ones."""
     from pathlib import Path
 
-    from mpguide import report
+    from mpguide.verify import gate, report
 
     size = throughput.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
     timing = throughput.Timing("bf16-mixed", size, {v: [0.25, 0.25] for v in throughput.variants_for("bf16-mixed", size)})
@@ -152,9 +152,9 @@ def test_speedup_rows_of_the_guide_table():
     run = {"id": "bench-bf16", "precision": "bf16-mixed",
            "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0, "size": dataclasses.asdict(size)}}
     gpu_env = {"accelerator": "cuda", "device": "NVIDIA H200", "torch": "2.11.0", "lightning": "2.6.6", "cuda": "13.0"}
-    gpu = report.PageRecord("reference: nvidia-h200", {"env": gpu_env, "runs": [run], "preset": "full",
+    gpu = gate.PageRecord("reference: nvidia-h200", {"env": gpu_env, "runs": [run], "preset": "full",
                                                         "created": "2026-12-01T00:00:00Z"}, [], "", Path("x.json"))
-    cpu = report.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
+    cpu = gate.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
     rows = report.speedup_rows([cpu, gpu])
     assert [r["variant"] for r in rows] == ["manual", *throughput.TUNED["bf16-mixed"]]
     compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
@@ -182,7 +182,8 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path, monkeypatch):
 
 FIT_UNDER_THE_HOOK = """
 import lightning.pytorch as pl, torch
-from mpguide import runner, sphinx_ext
+from mpguide.verify import runner
+from mpguide_build import sphinx_ext
 runner.quiet_lightning()
 sphinx_ext.share_device_in_fits({}, None, when="before")
 sphinx_ext.share_device_in_fits({}, None, when="before")  # a second example in the same worker
@@ -250,9 +251,10 @@ def test_lock_refuses_an_unknown_accelerator():
 
 
 # ----------------------------------------------------------------------------------------------
-# The rule that decides the parity claims (mpguide.claims.decide_paired), on synthetic rounds
+# The rule that decides the parity claims (mpguide.verify.claims.decide_paired), on synthetic rounds
 
-from mpguide import claims, gate, matrix, report  # noqa: E402
+from mpguide.verify import claims, gate, report  # noqa: E402
+from mpguide_build import matrix  # noqa: E402
 
 CPU_BAND = claims.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
 
@@ -330,7 +332,7 @@ def test_inconclusive_is_never_reported_as_pass(capsys):
 
 
 def test_the_sphinx_build_logs_inconclusive_claims_without_failing(monkeypatch):
-    from mpguide import sphinx_ext
+    from mpguide_build import sphinx_ext
 
     ratios = _noisy(0.85, 8, 0.2, seed=3)
     found = gate.GateReport(verdicts=claims.evaluate_record(_record_with([100 * q for q in ratios], [100.0] * 8)),
@@ -352,7 +354,7 @@ def test_the_sphinx_build_logs_inconclusive_claims_without_failing(monkeypatch):
 
 def test_the_example_stops_when_its_parity_claims_are_decided(monkeypatch):
     """claims_decided reads plot_15's own tables: the CPU parity claims, by precision."""
-    from mpguide import declarations
+    from mpguide.verify import declarations
 
     decl = declarations.read(declarations.example_file("plot_15_throughput"))
     tables = (list(_tables("RUNS")), list(_tables("CLAIMS")))
