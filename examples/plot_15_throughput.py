@@ -215,7 +215,7 @@ print(report.summary(record))
 # Conclusion
 # ----------
 # Manual optimization does not cost speed (where the verdicts above say ``pass``): Lightning's
-# manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step bookkeeping of either Lightning loop is small
-# next to a real model's step. What changes speed is the precision, on hardware built for it; on a
-# GPU, the speed-ups section above measures what TF32 matmuls, a fused optimizer and
-# ``torch.compile`` add to a manual loop.
+# manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step
+# bookkeeping of either Lightning loop is small next to a real model's step. What changes speed is
+# the precision, on hardware built for it; on a GPU, the speed-ups section above measures what TF32
+# matmuls, a fused optimizer and ``torch.compile`` add to a manual loop.

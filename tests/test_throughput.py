@@ -13,11 +13,10 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
-
-from pathlib import Path
 
 from mpguide.verify import hardware, throughput
 
@@ -390,7 +389,7 @@ def _fake_windows(monkeypatch, seconds_of):
     """Replace both window timers by ``seconds_of(variant, round)`` (no training)."""
     rounds: dict[str, int] = {}
 
-    def lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning(), slowdown=0.0):
+    def lightning(net, manual, batch, size, precision, accelerator, tuning=None, slowdown=0.0):
         variant = "manual" if manual else "automatic"
         rounds[variant] = rounds.get(variant, 0) + 1
         return seconds_of(variant, rounds[variant] - 1) * (1 + slowdown)

@@ -824,7 +824,7 @@ def _evaluate_rate_ratio(claim: dict[str, Any], run: dict[str, Any], base: dict[
         return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False,
                        tolerance=claim.get("tolerance", ""), observed="not measured", detail=problem)
     if paired:  # decided by the interval rule (PAIRED_RULE), not by the median alone
-        quotients = [a / b for a, b in zip(num, den)]
+        quotients = [a / b for a, b in zip(num, den, strict=True)]
         decision = decide_paired(quotients, tol)
         quotient = decision.median
         shown = (f"median over {len(quotients)} rounds of {num_key} / {den_key} = {quotient:.3f}; "

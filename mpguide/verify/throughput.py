@@ -415,7 +415,7 @@ class Timing:
 
 def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
                 progress: Callable[[str], None] = print,
-                until: Callable[[dict[str, "Timing"]], bool] | None = None,
+                until: Callable[[dict[str, Timing]], bool] | None = None,
                 slowdown: dict[str, float] | None = None) -> dict[str, Timing]:
     """Time the variants of every precision (:func:`~mpguide.verify.throughput.variants_for`), interleaved.
 
@@ -508,8 +508,8 @@ def claims_decided(runs: list[tuple[Any, ...]], claims: list[tuple[Any, ...]], a
     Claims that compare single numbers are decided without an interval and do not keep rounds going.
 
     Raises:
-        mpguide.verify.declarations.DeclarationError: the tables are malformed (as :func:`mpguide.verify.runner.run_example`
-            would say).
+        mpguide.verify.declarations.DeclarationError: the tables are malformed (as
+            :func:`mpguide.verify.runner.run_example` would say).
     """
     from . import claims as claims_mod
     from . import declarations
@@ -526,7 +526,7 @@ def claims_decided(runs: list[tuple[Any, ...]], claims: list[tuple[Any, ...]], a
     def decided(timings: dict[str, Timing]) -> bool:
         for precision, num, den, tol in wanted:
             rates = timings[precision].rates()
-            ratios = [a / b for a, b in zip(rates[num], rates[den])]
+            ratios = [a / b for a, b in zip(rates[num], rates[den], strict=True)]
             if claims_mod.decide_paired(ratios, tol).verdict == "inconclusive":
                 return False
         return True
