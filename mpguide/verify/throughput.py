@@ -144,8 +144,8 @@ class Size:
 #: Rounds: at least 6 (the fewest that admit a 95 % interval of a median), then more until every parity
 #: claim is decided, at most ``max_rounds`` (see :data:`mpguide.verify.claims.PAIRED_RULE`). A CPU round costs
 #: about 3 s of CPU time (16-mixed's fp16 matmuls are most of it), so the cap of 20 bounds the benchmark
-#: at about a minute of CPU time; measured on the shared 2-core machine (see the throughput-parity-cpu
-#: tolerance) it is reached rarely. The GPU reference measurements spread 0.4 %, so 6 rounds decide them.
+#: at about a minute of CPU time; on the shared 2-core machine under heavy load 20 runs needed 6 to 12
+#: rounds (see the throughput-parity-cpu tolerance). The GPU reference measurements spread 0.4 %, so 6 rounds decide them.
 SIZES: dict[tuple[str, str], Size] = {
     ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=6, min_window_s=0.05,
                           max_rounds=20),
