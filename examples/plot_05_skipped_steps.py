@@ -22,7 +22,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 * how to tell a skipped step (the loss scale went down inside ``opt.step()``);
 * :func:`mpguide.steps.step_skip_aware`, which steps the scheduler only after applied updates;
-* that ``trainer.global_step`` (and so ``max_steps``) counts skipped steps too.
+* that ``trainer.global_step`` (and so ``max_steps``) counts skipped steps too;
+* that it counts only the ``opt.step()`` calls made inside ``training_step``.
 """
 
 # %%
@@ -109,15 +110,65 @@ print(f"skipped steps: {model.skipped} of {trainer.global_step}; "
       f"the first applied update used lr = {model.applied_lrs[0]:g} (the schedule's first)")
 
 # %%
+# ``opt.step()`` outside ``training_step``
+# ----------------------------------------
+# Some projects call ``opt.step()`` from a hook that runs after ``training_step``, such as
+# ``on_train_batch_end``. The weights update as they would from ``training_step``, but
+# ``trainer.global_step`` does not count those steps, so ``max_steps`` never stops the run (nor do
+# step-based checkpoints or logging intervals). Lightning counts a manual optimizer step through
+# hooks that its manual-optimization loop attaches to each ``LightningOptimizer`` for the duration
+# of ``training_step`` only: ``_ManualOptimization.on_run_start`` sets ``_on_before_step`` and
+# ``_on_after_step`` (the latter increments the step counter that ``global_step`` reads), and
+# ``on_run_end`` resets both to ``do_nothing_closure`` before ``on_train_batch_end`` runs
+# (``lightning/pytorch/loops/optimization/manual.py``, ``lightning/pytorch/core/optimizer.py``).
+
+
+class StepInTrainingStep(DigitsClassifier):
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        self.manual_backward(loss)
+        opt.step()
+        return loss.detach()
+
+
+class StepInBatchEndHook(DigitsClassifier):
+    def __init__(self):
+        super().__init__()
+        self.step_calls = 0
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        self.manual_backward(loss)
+        return loss.detach()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.optimizers().step()  # outside training_step: Lightning does not count it
+        self.step_calls += 1
+
+    def record_extra(self):
+        return {"step_calls": self.step_calls, "ran_past_max_steps": self.step_calls > self.trainer.max_steps}
+
+
+# %%
 # Runs and claims
 # ---------------
+# The two ways of stepping run in fp32 from the same weights; the hook version with
+# ``Trainer(max_steps=3)``. Every run must train all the batches of its preset.
 
-recipes = {"scheduler every batch": SchedulerEveryBatch, "skip-aware": SkipAware}
+recipes = {"scheduler every batch": SchedulerEveryBatch, "skip-aware": SkipAware,
+           "step in training_step": StepInTrainingStep, "step in on_train_batch_end": StepInBatchEndHook}
 RUNS = [
     # run id            recipe                   precision   options
     ("fp32", "scheduler every batch", "32-true", {"label": "fp32"}),
     ("fp16-naive", "scheduler every batch", "16-mixed", {"label": "16-mixed, scheduler every batch"}),
     ("fp16-skip-aware", "skip-aware", "16-mixed", {"label": "16-mixed, skip-aware scheduler"}),
+    ("step-fp32", "step in training_step", "32-true", {"label": "fp32, opt.step() in training_step"}),
+    ("hook-fp32", "step in on_train_batch_end", "32-true",
+     {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}}),
 ]
 CLAIMS = [
     ("expect", "fp16-naive", "skipped_any", True, "GradScaler skips steps at the default initial scale"),
@@ -128,6 +179,10 @@ CLAIMS = [
     ("no_warning", "fp16-skip-aware", "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
      "skip-aware: no scheduler warning"),
     ("expect", "fp16-naive", "global_step_counts_skipped", True, "global_step counts skipped steps too"),
+    ("expect", "hook-fp32", "global_step", 0, "opt.step() in on_train_batch_end: global_step stays 0"),
+    ("expect", "hook-fp32", "ran_past_max_steps", True, "opt.step() in on_train_batch_end: max_steps=3 never stops it"),
+    ("same", "hook-fp32", "step-fp32", "final_weights",
+     "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise"),
 ]
 
 record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS)
@@ -162,6 +217,17 @@ for run_id in ("fp16-naive", "fp16-skip-aware"):
           f"first applied update used lr = {run['extra']['first_applied_lr']:.6g} (schedule starts at {BASE_LR:g})")
 
 # %%
+# It counts only the calls made inside ``training_step``: the hook version stepped once per batch,
+# changed the weights exactly as the ``training_step`` version did, and ran every batch although
+# ``max_steps=3``.
+
+for run_id in ("step-fp32", "hook-fp32"):
+    run = plotting.run_by_id(record, run_id)
+    print(f"{run_id}: {run['extra']['batches']} batches, trainer.global_step = {run['extra']['global_step']}, "
+          f"max_steps = {run['trainer_kwargs'].get('max_steps', -1)}, "
+          f"final weights {run['extra']['final_weights'][:12]}")
+
+# %%
 # Verdicts
 # --------
 
@@ -172,4 +238,5 @@ print(report.summary(record))
 # ----------
 # Skipped steps at the start of a 16-mixed run are by design. If you step a scheduler by hand,
 # step it only after applied updates (``mpguide.steps.step_skip_aware``, or compare the scale before
-# and after ``opt.step()`` yourself), and remember that ``global_step`` counts every call.
+# and after ``opt.step()`` yourself), and remember that ``global_step`` counts every call made in
+# ``training_step``, and none made anywhere else: call ``opt.step()`` inside ``training_step``.

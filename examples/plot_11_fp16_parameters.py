@@ -196,6 +196,7 @@ print(report.summary(record))
 # ----------
 # Under ``"16-mixed"`` and ``"bf16-mixed"``, keep trainable parameters in fp32: autocast already
 # runs the matrix products in half precision, GradScaler unscales fp32 gradients, clipping sees
-# one gradient dtype, and AdamW's state has the range it needs. To store the whole model in half
-# precision, use the ``"16-true"`` or ``"bf16-true"`` precision instead (no GradScaler, no
-# autocast), and accept the rounding of small updates that comes with it.
+# one gradient dtype, and AdamW's state has the range it needs. Storing the whole model in half
+# precision (``"bf16-true"``, ``"16-true"``) is another trade: small updates round away, an EMA copy
+# in half precision never moves, and AdamW's default ``eps`` makes fp16 weights NaN, as measured in
+# :doc:`plot_16_true_half_precision`.

@@ -197,7 +197,7 @@ CLAIMS = [
     ("expect", "unused-fp32", "unused_model_moved", False, "fp32: the empty step silently does nothing"),
     ("raises", "unused-fp16-stock", "AssertionError", "No inf checks were recorded for this optimizer",
      "stock 16-mixed: the empty step raises"),
-    ("warns", "unused-fp16-fixed", "EmptyStepWarning", "none of its parameters has a gradient",
+    ("warns", "unused-fp16-fixed", "NoGradientStepWarning", "none of its parameters has a gradient",
      "fixed: the empty step warns"),
     ("expect", "unused-fp16-fixed", "unused_model_moved", False, "fixed: the empty step does nothing, as in fp32"),
     ("raises", "manual-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'",
@@ -238,7 +238,7 @@ for run_id in ("unused-fp16-stock", "manual-plugin-in-fabric", "trainer-plugin-i
     error = plotting.run_by_id(record, run_id)["error"]
     print(f"{run_id}:\n    {error['type']}: {error['message']}")
 fixed = plotting.run_by_id(record, "unused-fp16-fixed")
-print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed["warnings"] if "EmptyStep" in w))
+print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed["warnings"] if "NoGradientStep" in w))
 
 # %%
 # The fix without the library

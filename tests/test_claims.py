@@ -205,3 +205,32 @@ def test_runs_shorter_than_the_preset_plans_fail(good_record):
     assert "the run has 40 steps, but preset 'test' plans 140" in finite[0].detail
     good_record["preset"] = "gigantic"
     assert not any(v.passed for v in by_kind(evaluate_record(good_record), "finite"))
+
+
+@pytest.mark.parametrize("lost, passes", [(853, True), (500, True), (499, False), (0, False)])
+def test_share_of_lost_updates_must_reach_a_majority(lost, passes):
+    # plot_16: rate_ratio on two counts, "updates_lost/updates_with_gradient" >= pitfall-majority (0.5)
+    cand = run("bf16-true", curve(8), precision="bf16-true")
+    cand["extra"] = {"updates_lost": lost, "updates_with_gradient": 1000}
+    rec = make_record([cand], [claims.rate_ratio("bf16-true", "updates_lost/updates_with_gradient",
+                                                 "pitfall-majority", "most updates round away")])
+    verdict = evaluate_record(rec)[0]
+    assert verdict.passed is passes
+    assert verdict.value == pytest.approx(lost / 1000) and verdict.threshold == ">= 0.5"
+
+
+@pytest.mark.parametrize("kept, passes", [(1000, True), (951, True), (949, False), (150, False)])
+def test_share_of_kept_updates_must_be_nearly_all(kept, passes):
+    # plot_16: "updates_kept/updates_with_gradient" within updates-kept (5 %) of 1
+    cand = run("fp32", curve(8))
+    cand["extra"] = {"updates_kept": kept, "updates_with_gradient": 1000}
+    rec = make_record([cand], [claims.rate_ratio("fp32", "updates_kept/updates_with_gradient", "updates-kept")])
+    assert evaluate_record(rec)[0].passed is passes
+
+
+def test_share_without_any_gradient_is_not_measured():
+    cand = run("fp32", curve(8))
+    cand["extra"] = {"updates_kept": 0, "updates_with_gradient": 0}  # no step ever saw a gradient
+    rec = make_record([cand], [claims.rate_ratio("fp32", "updates_kept/updates_with_gradient", "updates-kept")])
+    verdict = evaluate_record(rec)[0]
+    assert not verdict.passed and "positive number 'updates_with_gradient'" in verdict.detail

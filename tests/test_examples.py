@@ -65,3 +65,28 @@ def test_a_30_percent_slower_manual_loop_fails_the_parity_claims(tmp_path):
                              "CPU 16-mixed: manual as fast as automatic", "CPU fp32: manual as fast as a plain loop",
                              "CPU 16-mixed: manual as fast as a plain loop"]), report.summary()
     assert not report.inconclusive
+
+
+def test_opt_step_outside_training_step_claims_fail_once_such_steps_count(tmp_path):
+    # plot_05's hook-fp32 run trained as the training_step version (whose steps Lightning counts): the
+    # claims about opt.step() in on_train_batch_end must fail, as they would if Lightning started to count them
+    proc = run_example("plot_05_skipped_steps.py", tmp_path,
+                       MPGUIDE_SWAP_RECIPE="plot_05_skipped_steps:hook-fp32=step in training_step")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = gate.judge([tmp_path / "plot_05_skipped_steps.json"])
+    failed = {v.title for v in report.failures}
+    assert "opt.step() in on_train_batch_end: global_step stays 0" in failed  # global_step reached max_steps=3
+    assert "opt.step() in on_train_batch_end: max_steps=3 never stops it" in failed  # not recorded: a claim fails
+    assert any(v.kind == "finite" and v.runs == ["hook-fp32"] for v in report.failures)  # stopped after 3 batches
+
+
+def test_true_half_precision_claims_fail_when_the_errors_are_fixed(tmp_path):
+    # plot_16's two erroring runs trained with their fixes: the claims that the errors (and the NaN right
+    # after the first step) reproduce must fail, and the swap is reported
+    proc = run_example("plot_16_true_half_precision.py", tmp_path, MPGUIDE_SWAP_RECIPE=(
+        "plot_16_true_half_precision:fp32-teacher=fp32 teacher from weights cast to fp32,"
+        "plot_16_true_half_precision:adamw-16-true=AdamW with eps 1e-4"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = {v.title for v in gate.judge([tmp_path / "plot_16_true_half_precision.json"]).failures}
+    assert {"fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes", "16-true, AdamW eps=1e-8: NaN",
+            "16-true, AdamW eps=1e-8: NaN weights after the first step"} <= failed

@@ -64,3 +64,16 @@ def test_device_slug_refuses_an_empty_result_and_a_missing_gpu(monkeypatch):
     monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigurationError, match="needs a CUDA device"):
         hardware.device_slug()
+
+
+def test_true_half_precisions_are_run_precisions_passed_as_the_flag():
+    from mpguide.verify import declarations
+
+    for precision in hardware.TRUE_PRECISIONS:
+        assert hardware.trainer_precision_kwargs(precision, "cpu") == {"precision": precision}
+        assert precision in declarations.PRECISIONS
+        with pytest.raises(hardware.ConfigurationError, match=f"unknown precision '{precision}'"):
+            hardware.check_precision(precision)  # not for the throughput benchmark or Fabric runs
+    assert hardware.check_precision("bf16-true", hardware.RUN_PRECISIONS) == "bf16-true"
+    with pytest.raises(hardware.ConfigurationError, match="unknown precision 'bf16'"):
+        hardware.trainer_precision_kwargs("bf16", "cpu")

@@ -104,3 +104,30 @@ def test_scaled_input_grad_equals_autograd_grad_without_a_scaler():
     (plain,) = torch.autograd.grad(lin(x).sum(), x)
     (helper,) = steps.scaled_input_grad(lin(x), [x], trainer)
     assert torch.equal(plain, helper)
+
+
+class TinySteps(Stepping):
+    """SGD at a learning rate so small that bf16 weights cannot take the step (fp32 ones can)."""
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-5)
+
+
+@pytest.mark.parametrize("precision, lost", [("32-true", False), ("bf16-true", True)])
+def test_lost_updates_count_steps_that_round_away(precision, lost):
+    pl.seed_everything(0, verbose=False)
+    extra = fit(TinySteps(), precision=precision)
+    assert extra["updates_with_gradient"] > 0
+    assert len(extra["lost_fraction_per_step"]) == 6
+    assert extra["updates_kept"] + extra["updates_lost"] == extra["updates_with_gradient"]
+    fraction = extra["updates_lost"] / extra["updates_with_gradient"]
+    if lost:  # lr x gradient is far below half a bf16 spacing: (nearly) every update rounds away
+        assert fraction > 0.9
+    else:  # fp32 takes (nearly) every one of them
+        assert fraction < 0.01
+
+
+def test_lost_updates_count_a_step_that_was_not_taken():
+    pl.seed_everything(0, verbose=False)
+    extra = fit(Stepping(step=False))  # no opt.step(): on_before_optimizer_step never runs, nothing counted
+    assert extra["updates_with_gradient"] == 0 and extra["lost_fraction_per_step"] == [0.0] * 6

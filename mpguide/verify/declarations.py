@@ -44,8 +44,8 @@ SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
 EXAMPLES_ENV = "MPGUIDE_EXAMPLES_DIR"
 #: Names of the two module-level tables an example must assign exactly once.
 TABLES = ("RUNS", "CLAIMS")
-#: Precision names a run may use (Lightning's spelling; the same as :data:`mpguide.verify.hardware.PRECISIONS`).
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+#: Precision names a run may use (Lightning's spelling; the same as :data:`mpguide.verify.hardware.RUN_PRECISIONS`).
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 _RUN_OPTIONS = {"label": str, "plugin": str, "trainer": dict, "plain_flag": bool, "seed": int}
 _CLAIM_OPTIONS = {"only_on": ("cpu", "cuda")}
 #: Keys of a claim that define it (what the gate compares); judged values and titles are not among them.
@@ -68,7 +68,7 @@ class RunDecl:
     Attributes:
         id: unique run id within the example (e.g. ``"manual-bf16"``).
         recipe: key of the example's recipe table (a LightningModule factory).
-        precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        precision: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"`` or ``"16-true"``.
         seed: seeds weights, data order and recipe randomness.
         plugin: key of the example's plugin table, or ``None`` for Lightning's own precision handling.
         trainer_kwargs: extra :class:`~lightning.pytorch.Trainer` keyword arguments.

@@ -79,10 +79,10 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
     recorded fields follow :func:`mpguide.verify.runner.train_run`: weights are built after
     ``seed_everything(spec.seed)``, batches come from :func:`mpguide.data.digits_loader` with the
     same seed, and per batch the loss, the first optimizer's learning rate and the loss scale at
-    batch start are recorded. A plugin with ``update_scale()`` (:class:`FabricManualMixedPrecision`)
-    gets it called after each batch, so the recorded scale is per iteration; a batch counts as
-    skipped when the scale went down during it. ``spec.trainer_kwargs`` go to ``Fabric(...)``. An
-    exception is stored in ``error``, not raised.
+    batch start are recorded. A plugin with ``update_scale()``
+    (:class:`~mpguide.fabric.FabricManualMixedPrecision`) gets it called after each batch, so the
+    recorded scale is per iteration; a batch counts as skipped when the scale went down during it.
+    ``spec.trainer_kwargs`` go to ``Fabric(...)``. An exception is stored in ``error``, not raised.
 
     Args:
         spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).

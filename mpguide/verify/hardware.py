@@ -8,7 +8,8 @@ Three environment variables steer every example (and the docs build passes them 
     ``quick`` (default; CPU-sized, used by CI and the docs build), ``full`` (GPU-sized) or
     ``test`` (a tiny step budget for the test suite).
 
-Precision names are Lightning's own: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``.
+Precision names are Lightning's own: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``, and for the
+examples about storing the whole model in half precision ``"bf16-true"`` and ``"16-true"``.
 """
 
 from __future__ import annotations
@@ -26,8 +27,16 @@ import torch
 #: The three precisions every example compares, in display order.
 PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed", "16-mixed")
 
+#: "True" half precision: Lightning's ``HalfPrecision`` plugin casts the whole module (weights, gradients and
+#: so the optimizer state) to bf16 or fp16, with no autocast and no GradScaler (``plugins/precision/half.py``).
+TRUE_PRECISIONS: tuple[str, ...] = ("bf16-true", "16-true")
+
+#: Every precision a run may train in: :data:`PRECISIONS`, then :data:`TRUE_PRECISIONS`.
+RUN_PRECISIONS: tuple[str, ...] = PRECISIONS + TRUE_PRECISIONS
+
 #: Short labels used in run ids and legends.
-PRECISION_LABELS: dict[str, str] = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+PRECISION_LABELS: dict[str, str] = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed",
+                                    "bf16-true": "bf16-true", "16-true": "16-true"}
 
 
 class ConfigurationError(ValueError):
@@ -91,15 +100,20 @@ def select_accelerator(name: str | None = None) -> str:
     return name
 
 
-def check_precision(precision: str) -> str:
-    """Return ``precision`` unchanged if it is one of :data:`~mpguide.verify.hardware.PRECISIONS`.
+def check_precision(precision: str, allowed: tuple[str, ...] = PRECISIONS) -> str:
+    """Return ``precision`` unchanged if it is one of ``allowed``.
+
+    Args:
+        precision: a Lightning precision name.
+        allowed: the names accepted, by default :data:`~mpguide.verify.hardware.PRECISIONS` (the throughput
+            benchmark and Fabric runs); Trainer runs pass :data:`~mpguide.verify.hardware.RUN_PRECISIONS`.
 
     Raises:
         ConfigurationError: any other value (Lightning aliases such as ``"bf16"`` or ``16`` are not
             accepted here, so records always use one spelling).
     """
-    if precision not in PRECISIONS:
-        raise ConfigurationError(f"unknown precision {precision!r}; use one of {list(PRECISIONS)}")
+    if precision not in allowed:
+        raise ConfigurationError(f"unknown precision {precision!r}; use one of {list(allowed)}")
     return precision
 
 
@@ -114,7 +128,8 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
     and an fp16 autocast region.
 
     Args:
-        precision: one of :data:`~mpguide.verify.hardware.PRECISIONS`.
+        precision: one of :data:`~mpguide.verify.hardware.RUN_PRECISIONS` (``"bf16-true"`` and ``"16-true"`` are
+            passed as ``Trainer(precision=...)``: Lightning's ``HalfPrecision`` runs on CPU as on CUDA).
         accelerator: ``"cpu"`` or ``"cuda"``.
         plugin_class: a precision plugin class called as ``plugin_class(precision, accelerator)`` and
             passed in ``plugins=[...]`` for every precision (for example
@@ -128,12 +143,12 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
     """
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    check_precision(precision)
+    check_precision(precision, RUN_PRECISIONS)
     if accelerator not in ("cpu", "cuda"):
         raise ConfigurationError(f"unknown accelerator {accelerator!r}; use cpu or cuda")
     if plugin_class is not None:
         return {"plugins": [plugin_class(precision, accelerator)]}
-    if precision == "32-true" or accelerator == "cuda" or precision == "bf16-mixed":
+    if precision != "16-mixed" or accelerator == "cuda":
         return {"precision": precision}
     return {"plugins": [MixedPrecision(precision, accelerator)]}
 

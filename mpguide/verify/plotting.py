@@ -9,9 +9,11 @@ from . import records
 from .claims import smooth
 
 #: One colour per precision (colour-blind-safe Okabe-Ito hues, legible on light and dark pages).
-PRECISION_COLORS = {"32-true": "#0072B2", "bf16-mixed": "#E69F00", "16-mixed": "#009E73"}
+PRECISION_COLORS = {"32-true": "#0072B2", "bf16-mixed": "#E69F00", "16-mixed": "#009E73", "bf16-true": "#D55E00",
+                    "16-true": "#CC79A7"}
 #: One line style per precision, so that precisions stay apart when a figure recolours its runs.
-PRECISION_STYLES = {"32-true": "-", "bf16-mixed": (0, (6, 2)), "16-mixed": (0, (1.5, 1.5))}
+PRECISION_STYLES = {"32-true": "-", "bf16-mixed": (0, (6, 2)), "16-mixed": (0, (1.5, 1.5)),
+                    "bf16-true": (0, (4, 1, 1, 1)), "16-true": (0, (1, 1, 4, 1))}
 #: Colours for runs that are not a plain recipe (pitfalls, user recipes), in order of appearance.
 EXTRA_COLORS = ["#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999"]
 #: Label of the x axis of every per-batch series (one point per ``training_step`` call). With

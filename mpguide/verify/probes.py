@@ -10,6 +10,8 @@ of a run:
 * :class:`~mpguide.verify.probes.AppliedUpdates`: whether the parameters changed during each batch, i.e.
   whether an optimizer step really updated the model (GradScaler skips steps silently,
   ``torch/amp/grad_scaler.py``; a user's own guard may skip them too);
+* :class:`~mpguide.verify.probes.LostUpdates`: how many gradient-carrying weight elements an optimizer step
+  left unchanged (an update smaller than half the spacing of the weight's dtype rounds away);
 * :class:`~mpguide.verify.probes.FinalLossScale`: the loss scale when training ends;
 * :class:`~mpguide.verify.probes.FinalWeights`: a digest of the final weights.
 """
@@ -101,6 +103,75 @@ class AppliedUpdates(Callback):
                 "all_updates_applied": all(self.applied), "applied_per_step": self.applied}
 
 
+class LostUpdates(Callback):
+    """Count, per training batch, the weight elements that had a gradient but did not change.
+
+    ``on_before_optimizer_step`` (which Lightning calls inside ``opt.step()``, after the backward and any
+    unscaling and before the optimizer runs, in manual and automatic optimization alike:
+    ``plugins/precision/precision.py``, ``_after_closure``) copies every parameter of that optimizer
+    that has a gradient, with the mask of its non-zero gradient elements. At batch end, each such
+    element that still holds its old value was **lost**: the optimizer computed an update for it and
+    the stored weight did not move. In fp32 that happens almost never; in bf16 (8 significand bits)
+    an update below half the spacing of the weight's value rounds back to the old value: a weight of
+    0.1 moves only by steps of 2**-11 (about 4.9e-4) and ignores any update under about 2.4e-4.
+
+    A step GradScaler skipped (16-mixed) counts as lost too, and an element whose gradient is exactly
+    zero never counts. When one parameter is stepped twice in a batch, the first copy is kept.
+
+    Attributes:
+        with_gradient: per batch, the number of elements with a non-zero gradient (``int``).
+        lost: per batch, how many of them were unchanged at batch end (``int``).
+    """
+
+    def __init__(self) -> None:
+        self.with_gradient: list[int] = []
+        self.lost: list[int] = []
+        self._before: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None and id(param) not in self._before:
+                    self._before[id(param)] = (param, param.detach().clone(), param.grad.detach() != 0)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        with_gradient = lost = 0
+        for param, before, moved in self._before.values():
+            with_gradient += int(moved.sum())
+            lost += int((moved & (param.detach() == before)).sum())
+        self.with_gradient.append(with_gradient)
+        self.lost.append(lost)
+        self._before = {}
+
+    def record_extra(self) -> dict[str, Any]:
+        """``updates_with_gradient``, ``updates_lost`` and ``updates_kept`` (element counts summed over the
+        run) and ``lost_fraction_per_step`` (one float per batch, 0.0 for a batch without gradients)."""
+        total, lost = sum(self.with_gradient), sum(self.lost)
+        per_step = [n / w if w else 0.0 for n, w in zip(self.lost, self.with_gradient, strict=True)]
+        return {"updates_with_gradient": total, "updates_lost": lost, "updates_kept": total - lost,
+                "lost_fraction_per_step": per_step}
+
+
+class PrecisionInUse(Callback):
+    """Record which precision the ``Trainer`` really trains in, and whether it has a GradScaler.
+
+    ``Trainer(precision="16-mixed")`` on a CPU becomes ``"bf16-mixed"`` with a warning and no GradScaler
+    (``lightning/pytorch/trainer/connectors/accelerator_connector.py``), so the flag a reader passes and
+    what runs can differ.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.seen = {"trainer_precision": str(trainer.precision), "has_scaler": loss_scale(trainer) is not None}
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"trainer_precision": e.g. "bf16-mixed", "has_scaler": bool}``, or ``{}`` before training started."""
+        return dict(self.seen)
+
+
 class FinalLossScale(Callback):
     """Record the GradScaler's loss scale when training ends (``None`` without a GradScaler).
 
@@ -140,7 +211,7 @@ class FinalWeights(Callback):
 
 def callbacks() -> list[Callback]:
     """Fresh instances of every probe, for one ``Trainer``."""
-    return [LoggedValues(), AppliedUpdates(), FinalLossScale(), FinalWeights()]
+    return [LoggedValues(), AppliedUpdates(), LostUpdates(), PrecisionInUse(), FinalLossScale(), FinalWeights()]
 
 
 def collect(trainer: Any) -> dict[str, Any]:

@@ -144,7 +144,7 @@ def train_run(
     """
     import lightning.pytorch as pl
 
-    hardware.check_precision(spec.precision)
+    hardware.check_precision(spec.precision, hardware.RUN_PRECISIONS)
     quiet_lightning()
     pl.seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it; quiet_lightning() mutes the line
     module = module_factory()
@@ -264,7 +264,8 @@ def run_example(
         results_dir: folder for the record (default :func:`mpguide.verify.records.results_dir`).
         progress: called with each progress line.
         train: trains one run, with the arguments and result of :func:`~mpguide.verify.runner.train_run` (the
-            default); e.g. :func:`mpguide.verify.distributed.train_run` (DDP) or :func:`mpguide.fabric.train_run`.
+            default); e.g. :func:`mpguide.verify.distributed.train_run` (DDP) or
+            :func:`mpguide.verify.fabric_runs.train_run`.
 
     Raises:
         mpguide.verify.declarations.DeclarationError: the tables are malformed, or differ from what the

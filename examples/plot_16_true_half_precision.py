@@ -1,0 +1,325 @@
+"""
+"True" half precision: lost updates, a frozen EMA teacher and AdamW's NaN
+=========================================================================
+
+``precision="bf16-true"`` and ``"16-true"`` do not mix precisions: Lightning casts the whole
+module to bf16 or fp16 (``HalfPrecision.convert_module``, ``plugins/precision/half.py``), so the
+weights, their gradients and the optimizer's state are all stored in half precision, with no
+autocast and no GradScaler. That halves the memory of weights and optimizer state, and costs the
+updates that are smaller than the weights' rounding step. This example measures, on a
+manual-optimization student with an EMA teacher, what that costs against fp32 and bf16-mixed, the
+two errors it leads to, and the fixes that work.
+
+**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
+and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
+into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+
+    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+    python plot_16_true_half_precision.py
+
+**What you will learn**
+
+* why most small SGD updates of bf16 weights round away, and how many, measured;
+* why an EMA teacher stored in bf16 never moves, and why an fp32 teacher next to bf16 weights
+  raises ``expected dtype float for `end```;
+* why AdamW with its default ``eps=1e-8`` turns fp16 weights into NaN at its first step;
+* that ``"bf16-mixed"`` (fp32 weights, bf16 arithmetic) has none of these problems.
+
+**Prerequisites**: :doc:`plot_01_porting_to_manual` (the EMA teacher in manual optimization),
+:doc:`plot_11_fp16_parameters` (fp16 parameters under *mixed* precision).
+"""
+
+# %%
+# A student and its EMA teacher
+# -----------------------------
+# A digits classifier (``Linear(64, 64) + Tanh + Linear(64, 10)``, 4,810 weights) trained by SGD at
+# ``lr=0.01``, and a teacher that follows it as an exponential moving average with decay 0.999, the
+# "mean teacher" of semi-supervised learning and self-distillation: after each ``opt.step()`` every
+# teacher weight moves a thousandth of the way to the student's (``lerp_``). The teacher has no
+# optimizer; it is a submodule, so Lightning casts it with the student.
+
+import copy
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.verify import runner
+
+# sphinx_gallery_start_ignore
+runner.quiet_lightning()
+# sphinx_gallery_end_ignore
+
+DECAY = 0.999
+
+
+class StudentTeacher(pl.LightningModule):
+    def __init__(self, optimizer="sgd", lr=0.01, eps=1e-8):
+        super().__init__()
+        self.automatic_optimization = False
+        self.optimizer_name, self.lr, self.eps = optimizer, lr, eps
+        self.student = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh(), nn.Linear(64, NUM_CLASSES))
+        self.teacher = copy.deepcopy(self.student).requires_grad_(False)
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = F.cross_entropy(self.student(images).float(), labels)
+        self.manual_backward(loss)
+        opt.step()
+        self.update_teacher()
+        return loss.detach()
+
+    @torch.no_grad()
+    def update_teacher(self):
+        for teacher, student in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
+            teacher.lerp_(student, 1 - DECAY)  # teacher += (1 - DECAY) * (student - teacher)
+
+    def configure_optimizers(self):
+        if self.optimizer_name == "sgd":
+            return torch.optim.SGD(self.student.parameters(), lr=self.lr)
+        return torch.optim.AdamW(self.student.parameters(), lr=self.lr, eps=self.eps)
+
+    # measuring only (not needed for training): which weights moved between fit start, after
+    # Lightning's cast, and the end of training; the record gets these numbers
+    def on_fit_start(self):
+        super().on_fit_start()
+        self.start = {name: p.detach().float().clone() for name, p in self.named_parameters()}
+
+    def record_extra(self):
+        def moved(prefix):
+            return torch.cat([(p.detach().float() != self.start[name]).flatten()
+                              for name, p in self.named_parameters() if name.startswith(prefix)])
+
+        student, teacher = moved("student."), moved("teacher.")
+        weights = torch.cat([p.detach().float().flatten() for p in self.student.parameters()])
+        return {"student_moved": int(student.sum()), "teacher_moved": int(teacher.sum()),
+                "teacher_elements": teacher.numel(), "teacher_unchanged": int((~teacher).sum()),
+                "teacher_followed": int((student & teacher).sum()),
+                "teacher_frozen": int((student & ~teacher).sum()),
+                "weight_dtype": str(self.student[0].weight.dtype).replace("torch.", ""),
+                "teacher_dtype": str(self.teacher[0].weight.dtype).replace("torch.", ""),
+                "nonfinite_weights": int((~torch.isfinite(weights)).sum())}
+
+
+# %%
+# The ``Trainer`` call to copy: ``"bf16-mixed"``
+# ----------------------------------------------
+# Under ``"bf16-mixed"`` the weights, the teacher and SGD's update stay in fp32; autocast runs the
+# matrix products in bf16. This is the setting to use when the point of bf16 is speed.
+
+from mpguide.data import digits_loader
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+model = StudentTeacher()
+trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20, precision="bf16-mixed", logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, digits_loader(batch_size=64))
+print(f"student weights: {model.student[0].weight.dtype}, teacher weights: {model.teacher[0].weight.dtype}, "
+      f"optimizer steps: {trainer.global_step}")
+
+# %%
+# Two ways to keep a teacher in fp32 next to bf16 weights
+# -------------------------------------------------------
+# If the model must be *stored* in bf16 (``"bf16-true"``, to fit in memory), the teacher can still be
+# kept in fp32: Lightning casts the whole module at setup, before ``on_fit_start``, so cast the
+# teacher back there. ``lerp_`` then needs both operands in fp32: passing the bf16 student weights
+# raises; casting them (``student.float()``) is the fix.
+
+
+class FP32Teacher(StudentTeacher):
+    def on_fit_start(self):
+        super().on_fit_start()
+        self.teacher.float()  # Lightning cast the whole module to bf16 at setup
+
+
+class FP32TeacherFromCast(FP32Teacher):
+    @torch.no_grad()
+    def update_teacher(self):
+        for teacher, student in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
+            teacher.lerp_(student.float(), 1 - DECAY)  # both operands in fp32
+
+
+# %%
+# How this page is verified
+# -------------------------
+# The student and teacher train in fp32, bf16-mixed and bf16-true from the same weights and batches;
+# the two fp32 teachers train next to bf16-true students. The same model with AdamW (``lr=1e-3``)
+# trains in fp32, 16-mixed and 16-true, in 16-true also with ``eps=1e-4``; the 16-true run with the
+# default ``eps`` runs with ``Trainer(detect_anomaly=True)``, so that the NaN becomes an error at the
+# first backward that meets it. The probe :class:`mpguide.verify.probes.LostUpdates` counts, in every step,
+# the weight elements that had a non-zero gradient and did not change.
+
+recipes = {
+    "teacher in the module's dtype": StudentTeacher,
+    "fp32 teacher from bf16 weights": FP32Teacher,
+    "fp32 teacher from weights cast to fp32": FP32TeacherFromCast,
+    "AdamW": lambda: StudentTeacher(optimizer="adamw", lr=1e-3),
+    "AdamW with eps 1e-4": lambda: StudentTeacher(optimizer="adamw", lr=1e-3, eps=1e-4),
+}
+RUNS = [
+    # run id                recipe                                  precision     options
+    ("fp32", "teacher in the module's dtype", "32-true", {"label": "SGD, fp32"}),
+    ("bf16-mixed", "teacher in the module's dtype", "bf16-mixed", {"label": "SGD, bf16-mixed"}),
+    ("bf16-true", "teacher in the module's dtype", "bf16-true", {"label": "SGD, bf16-true (bf16 teacher)"}),
+    ("fp32-teacher", "fp32 teacher from bf16 weights", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher"}),
+    ("fp32-teacher-cast", "fp32 teacher from weights cast to fp32", "bf16-true",
+     {"label": "SGD, bf16-true, fp32 teacher from cast weights"}),
+    ("adamw-fp32", "AdamW", "32-true", {"label": "AdamW, fp32"}),
+    ("adamw-16-mixed", "AdamW", "16-mixed", {"label": "AdamW, 16-mixed"}),
+    ("adamw-16-true", "AdamW", "16-true", {"label": "AdamW, 16-true", "trainer": {"detect_anomaly": True}}),
+    ("adamw-16-true-eps", "AdamW with eps 1e-4", "16-true", {"label": "AdamW eps=1e-4, 16-true"}),
+]
+CLAIMS = [
+    ("rate_ratio", "bf16-true", "updates_lost/updates_with_gradient", "pitfall-majority",
+     "bf16-true: most SGD updates round away"),
+    ("rate_ratio", "fp32", "updates_kept/updates_with_gradient", "updates-kept", "fp32: every update is kept"),
+    ("rate_ratio", "bf16-mixed", "updates_kept/updates_with_gradient", "updates-kept",
+     "bf16-mixed (fp32 weights): every update is kept"),
+    ("match", "bf16-mixed", "fp32", "mixed-vs-fp32", "bf16-mixed = fp32"),
+    ("rate_ratio", "bf16-true", "teacher_frozen/student_moved", "pitfall-majority",
+     "bf16 teacher: most weights never follow the student"),
+    ("rate_ratio", "fp32", "teacher_followed/student_moved", "updates-kept", "fp32 teacher follows the student"),
+    ("raises", "fp32-teacher", "RuntimeError", "expected dtype float for `end`",
+     "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes"),
+    ("rate_ratio", "fp32-teacher-cast", "teacher_followed/student_moved", "updates-kept",
+     "fix: fp32 teacher from weights cast to fp32 follows the student"),
+    ("raises", "adamw-16-true", "RuntimeError", "returned nan values", "16-true, AdamW eps=1e-8: NaN"),
+    ("expect", "adamw-16-true", "batches", 1, "16-true, AdamW eps=1e-8: NaN weights after the first step"),
+    ("diverge", "adamw-16-true-eps", "adamw-fp32", "pitfall-gap",
+     "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW"),
+    ("match", "adamw-16-mixed", "adamw-fp32", "mixed-vs-fp32", "fix: AdamW under 16-mixed = fp32"),
+]
+
+record = runner.run_example("plot_16_true_half_precision", recipes, RUNS, CLAIMS)
+
+# %%
+# Updates that round away
+# -----------------------
+# bf16 keeps 8 significant bits: a weight of 0.1 can only move in steps of 2**-11 (about 4.9e-4), so
+# an update smaller than half of that, about 2.4e-4, rounds back to the old value. SGD's update is
+# ``lr x gradient``: with ``lr=0.01`` every gradient element below about 0.024 in a weight of 0.1 is
+# lost. fp32 has 24 significant bits and loses almost nothing; bf16-mixed applies the update to fp32
+# weights and loses as little.
+
+from mpguide.verify import plotting
+
+
+def trained(run_id):
+    """The run's measurements, or None (with the reason printed) for a run that raised instead of training."""
+    run = plotting.run_by_id(record, run_id)
+    if run["error"]:
+        print(f"{run_id:18s} raised {run['error']['type']}: {run['error']['message'][:80]}")
+        return None
+    return run["extra"]
+
+
+for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-fp32", "adamw-16-true-eps"):
+    if (extra := trained(run_id)) is None:
+        continue
+    print(f"{run_id:18s} weights {extra['weight_dtype']:9s} updates lost: {extra['updates_lost']:7d} of "
+          f"{extra['updates_with_gradient']:7d} ({extra['updates_lost'] / extra['updates_with_gradient']:.1%})")
+
+# %%
+# The lost updates are the small ones, so on this model the bf16-true student still learns, at about
+# half of fp32's pace: its loss falls half as far, and its smoothed curve stays within a few percent
+# of fp32's (the numbers below). Where small updates carry the training (a low learning rate, fine-tuning,
+# late training), losing them matters more.
+
+import statistics
+
+start = plotting.run_by_id(record, "fp32")["loss"][0]
+for run_id in ("fp32", "bf16-mixed", "bf16-true"):
+    loss = plotting.run_by_id(record, run_id)["loss"]
+    if loss:
+        print(f"{run_id:10s} loss {start:.3f} -> {statistics.mean(loss[-10:]):.3f} (mean of the last 10 batches)")
+
+# %%
+# A teacher that never moves
+# --------------------------
+# The teacher's step is ``(1 - 0.999) x (student - teacher)``, a thousandth of a distance that is
+# itself a few updates: far below a bf16 weight's rounding step. A teacher stored in bf16 stays
+# where it started. In fp32 it follows the student; an fp32 teacher next to bf16 weights follows it
+# too, once ``lerp_`` gets fp32 operands.
+
+for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast"):
+    if (extra := trained(run_id)) is None:
+        continue
+    print(f"{run_id:18s} teacher {extra['teacher_dtype']:9s} unchanged: {extra['teacher_unchanged']:5d} of "
+          f"{extra['teacher_elements']} weights; of the {extra['student_moved']} weights the student changed, "
+          f"the teacher followed {extra['teacher_followed']}")
+
+# %%
+# The two errors
+# --------------
+# ``lerp_`` of an fp32 teacher towards bf16 weights: ``torch.lerp`` needs ``end`` in the dtype of
+# the tensor it updates, and does not promote.
+
+run = plotting.run_by_id(record, "fp32-teacher")
+print(f"{(run['error'] or {}).get('type')}: {(run['error'] or {}).get('message')}")
+
+# %%
+# AdamW under 16-true: AdamW keeps its moment estimates in the parameters' dtype. Its default
+# ``eps=1e-8`` is below fp16's smallest positive number (about 6e-8) and rounds to 0, and so do the
+# squared gradients below about 2.4e-4 in the second moment (``(1 - 0.999) x gradient**2``). The first
+# update divides by ``sqrt(0) + 0``: the weights become inf and NaN (0 / 0 for weights without
+# gradient), the next forward gives a NaN loss, and ``detect_anomaly`` stops the run in its backward.
+
+run = plotting.run_by_id(record, "adamw-16-true")
+print(f"losses recorded before the error: {run['loss']}; "
+      f"non-finite student weights: {run['extra'].get('nonfinite_weights')} of {run['extra'].get('teacher_elements')}")
+print(f"{(run['error'] or {}).get('type')}: {(run['error'] or {}).get('message')}")
+
+# %%
+# ``eps=1e-4`` is representable in fp16 and avoids the division by zero: the 16-true run trains. It is
+# no longer the same optimizer (the second moment still underflows, so ``eps`` dominates the
+# denominator). The fix that keeps AdamW as it is: fp32 weights and optimizer state, i.e. 16-mixed
+# (or bf16-mixed).
+#
+# Curves
+# ------
+
+import matplotlib.pyplot as plt
+
+from mpguide.verify import report
+
+fig, (sgd_ax, adam_ax) = plotting.figure(1, 2, 12, 4.6)
+plotting.describe(fig, "Students trained in fp32, mixed and true half precision: SGD (left) and AdamW (right)")
+plotting.plot_loss_curves(sgd_ax, record, ["fp32", "bf16-mixed", "bf16-true", "fp32-teacher"], "SGD, lr=0.01")
+plotting.plot_loss_curves(adam_ax, record, ["adamw-fp32", "adamw-16-mixed", "adamw-16-true", "adamw-16-true-eps"],
+                          "AdamW, lr=1e-3")
+plotting.save_figure(fig, record["example"], "curves")
+plt.show()
+
+# %%
+# Share of each step's updates that rounded away
+# ----------------------------------------------
+
+fig, ax = plotting.figure(1, 1, 9, 4)
+plotting.plot_extra_series(ax, record, ["fp32", "bf16-mixed", "bf16-true", "adamw-16-true-eps"],
+                           "lost_fraction_per_step", "Updates lost per step",
+                           "lost / elements with a gradient",
+                           {"fp32": "#0072B2", "bf16-mixed": "#E69F00", "bf16-true": "#D55E00",
+                            "adamw-16-true-eps": "#CC79A7"})
+plotting.save_figure(fig, record["example"], "lost_updates")
+plt.show()
+
+# %%
+# Verdicts
+# --------
+
+print(report.summary(record))
+
+# %%
+# Conclusion
+# ----------
+# ``"bf16-true"`` and ``"16-true"`` store weights, gradients and optimizer state in half precision.
+# Use them only where updates are large against the weights' rounding step, and never for an EMA
+# copy: keep EMA teachers in fp32 and update them from weights cast to fp32. AdamW needs an ``eps``
+# that fp16 can represent, and even then it is a different optimizer. To save memory without losing
+# updates, keep fp32 master weights: ``"bf16-mixed"`` or ``"16-mixed"`` does, at the cost of the fp32
+# weights and optimizer state that "true" half precision would save.
