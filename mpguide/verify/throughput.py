@@ -235,9 +235,9 @@ class _WindowClock(Callback):
         self.end = self._now()
 
 
-#: Environment variable that slows variants down for real, a test hook: ``"manual=0.3"`` makes each timed
-#: step of the manual variant last 30 % longer (rate x 1/1.3), ``"manual=0.3,plain loop=0.1"`` two of them.
-#: It proves that a parity claim fails on a real regression. The record says so (``injected_slowdown``).
+#: Environment variable of a test hook that slows variants down for real. ``"manual=0.3"`` makes each timed
+#: step of the manual variant last 30 % longer (rate x 1/1.3); ``"manual=0.3,plain loop=0.1"`` slows two.
+#: It proves that a parity claim fails on a real regression; the record says so (``injected_slowdown``).
 SLOWDOWN_ENV = "MPGUIDE_INJECT_SLOWDOWN"
 
 
