@@ -18,7 +18,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 **What you will learn**
 
 * how to time training steps fairly: warm-up excluded, device synchronised, median of several
-  windows, variants interleaved;
+  windows, variants interleaved, and as many rounds as it takes for a confidence interval to
+  decide (or an honest "inconclusive");
 * that manual optimization runs at the speed of automatic optimization, and how much a plain
   loop saves where a step is very short (Lightning's fixed per-step cost);
 * on a GPU, what bf16-mixed buys over fp32, in steps/s and in TFLOP/s against a measured peak,
@@ -32,7 +33,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # variant from the same seed and trains it on one batch that already lives on the device. In every
 # round each variant runs one window (``warmup`` untimed steps, then timed ones: at least ``steps``,
 # and on CPU enough for 50 ms) in an order that rotates per round; the rate of a variant is the
-# median over rounds. On a GPU the
+# median over rounds. How many rounds is decided as it goes (see "Runs and claims"). On a GPU the
 # benchmark also times the manual loop with standard speed-ups (:data:`mpguide.verify.throughput.TUNED`),
 # and it waits until no other example of the build uses the GPU.
 
@@ -50,13 +51,8 @@ runner.quiet_lightning()
 
 accelerator, preset = hardware.select_accelerator(), hardware.select_preset()
 size = throughput.SIZES[(accelerator, preset.name)]
-print(f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} rounds per variant and "
-      f"precision, on {hardware.device_name(accelerator)}")
-started = time.perf_counter()
-timings = throughput.interleaved(hardware.PRECISIONS, size, accelerator)
-print(f"benchmark: {time.perf_counter() - started:.1f} s wall time; timed steps per window: "
-      + ", ".join(f"{hardware.PRECISION_LABELS[p]} {t.size.steps}" for p, t in timings.items()))
-peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
+print(f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} to {size.max_rounds} rounds per "
+      f"variant and precision, on {hardware.device_name(accelerator)}")
 
 # %%
 # Runs and claims
@@ -64,8 +60,12 @@ peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
 # Each run below trains the digits classifier with manual optimization in one precision (so the
 # gate checks that it trains to the end with finite losses) and carries the benchmark of that
 # precision in its record: the median steps/s of every variant and its rate in each round. The
-# parity claims pair the rounds: the ratio of two variants in each round, then the median of those
-# ratios, so that a stretch of machine load that slows some rounds moves both sides alike.
+# parity claims pair the rounds: the ratio of two variants in each round, so that a stretch of
+# machine load that slows some rounds moves both sides alike. A claim passes when the 95 %
+# confidence interval of the median ratio (from order statistics, no assumption about the noise)
+# lies inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles
+# an edge: the benchmark then times another round, up to its cap, so a noisy machine costs rounds,
+# not a wrong verdict (:func:`mpguide.verify.claims.decide_paired`).
 
 
 class TimedManual(DigitsClassifier):
@@ -83,7 +83,8 @@ class TimedManual(DigitsClassifier):
         timing = timings[self.trainer.precision_plugin.precision]
         out = timing.rates()  # <variant>_steps_per_s and <variant>_samples_per_s, what the claims divide
         out["fp32_automatic_steps_per_s"] = timings["32-true"].steps_per_s("automatic")
-        out.update(benchmark=timing.summary(), size=dataclasses.asdict(size), device_wait_s=timing.device_wait_s)
+        out.update(benchmark=timing.summary(), size=dataclasses.asdict(size), device_wait_s=timing.device_wait_s,
+                   injected_slowdown=timing.injected_slowdown)
         if peak is not None:
             out["peak_bf16_tflops"] = peak
             out["automatic_tflops"] = timing.tflops("automatic")
@@ -127,6 +128,14 @@ CLAIMS = [
      "GPU: bf16-mixed faster than fp32", {"only_on": "cuda"}),
 ]
 
+# Time rounds until every parity claim of this accelerator is decided (or the cap), then train and judge.
+started = time.perf_counter()
+timings = throughput.interleaved(hardware.PRECISIONS, size, accelerator,
+                                 until=throughput.claims_decided(RUNS, CLAIMS, accelerator))
+print(f"benchmark: {time.perf_counter() - started:.1f} s wall time, {len(timings['32-true'].seconds['manual'])} "
+      f"rounds; timed steps per window: "
+      + ", ".join(f"{hardware.PRECISION_LABELS[p]} {t.size.steps}" for p, t in timings.items()))
+peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
 record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS)
 
 # %%
@@ -196,14 +205,17 @@ if not size.tuned:
 # %%
 # Verdicts
 # --------
+# A parity claim reads ``pass`` or ``FAIL`` when its interval decided it, and ``inconclusive`` when
+# the machine was too noisy to tell within the cap of rounds: that is not a pass, and the build
+# says so in its gate summary without failing (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`).
 
 print(report.summary(record))
 
 # %%
 # Conclusion
 # ----------
-# Manual optimization does not cost speed: Lightning's manual loop, its automatic loop and a plain
-# PyTorch loop run the same kernels, and the per-step bookkeeping of either Lightning loop is small
-# next to a real model's step. What changes speed is the precision, on hardware built for it; on a
-# GPU, the speed-ups section above measures what TF32 matmuls, a fused optimizer and
-# ``torch.compile`` add to a manual loop.
+# Manual optimization does not cost speed (where the verdicts above say ``pass``): Lightning's
+# manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step
+# bookkeeping of either Lightning loop is small next to a real model's step. What changes speed is
+# the precision, on hardware built for it; on a GPU, the speed-ups section above measures what TF32
+# matmuls, a fused optimizer and ``torch.compile`` add to a manual loop.

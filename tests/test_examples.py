@@ -53,6 +53,20 @@ def test_unknown_recipe_in_swap_is_a_clear_error(tmp_path):
     assert not (tmp_path / "plot_01_porting_to_manual.json").exists()
 
 
+def test_a_30_percent_slower_manual_loop_fails_the_parity_claims(tmp_path):
+    """The throughput test hook really slows each timed manual step by 30 %: every CPU claim that compares
+    manual with another variant must fail (decided, not inconclusive) within the benchmark's cap of rounds."""
+    proc = run_example("plot_15_throughput.py", tmp_path, MPGUIDE_INJECT_SLOWDOWN="manual=0.3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TEST HOOK: injected slowdown {'manual': 0.3}" in proc.stdout
+    report = gate.judge([tmp_path / "plot_15_throughput.json"])
+    failed = sorted(v.title for v in report.failures if v.kind == "rate_ratio")
+    assert failed == sorted(["CPU fp32: manual as fast as automatic", "CPU bf16-mixed: manual as fast as automatic",
+                             "CPU 16-mixed: manual as fast as automatic", "CPU fp32: manual as fast as a plain loop",
+                             "CPU 16-mixed: manual as fast as a plain loop"]), report.summary()
+    assert not report.inconclusive
+
+
 def test_opt_step_outside_training_step_claims_fail_once_such_steps_count(tmp_path):
     # plot_05's hook-fp32 run trained as the training_step version (whose steps Lightning counts): the
     # claims about opt.step() in on_train_batch_end must fail, as they would if Lightning started to count them

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,11 +41,11 @@ def test_tuned_variants_only_when_the_size_asks():
 def test_every_variant_leads_one_round(monkeypatch):
     calls: list[tuple[str, str]] = []
 
-    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning()):
+    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning(), slowdown=0.0):
         calls.append((precision, "automatic" if not manual else repr(tuning)))
         return 1.0
 
-    def fake_plain(net, batch, size, precision, accelerator, state):
+    def fake_plain(net, batch, size, precision, accelerator, state, slowdown=0.0):
         calls.append((precision, "plain"))
         return 1.0
 
@@ -222,11 +223,11 @@ def test_short_windows_get_more_steps(monkeypatch):
     """min_window_s: a precision whose steps are fast gets longer windows, measured once before the rounds."""
     seen: list[int] = []
 
-    def fake_plain(net, batch, size, precision, accelerator, state):
+    def fake_plain(net, batch, size, precision, accelerator, state, slowdown=0.0):
         seen.append(size.steps)
         return 0.005 * size.steps  # 5 ms a step
 
-    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning()):
+    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning(), slowdown=0.0):
         seen.append(size.steps)
         return 0.005 * size.steps
 
@@ -246,3 +247,206 @@ def test_lock_refuses_an_unknown_accelerator():
     with pytest.raises(hardware.ConfigurationError, match="device_lock: unknown accelerator 'gpu'; use cpu or cuda"):
         with hardware.device_lock("gpu"):
             pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The rule that decides the parity claims (mpguide.verify.claims.decide_paired), on synthetic rounds
+
+from mpguide.verify import claims, gate, report  # noqa: E402
+from mpguide_build import matrix  # noqa: E402
+
+CPU_BAND = claims.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
+
+
+def _noisy(centre: float, n: int, spread: float, seed: int = 0) -> list[float]:
+    """``n`` paired ratios around ``centre``: uniform noise of +-``spread`` (deterministic)."""
+    import random
+
+    rng = random.Random(seed)
+    return [centre * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
+
+
+def test_median_interval_has_the_binomial_coverage():
+    assert claims.median_interval([1.0, 2, 3, 4, 5]) is None  # min..max of 5 covers only 93.75 %
+    low, high, k, coverage = claims.median_interval([6.0, 1, 5, 2, 4, 3])
+    assert (low, high, k) == (1.0, 6.0, 1) and coverage == pytest.approx(1 - 2 / 64)
+    low, high, k, coverage = claims.median_interval(list(range(1, 10)))
+    assert (low, high, k) == (2, 8, 2) and coverage == pytest.approx(1 - 2 * 10 / 512)
+    low, high, k, coverage = claims.median_interval(list(range(1, 21)))
+    assert k == 6 and coverage >= 0.95 and (low, high) == (6, 15)
+
+
+def test_clear_parity_passes():
+    decision = claims.decide_paired(_noisy(1.0, 6, 0.05), CPU_BAND)
+    assert decision.verdict == "pass" and 0.85 <= decision.low <= decision.high <= 1.15
+
+
+def test_a_clear_30_percent_slowdown_fails():
+    decision = claims.decide_paired(_noisy(1 / 1.3, 6, 0.05), CPU_BAND)  # each step 30 % longer
+    assert decision.verdict == "fail" and decision.high < 0.85
+    fast = claims.decide_paired(_noisy(1.3, 6, 0.05), CPU_BAND)  # 30 % faster breaks parity too
+    assert fast.verdict == "fail" and fast.low > 1.15
+
+
+def test_noise_across_the_band_edge_is_inconclusive_at_any_number_of_rounds():
+    for n in (6, 12, 20):
+        decision = claims.decide_paired(_noisy(0.85, n, 0.2, seed=n), CPU_BAND)  # median on the edge
+        assert decision.verdict == "inconclusive", (n, decision)
+    assert claims.decide_paired([1.0] * 5, CPU_BAND).verdict == "inconclusive"  # too few rounds for 95 %
+    one_bad = [1.0, 1.01, 0.99, 1.0, 0.7, 1.02]  # one outlier round: min..max reaches outside
+    assert claims.decide_paired(one_bad, CPU_BAND).verdict == "inconclusive"
+    assert claims.decide_paired(one_bad + [1.0, 0.99, 1.01], CPU_BAND).verdict == "pass"  # k = 2 drops it
+
+
+def _record_with(manual: list[float], automatic: list[float]) -> dict:
+    from conftest import curve, run
+
+    extra = {"manual_round_steps_per_s": manual, "automatic_round_steps_per_s": automatic}
+    return {"example": "x", "env": {}, "preset": "test", "runs": [dict(run("r", curve()), extra=extra)],
+            "claims": [claims.rate_ratio("r", "manual_round_steps_per_s/automatic_round_steps_per_s",
+                                         "throughput-parity-cpu", "manual as fast as automatic")]}
+
+
+def test_inconclusive_is_never_reported_as_pass(capsys):
+    ratios = _noisy(0.85, 8, 0.2, seed=3)
+    record = _record_with([100 * q for q in ratios], [100.0] * len(ratios))
+    verdict = claims.evaluate_record(record)[0]
+    assert verdict.status == "inconclusive" and not verdict.passed and not verdict.failed and verdict.undecided
+    assert "inconclusive" in verdict.message() and "passed" not in verdict.message()
+    with pytest.raises(ValueError, match="inconclusive and cannot also pass"):
+        claims.Verdict("x", "rate_ratio", ["r"], "t", "m", 1.0, "t", passed=True, inconclusive=True)
+    # the gate: not a failure, not a pass, one line of its own
+    found = gate.GateReport(verdicts=claims.evaluate_record(record), records=[Path("x.json")])
+    assert found.ok and found.inconclusive == [verdict] and not found.failures
+    line = found.summary()
+    assert "0 failed, 1 inconclusive" in line and "INCONCLUSIVE (not a pass): x: rate_ratio(r) inconclusive" in line
+    assert line.startswith("claim gate: 1 checks passed")  # the finite check of run r, not the claim
+    # the example's own verdict table and closing line
+    text = report.summary(record)
+    assert "inconclusive" in text.splitlines()[2] and text.endswith("1 checks passed, 0 failed, 1 inconclusive "
+                                                                    "(not passed)")
+    assert report.verdict_rows([verdict])[0]["verdict"] == "inconclusive"
+    # the version matrix cell
+    assert matrix._word(verdict.status) == "inconclusive" and matrix.CELL_WORDS["inconclusive"] == "inconclusive"
+
+
+def test_the_sphinx_build_logs_inconclusive_claims_without_failing(monkeypatch):
+    from mpguide_build import sphinx_ext
+
+    ratios = _noisy(0.85, 8, 0.2, seed=3)
+    found = gate.GateReport(verdicts=claims.evaluate_record(_record_with([100 * q for q in ratios], [100.0] * 8)),
+                            records=[Path("x.json")])
+    monkeypatch.setattr(gate, "judge", lambda *a, **k: found)
+    monkeypatch.setattr(sphinx_ext, "_record_files", lambda app, references: [])
+    logged: list[tuple[str, dict]] = []
+    monkeypatch.setattr(sphinx_ext.logger, "info", lambda msg, **kw: logged.append((msg, kw)))
+    monkeypatch.setattr(sphinx_ext.logger, "warning", lambda *a, **k: pytest.fail("a warning fails -W builds"))
+
+    class App:
+        class config:
+            mpguide_gate, mpguide_results_dir = True, "r"
+            mpguide_examples_dir = str(Path(__file__).resolve().parents[1] / "examples")
+
+    sphinx_ext._on_build_finished(App, None)  # no ExtensionError
+    assert any(m.startswith("[mpguide] INCONCLUSIVE (not a pass)") and kw.get("color") for m, kw in logged), logged
+
+
+def test_the_example_stops_when_its_parity_claims_are_decided(monkeypatch):
+    """claims_decided reads plot_15's own tables: the CPU parity claims, by precision."""
+    from mpguide.verify import declarations
+
+    decl = declarations.read(declarations.example_file("plot_15_throughput"))
+    tables = (list(_tables("RUNS")), list(_tables("CLAIMS")))
+    assert len([c for c in decl.claims if c.get("only_on") == "cpu"]) == 5
+    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=6, max_rounds=9)
+
+    def timings(*manual: float) -> dict:  # manual's window seconds, repeated over 6 rounds (others: 1 s)
+        out = {}
+        for p in hardware.PRECISIONS:
+            seconds = {"automatic": [1.0] * 6, "manual": list(manual) * (6 // len(manual)), "plain loop": [1.0] * 6}
+            out[p] = throughput.Timing(p, size, seconds)
+        return out
+
+    decided = throughput.claims_decided(*tables, "cpu")
+    assert decided(timings(1.0))  # parity everywhere: decided (pass)
+    assert decided(timings(1.3))  # 30 % slower: decided (fail)
+    assert not decided(timings(1 / 0.75, 1 / 0.95))  # ratios 0.75 and 0.95 round after round: go on timing
+    cuda = throughput.claims_decided(*tables, "cuda")  # the GPU claims (5 %) on the same rounds
+    assert not cuda(timings(1 / 0.97, 1 / 1.07))
+
+
+def _tables(name: str):
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "examples" / "plot_15_throughput.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(name)
+
+
+def _fake_windows(monkeypatch, seconds_of):
+    """Replace both window timers by ``seconds_of(variant, round)`` (no training)."""
+    rounds: dict[str, int] = {}
+
+    def lightning(net, manual, batch, size, precision, accelerator, tuning=None, slowdown=0.0):
+        variant = "manual" if manual else "automatic"
+        rounds[variant] = rounds.get(variant, 0) + 1
+        return seconds_of(variant, rounds[variant] - 1) * (1 + slowdown)
+
+    def plain(net, batch, size, precision, accelerator, state, slowdown=0.0):
+        rounds["plain loop"] = rounds.get("plain loop", 0) + 1
+        return seconds_of("plain loop", rounds["plain loop"] - 1) * (1 + slowdown)
+
+    monkeypatch.setattr(throughput, "_lightning_window", lightning)
+    monkeypatch.setattr(throughput, "_plain_window", plain)
+
+
+def test_rounds_go_on_until_decided_or_the_cap(monkeypatch):
+    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=6, max_rounds=12)
+    tables = (_tables("RUNS"), _tables("CLAIMS"))
+    until = throughput.claims_decided(*tables, "cpu")
+    # quiet: every round agrees, so 6 rounds decide every claim
+    _fake_windows(monkeypatch, lambda v, r: 1.0)
+    out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None,
+                                 until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}))
+    assert len(out["32-true"].seconds["manual"]) == 6
+    # noisy: the manual rounds swing +-30 %, the claims stay undecided, the cap ends it
+    _fake_windows(monkeypatch, lambda v, r: 1.0 if v != "manual" else (0.7, 1.3)[r % 2])
+    out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None,
+                                 until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}))
+    assert len(out["32-true"].seconds["manual"]) == 12
+    # without a stopping test: exactly `rounds`
+    out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None)
+    assert len(out["32-true"].seconds["manual"]) == 6
+
+
+def test_injected_slowdown_reaches_the_timed_variant_only(monkeypatch):
+    _fake_windows(monkeypatch, lambda v, r: 1.0)
+    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=6, max_rounds=6)
+    monkeypatch.setenv(throughput.SLOWDOWN_ENV, "manual=0.3")
+    lines: list[str] = []
+    out = throughput.interleaved(("32-true",), size, "cpu", progress=lines.append)
+    assert out["32-true"].seconds["manual"] == [pytest.approx(1.3)] * 6
+    assert out["32-true"].seconds["automatic"] == [1.0] * 6 and out["32-true"].injected_slowdown == {"manual": 0.3}
+    assert lines[0].startswith("  TEST HOOK: injected slowdown {'manual': 0.3}")
+    for bad in ("manual", "manual=fast", "manaul=0.3", "manual=-0.1"):
+        with pytest.raises(hardware.ConfigurationError, match="must be 'variant=fraction'"):
+            throughput.parse_slowdown(bad)
+
+
+def test_the_slowdown_hook_really_lengthens_a_step(monkeypatch):
+    """The busy-wait runs on the benchmark's own clock: a step of 10 ms of fake CPU time gets 3 ms more."""
+    now = [0.0]
+
+    def fake_clock(accelerator):
+        now[0] += 0.0001  # every reading costs 0.1 ms, as a busy loop would
+        return now[0]
+
+    monkeypatch.setattr(throughput, "clock", fake_clock)
+    timer = throughput._WindowClock(warmup=1, accelerator="cpu", slowdown=0.3)
+    timer.on_train_batch_end(None, None, None, None, 0)  # end of the warm-up: the window starts
+    start = timer.start
+    now[0] += 0.01  # a 10 ms step
+    timer.on_train_batch_end(None, None, None, None, 1)
+    assert timer.end - start == pytest.approx(0.013, abs=0.0005)

@@ -16,6 +16,12 @@ claims must still hash to the ``source.declaration_sha256`` it was written with 
 from a stale reference fails instead of turning into "not judged"), its hardware fields must agree
 with each other, and a reference must lie in the folder of the device it was made on.
 
+A claim can also be **inconclusive** (a throughput parity claim whose interval still straddles its
+band edge at the benchmark's cap of rounds; :data:`mpguide.verify.claims.PAIRED_RULE`). It is counted
+apart, never as a pass: the summary line counts it, one line per such claim follows ("INCONCLUSIVE
+(not a pass)"), the exit status stays 0 and a Sphinx build does not fail
+(:data:`mpguide.verify.claims.INCONCLUSIVE_RULE` says why).
+
 Used three ways, always through :func:`~mpguide.verify.gate.judge`:
 
 * ``python -m mpguide.verify.gate`` (also installed as ``mpguide-gate``; see ``--help`` for exit codes);
@@ -41,7 +47,8 @@ DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"
 
 #: The exit statuses of ``python -m mpguide.verify.gate``, as ``--help`` prints them.
 EXIT_CODES = """exit status:
-  0  every judged claim passed (stale references are reported, not failed)
+  0  every judged claim passed, or is inconclusive (a noisy throughput claim the data could not decide: listed
+     as INCONCLUSIVE, never counted as passed; stale references are reported, not failed)
   1  a claim failed, or a record differs from its example's declaration, or a build record is stale,
      or a record was edited after it was written (its runs or claims no longer hash to its
      source.declaration_sha256, its hardware fields disagree, a reference lies in another device's folder)
@@ -79,8 +86,14 @@ class GateReport:
         return [v for v in self.verdicts if v.failed]
 
     @property
+    def inconclusive(self) -> list[Verdict]:
+        """Judged verdicts the data could not decide (neither passed nor failed)."""
+        return [v for v in self.verdicts if v.undecided]
+
+    @property
     def ok(self) -> bool:
-        """No failure, no record error, and at least one record judged."""
+        """No failure, no record error, and at least one record judged (inconclusive claims do not fail it;
+        they are listed by :meth:`summary`)."""
         return not self.failures and not self.record_errors and bool(self.records)
 
     def failure_message(self) -> str:
@@ -93,10 +106,13 @@ class GateReport:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """One line: checks passed, not judged, failed; plus a line per stale reference."""
+        """One line: checks passed, failed, inconclusive, not judged; plus a line per inconclusive claim
+        and per stale reference."""
         judged = [v for v in self.verdicts if v.judged]
         lines = [f"claim gate: {sum(v.passed for v in judged)} checks passed, {len(self.failures)} failed, "
-                 f"{len(self.verdicts) - len(judged)} not judged, in {len(self.records)} record(s)"]
+                 f"{len(self.inconclusive)} inconclusive, {len(self.verdicts) - len(judged)} not judged, "
+                 f"in {len(self.records)} record(s)"]
+        lines += [f"  INCONCLUSIVE (not a pass): {v.message()}" for v in self.inconclusive]
         lines += [f"  stale reference {path}: {why}" for path, why in self.stale.items()]
         return "\n".join(lines)
 

@@ -20,6 +20,11 @@ claim gate. Layout (``schema_version`` 2)::
                   | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 
+A claim's ``verdict`` is ``"pass"``, ``"FAIL"``, ``"inconclusive"`` (a paired throughput claim the data
+could not decide; never a pass, see :data:`mpguide.verify.claims.INCONCLUSIVE_RULE`) or ``"not judged"``, as
+:attr:`mpguide.verify.claims.Verdict.status` gives it when the record is written; the gate re-judges every
+record and never reads these words.
+
 Every field is typed in :mod:`mpguide.verify.schema` (pydantic models, strict mode) and listed in
 :data:`~mpguide.verify.records.SCHEMA_FIELDS`; a record with any other field (top level, ``env``,
 ``source``, ``run_env``, a run, its ``error``, a claim) or a value of the wrong type is refused,

@@ -15,7 +15,7 @@ SHORT_COLUMNS = ("verdict", "claim", "value", "threshold")
 MAX_THRESHOLD = 40
 #: Widest a column of a plain-text table (:func:`~mpguide.verify.report.format_table`) gets, in characters;
 #: a longer cell (a long run id, claim title or observed message) wraps onto continuation lines.
-MAX_CELL_WIDTH: dict[str, int] = {"verdict": 10, "claim": 44, "runs": 36, "metric": 24, "value": 36,
+MAX_CELL_WIDTH: dict[str, int] = {"verdict": 12, "claim": 44, "runs": 36, "metric": 24, "value": 36,
                                   "threshold": MAX_THRESHOLD, "hardware": 60}
 #: Width limit of a column :data:`~mpguide.verify.report.MAX_CELL_WIDTH` does not name.
 DEFAULT_CELL_WIDTH = 40
@@ -83,12 +83,15 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def summary(record: dict[str, Any], path: str = "") -> str:
-    """Verdict table of one record plus a closing line ``N passed, M failed`` (claims and checks)."""
+    """Verdict table of one record plus a closing line ``N passed, M failed`` (claims and checks), with
+    ``, K inconclusive (not passed)`` when some claim could not be decided."""
     verdicts = evaluate_record(record, path)
-    failed = sum(not v.passed for v in verdicts)
+    passed = sum(v.passed for v in verdicts)
+    undecided = sum(v.undecided for v in verdicts)
     table = format_table(verdict_rows(verdicts), SHORT_COLUMNS)
     return (f"{table}\n\n{record['example']} on {verdicts[0].hardware if verdicts else '?'}: "
-            f"{len(verdicts) - failed} checks passed, {failed} failed")
+            f"{passed} checks passed, {len(verdicts) - passed - undecided} failed"
+            + (f", {undecided} inconclusive (not passed)" if undecided else ""))
 
 
 def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:

@@ -554,7 +554,7 @@ class MatrixClaim(_Model):
     kind: Name
     runs: list[str]
     title: str
-    verdict: Literal["pass", "fail", "not judged"]
+    verdict: Literal["pass", "fail", "inconclusive", "not judged"]
     observed: str | None = None
     message: str
 

@@ -10,7 +10,12 @@ Timing rules (what makes a ratio of two variants meaningful on a noisy machine):
   clock is the process's CPU time with one thread (:func:`~mpguide.verify.throughput.clock`);
 * windows of the variants are **interleaved**: round after round, each variant runs one window, in
   an order that rotates every round, so machine noise (other processes, frequency changes) hits
-  all variants alike; the reported rate is the **median** over rounds.
+  all variants alike; the reported rate is the **median** over rounds;
+* the number of rounds is **sequential**: after :attr:`Size.rounds` rounds (the fewest that admit a
+  95 % interval for a median), the benchmark stops as soon as every parity claim it is given
+  (:func:`~mpguide.verify.throughput.claims_decided`) is decided by the rule of
+  :func:`mpguide.verify.claims.decide_paired`, else it times another round, up to :attr:`Size.max_rounds`;
+  the claims that are still undecided there are judged inconclusive (never passed).
 
 The Lightning variants are real :class:`lightning.pytorch.Trainer` fits (``max_steps`` per window,
 logger, checkpointing and progress bar off); their windows are timed by a callback from the end of
@@ -97,7 +102,11 @@ class Size:
         batch: samples per step.
         warmup: untimed steps at the start of every window.
         steps: timed steps per window.
-        rounds: windows per variant (the median is taken over these).
+        rounds: windows per variant at least (the median is taken over all rounds timed); 6 is the
+            fewest that admit a 95 % interval for a median (:func:`mpguide.verify.claims.median_interval`).
+        max_rounds: the cap of the sequential rule: with a stopping test
+            (:func:`~mpguide.verify.throughput.interleaved`'s ``until``) rounds go on until it says every claim is
+            decided or this many were timed; without one, exactly ``rounds`` are timed.
         tuned: also time the :data:`~mpguide.verify.throughput.TUNED` variants.
         min_window_s: shortest timed window in seconds of the benchmark's clock; a precision whose
             ``steps`` would take less gets more steps per window, found by timing ``steps`` steps of
@@ -113,6 +122,11 @@ class Size:
     rounds: int
     tuned: bool = False
     min_window_s: float = 0.0
+    max_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_rounds and self.max_rounds < self.rounds:
+            raise ValueError(f"Size: max_rounds={self.max_rounds} is below rounds={self.rounds}")
 
     def flops_per_step(self) -> float:
         """Matmul FLOPs of one training step: forward ``2*B*W*W`` per layer, backward twice that (3x in all)."""
@@ -127,13 +141,24 @@ class Size:
 #: 50 s, the tuned variants (one compilation included) and the mixed precisions about 40 s more. On CPU
 #: a window lasts at least 50 ms of CPU time: 3 steps of 16-mixed take about 0.36 s, but 3 bf16-mixed
 #: steps only 8 ms, so bf16-mixed gets about 19 steps and fp32 about 6 (``min_window_s``).
+#: Rounds: at least 6 (the fewest that admit a 95 % interval of a median), then more until every parity
+#: claim is decided, at most ``max_rounds`` (see :data:`mpguide.verify.claims.PAIRED_RULE`). A CPU round costs
+#: about 3 s of CPU time (16-mixed's fp16 matmuls are most of it), so the cap of 20 bounds the benchmark
+#: at about a minute of CPU time; on the shared 2-core machine under heavy load 20 runs needed 6 to 12
+#: rounds (see the throughput-parity-cpu tolerance). The GPU reference measurements spread 0.4 %, so 6 rounds decide them.
 SIZES: dict[tuple[str, str], Size] = {
-    ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5, min_window_s=0.05),
-    ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=5, min_window_s=0.05),
-    ("cpu", "full"): Size(width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7, min_window_s=0.05),
-    ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=3, tuned=True),
-    ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5, tuned=True),
-    ("cuda", "full"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=5, tuned=True),
+    ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=6, min_window_s=0.05,
+                          max_rounds=20),
+    ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=6, min_window_s=0.05,
+                           max_rounds=20),
+    ("cpu", "full"): Size(width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7, min_window_s=0.05,
+                          max_rounds=20),
+    ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=6, tuned=True,
+                           max_rounds=12),
+    ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=6, tuned=True,
+                            max_rounds=12),
+    ("cuda", "full"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=6, tuned=True,
+                           max_rounds=12),
 }
 
 
@@ -189,10 +214,14 @@ class _Timed(pl.LightningModule):
 
 
 class _WindowClock(Callback):
-    """Reads the clock (device synchronised) at the end of batch ``warmup - 1`` and of the last batch."""
+    """Reads the clock (device synchronised) at the end of batch ``warmup - 1`` and of the last batch.
 
-    def __init__(self, warmup: int, accelerator: str) -> None:
-        self.warmup, self.accelerator = warmup, accelerator
+    ``slowdown`` > 0 (a test hook, :data:`SLOWDOWN_ENV`) makes every timed step really last that fraction
+    longer: after each one it busy-waits on the same clock for ``slowdown`` x the step's own time.
+    """
+
+    def __init__(self, warmup: int, accelerator: str, slowdown: float = 0.0) -> None:
+        self.warmup, self.accelerator, self.slowdown = warmup, accelerator, slowdown
         self.start = self.end = 0.0
 
     def _now(self) -> float:
@@ -201,14 +230,52 @@ class _WindowClock(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx == self.warmup - 1:
             self.start = self._now()
+        elif batch_idx >= self.warmup and self.slowdown > 0:
+            _spin(self.accelerator, self.slowdown * (self._now() - self.end))
         self.end = self._now()
 
 
+#: Environment variable of a test hook that slows variants down for real. ``"manual=0.3"`` makes each timed
+#: step of the manual variant last 30 % longer (rate x 1/1.3); ``"manual=0.3,plain loop=0.1"`` slows two.
+#: It proves that a parity claim fails on a real regression; the record says so (``injected_slowdown``).
+SLOWDOWN_ENV = "MPGUIDE_INJECT_SLOWDOWN"
+
+
+def parse_slowdown(text: str | None) -> dict[str, float]:
+    """``"variant=fraction[,...]"`` (:data:`SLOWDOWN_ENV`) -> variant -> fraction; ``""``/``None`` -> ``{}``.
+
+    Raises:
+        hardware.ConfigurationError: an entry without ``=``, a fraction that is not a number >= 0, or a
+            variant that is not one of :data:`VARIANTS` or :data:`TUNED`.
+    """
+    known = set(VARIANTS) | {v for tuned in TUNED.values() for v in tuned}
+    out: dict[str, float] = {}
+    for entry in filter(None, (e.strip() for e in (text or "").split(","))):
+        name, sep, value = entry.partition("=")
+        try:
+            fraction = float(value) if sep else -1.0
+        except ValueError:
+            fraction = -1.0
+        if name.strip() not in known or not fraction >= 0:
+            raise hardware.ConfigurationError(
+                f"{SLOWDOWN_ENV}={text!r}: entry {entry!r} must be 'variant=fraction' with a fraction >= 0 and a "
+                f"variant among {sorted(known)}; e.g. {SLOWDOWN_ENV}='manual=0.3', or unset it")
+        out[name.strip()] = fraction
+    return out
+
+
+def _spin(accelerator: str, seconds: float) -> None:
+    """Busy-wait ``seconds`` of the benchmark's clock (real work on CPU: CPU time only advances while running)."""
+    until = clock(accelerator) + seconds
+    while clock(accelerator) < until:
+        pass
+
+
 def _lightning_window(net: nn.Module, manual: bool, batch: Any, size: Size, precision: str,
-                      accelerator: str, tuning: Tuning = Tuning()) -> float:
+                      accelerator: str, tuning: Tuning = Tuning(), slowdown: float = 0.0) -> float:
     """Seconds of ``size.steps`` timed Trainer steps after ``size.warmup`` untimed ones."""
     n = size.warmup + size.steps
-    clock = _WindowClock(size.warmup, accelerator)
+    clock = _WindowClock(size.warmup, accelerator, slowdown)
     trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=n, max_epochs=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0, callbacks=[clock],
@@ -225,7 +292,7 @@ def _lightning_window(net: nn.Module, manual: bool, batch: Any, size: Size, prec
 
 
 def _plain_window(net: nn.Module, batch: Any, size: Size, precision: str, accelerator: str,
-                  state: dict[str, Any]) -> float:
+                  state: dict[str, Any], slowdown: float = 0.0) -> float:
     """Seconds of ``size.steps`` timed steps of a plain PyTorch loop (autocast + GradScaler as Lightning uses)."""
     x, y = batch
     opt = state.setdefault("opt", torch.optim.SGD(net.parameters(), lr=1e-3))
@@ -250,7 +317,10 @@ def _plain_window(net: nn.Module, batch: Any, size: Size, precision: str, accele
         step()
     start = clock(accelerator)
     for _ in range(size.steps):
+        before = clock(accelerator)
         step()
+        if slowdown > 0:
+            _spin(accelerator, slowdown * (clock(accelerator) - before))
     return clock(accelerator) - start
 
 
@@ -294,12 +364,14 @@ class Timing:
         seconds: variant -> seconds of each timed window (``size.steps`` steps), in round order.
         device_wait_s: seconds the benchmark waited for the GPU to itself (0.0 on CPU; see
             :func:`mpguide.verify.hardware.device_lock`).
+        injected_slowdown: variant -> fraction of the test hook :data:`SLOWDOWN_ENV` (empty normally).
     """
 
     precision: str
     size: Size
     seconds: dict[str, list[float]] = field(default_factory=dict)
     device_wait_s: float = 0.0
+    injected_slowdown: dict[str, float] = field(default_factory=dict)
 
     def steps_per_s(self, variant: str) -> float:
         """Median over windows of ``steps / seconds`` for ``variant``."""
@@ -342,7 +414,9 @@ class Timing:
 
 
 def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
-                progress: Callable[[str], None] = print) -> dict[str, Timing]:
+                progress: Callable[[str], None] = print,
+                until: Callable[[dict[str, Timing]], bool] | None = None,
+                slowdown: dict[str, float] | None = None) -> dict[str, Timing]:
     """Time the variants of every precision (:func:`~mpguide.verify.throughput.variants_for`), interleaved.
 
     Each variant keeps its own copy of the same initial weights across rounds (it goes on training),
@@ -354,19 +428,29 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
         size: model and timing size (see :data:`~mpguide.verify.throughput.SIZES`).
         accelerator: ``"cpu"`` or ``"cuda"``.
         progress: called with one line per round.
+        until: the sequential stopping test, e.g. :func:`~mpguide.verify.throughput.claims_decided`: called
+            after every round from round ``size.rounds`` on with the timings so far; ``True`` stops.
+            Rounds end at ``size.max_rounds`` whatever it says. ``None``: exactly ``size.rounds`` rounds.
+        slowdown: variant -> fraction by which each of its timed steps is really made longer (a test
+            hook; default: :data:`SLOWDOWN_ENV`, parsed by :func:`~mpguide.verify.throughput.parse_slowdown`).
 
     Returns:
         precision -> :class:`~mpguide.verify.throughput.Timing`.
 
     Raises:
-        hardware.ConfigurationError: an unknown precision or accelerator.
+        hardware.ConfigurationError: an unknown precision or accelerator, or a malformed :data:`SLOWDOWN_ENV`.
     """
+    import os
     import warnings
 
     from .runner import quiet_lightning
 
     for p in precisions:
         hardware.check_precision(p)
+    slow = parse_slowdown(os.environ.get(SLOWDOWN_ENV)) if slowdown is None else dict(slowdown)
+    if slow:
+        progress(f"  TEST HOOK: injected slowdown {slow} (each timed step of these variants lasts that much longer)")
+    cap = max(size.rounds, size.max_rounds) if until is not None else size.rounds
     quiet_lightning()
     batch = one_batch(size, accelerator)
     variants = {p: variants_for(p, size) for p in precisions}
@@ -387,26 +471,67 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
             warnings.simplefilter("ignore")  # Lightning's "few batches" and precision notes are not timed facts
             sizes = {p: _calibrated(size, nets[(p, "plain loop")], batch, p, accelerator, plain_state[p])
                      for p in precisions}
-            out = {p: Timing(p, sizes[p], {v: [] for v in variants[p]}) for p in precisions}
-            for r in range(size.rounds):
+            out = {p: Timing(p, sizes[p], {v: [] for v in variants[p]}, injected_slowdown=slow) for p in precisions}
+            for r in range(cap):
                 for p in precisions:
                     out[p].device_wait_s = waited
                     names = variants[p]
                     order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
                     for v in order:
                         net = nets[(p, v)]
-                        seconds = (_plain_window(net, batch, sizes[p], p, accelerator, plain_state[p])
+                        seconds = (_plain_window(net, batch, sizes[p], p, accelerator, plain_state[p],
+                                                 slowdown=slow.get(v, 0.0))
                                    if v == "plain loop" else
                                    _lightning_window(net, v != "automatic", batch, sizes[p], p, accelerator,
-                                                     tunings[p][v]))
+                                                     tunings[p][v], slowdown=slow.get(v, 0.0)))
                         out[p].seconds[v].append(seconds)
-                progress(f"  round {r + 1}/{size.rounds}: " + ", ".join(
-                    f"{p} " + "/".join(f"{out[p].round_rates(v)[-1]:.1f}" for v in VARIANTS)
-                    for p in precisions)
-                    + " steps/s (automatic/manual/plain)")
+                done = r + 1 >= size.rounds and (until is None or until(out))
+                progress(f"  round {r + 1}/{size.rounds}" + (f"-{cap}" if cap > size.rounds else "") + ": "
+                         + ", ".join(f"{p} " + "/".join(f"{out[p].round_rates(v)[-1]:.1f}" for v in VARIANTS)
+                                     for p in precisions)
+                         + " steps/s (automatic/manual/plain)" + ("; every claim decided" if done and until else ""))
+                if done:
+                    break
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+def claims_decided(runs: list[tuple[Any, ...]], claims: list[tuple[Any, ...]], accelerator: str,
+                   example: str = "plot_15_throughput") -> Callable[[dict[str, Timing]], bool]:
+    """The stopping test of the sequential rule for an example's ``RUNS`` and ``CLAIMS`` tables.
+
+    Picks the declared ``rate_ratio`` claims that apply on ``accelerator`` and compare two per-round
+    rate lists (keys ending in ``_round_steps_per_s``, as :meth:`Timing.rates` records them), finds each
+    one's precision from its run, and returns a function of the timings so far that is ``True`` when
+    :func:`mpguide.verify.claims.decide_paired` decides every one of them (pass or fail, not inconclusive).
+    Claims that compare single numbers are decided without an interval and do not keep rounds going.
+
+    Raises:
+        mpguide.verify.declarations.DeclarationError: the tables are malformed (as
+            :func:`mpguide.verify.runner.run_example` would say).
+    """
+    from . import claims as claims_mod
+    from . import declarations
+
+    decl = declarations.from_tables(example, runs, claims)
+    precision_of = {r.id: r.precision for r in decl.runs}
+    wanted = []
+    for claim in decl.claims:
+        num, _, den = claim.get("key", "").partition("/")
+        if (claim["kind"] == "rate_ratio" and claim.get("only_on") in (None, accelerator)
+                and num.endswith("_round_steps_per_s") and den.endswith("_round_steps_per_s")):
+            wanted.append((precision_of[claim["runs"][0]], num, den, claims_mod.TOLERANCES[claim["tolerance"]]))
+
+    def decided(timings: dict[str, Timing]) -> bool:
+        for precision, num, den, tol in wanted:
+            rates = timings[precision].rates()
+            ratios = [a / b for a, b in zip(rates[num], rates[den], strict=True)]
+            if claims_mod.decide_paired(ratios, tol).verdict == "inconclusive":
+                return False
+        return True
+
+    return decided
 
 
 def matmul_peak_tflops(n: int = 8192, repeats: int = 50) -> float:

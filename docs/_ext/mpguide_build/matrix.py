@@ -18,7 +18,7 @@
     modules that only draw (:data:`mpguide.verify.records.PRESENTATION_MODULES`): no verdict depends on them.
 ``examples``
     example -> ``{"example_sha256", "status" ("ran" or "could not run"), "error", "seconds",
-    "claims": [{"id", "kind", "runs", "title", "verdict" ("pass" | "fail" | "not judged"),
+    "claims": [{"id", "kind", "runs", "title", "verdict" ("pass" | "fail" | "inconclusive" | "not judged"),
     "observed", "message"}]}``. Besides the declared claims, one row ``id = "runs complete"`` per
     example stands for the gate's implicit checks (every run trains to the end with a finite loss).
 ``plugin_tests``
@@ -96,8 +96,8 @@ TORCH_EXAMPLES: tuple[str, ...] = ("plot_01_porting_to_manual", "plot_02_two_opt
 MATRIX_DIR = records.REPO_ROOT / "results" / "matrix"
 
 #: Verdict words of a table cell, and what an absent cell shows.
-CELL_WORDS = {"pass": "pass", "fail": "fail", "not judged": "not judged", "could not run": "could not run",
-              "not run": "not run"}
+CELL_WORDS = {"pass": "pass", "fail": "fail", "inconclusive": "inconclusive", "not judged": "not judged",
+              "could not run": "could not run", "not run": "not run"}
 #: Id of the row that stands for the implicit checks of an example (runs complete, losses finite).
 RUNS_ROW = "runs complete"
 #: The tests of the plugin run in every environment.
@@ -427,7 +427,8 @@ def check_current(directory: Path | None = None, examples: Path | None = None,
 def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
     """``(word, message)`` of claim ``cid`` of ``example`` in one release's summary.
 
-    ``word`` is ``"pass"``, ``"fail"``, ``"not judged"`` or ``"could not run"`` (the release or the
+    ``word`` is ``"pass"``, ``"fail"``, ``"inconclusive"`` (a throughput claim the data could not decide,
+    never a pass), ``"not judged"`` or ``"could not run"`` (the release or the
     example could not run, or the claim is absent from its record).
     """
     entry = summary["examples"].get(example)
@@ -473,7 +474,7 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
     """The matrix as MyST Markdown: per example a table with one row per claim and one column per
     release, then every message.
 
-    Each cell reads ``pass``, ``fail``, ``not judged`` or ``could not run`` and links to its
+    Each cell reads ``pass``, ``fail``, ``inconclusive``, ``not judged`` or ``could not run`` and links to its
     message below the tables (an HTML anchor, so no Sphinx reference can dangle). The messages sit
     in one collapsed ``<details>`` block per release (a browser opens it when a link points inside),
     the non-passing ones first; identical messages of one release are listed once.

@@ -19,7 +19,9 @@ What it does, in build order:
    and the committed reference records, each compared with its example's declared runs and
    claims; any failed claim, altered or stale record, or unreadable record raises
    :class:`sphinx.errors.ExtensionError`, so ``sphinx-build`` exits non-zero with one line per
-   failure naming example, claim, runs, metric, threshold, record and hardware.
+   failure naming example, claim, runs, metric, threshold, record and hardware. An inconclusive
+   claim (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
+   a pass): ...``, logged at info level: a Sphinx warning would fail the ``-W`` build by noise.
 
 Configuration values (``conf.py``): ``mpguide_results_dir``, ``mpguide_reference_dir``,
 ``mpguide_examples_dir``, ``mpguide_gallery_dir`` (absolute paths), ``mpguide_record_pages``
@@ -198,7 +200,9 @@ def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
                         examples=Path(cfg.mpguide_examples_dir))
     if not report.ok:
         raise ExtensionError(report.failure_message())
-    logger.info(f"[mpguide] {report.summary()}")
+    logger.info(f"[mpguide] {report.summary().splitlines()[0]}")
+    for line in report.summary().splitlines()[1:]:  # inconclusive claims, stale references: one line each
+        logger.info(f"[mpguide] {line.strip()}", color="darkred" if "INCONCLUSIVE" in line else None)
 
 
 def share_device_in_fits(gallery_conf: dict[str, Any], fname: Any, when: str) -> None:
