@@ -170,7 +170,8 @@ EXTRA_KEYS: dict[str, Any] = {
     "allreduces_per_optimizer_step": NonNegative, "allreduce_bytes_per_optimizer_step": NonNegative,
     # plot_02
     "generator_changed": bool, "weights": Name, "forced_window_factors": list[Finite],
-    "other_windows_constant": bool,
+    "other_windows_constant": bool, "micro_batches_kept": list[Count], "micro_batches_per_window": list[Count],
+    "windows_with_scale_change": Count, "scale_changed_inside_a_window": bool,
     # plot_03, plot_14
     "head_update_factor": list[Finite], "predicted_factor": list[Finite], "predicted_at_overflow": Finite,
     "smallest_scale_change": Finite, "steps_with_scale_change": Count, "predicted_first_three": list[Finite],
