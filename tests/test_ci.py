@@ -268,5 +268,7 @@ def test_docs_refuses_bad_settings_in_one_line():
                           timeout=300, cwd=ROOT, env={**os.environ, "MPGUIDE_PRESET": "huge"})
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "Session docs aborted: docs: unknown preset 'huge' (from MPGUIDE_PRESET)" in out, out[-2000:]
+    refusal = [ln for ln in out.splitlines() if "unknown preset 'huge' (from MPGUIDE_PRESET)" in ln]
+    assert len(refusal) == 1 and "use one of ['full', 'quick', 'test']" in refusal[0], out[-2000:]
+    assert "Session docs failed" in out or "docs: failed" in out, out[-2000:]
     assert "Running Sphinx" not in out and "Configuration error" not in out
