@@ -144,7 +144,7 @@ def file_digest(path: Path) -> str | None:
 #: Library modules that only the docs build and the gate use. No example runs their code, so editing
 #: them does not make a record stale (and does not rerun the examples).
 BUILD_ONLY_MODULES = frozenset({"gate.py", "pagecheck.py", "reference.py", "sphinx_ext.py", "matrix.py",
-                                "download.py"})
+                                "download.py", "guide.py"})
 #: Library modules that only draw figures and tables. Examples run them, so they are part of a
 #: record's library digest, but no verdict depends on them: the version matrix leaves them out.
 PRESENTATION_MODULES = frozenset({"plotting.py", "report.py"})
