@@ -60,9 +60,19 @@ RELEASES: tuple[str, ...] = ("2.2.5", "2.3.3", "2.4.0", "2.5.0", "2.5.4", "2.5.5
 #: Where the summaries are committed.
 MATRIX_DIR = records.REPO_ROOT / "results" / "matrix"
 
-#: Outcome classes of a cell (:func:`~mpguide.matrix.outcome`), and the words a reader sees for each.
-HOLDS, DOES_NOT_HOLD, CANNOT_RUN, PLUGIN_REFUSES, CPU_ARTIFACT, NOT_JUDGED = (
-    "holds", "does not hold", "cannot run", "plugin refuses", "CPU-only artifact", "not judged")
+#: Outcome "holds", the claim held on that release.
+HOLDS = "holds"
+#: Outcome "does not hold", the example ran and the claim did not (the behaviour differs there).
+DOES_NOT_HOLD = "does not hold"
+#: Outcome "cannot run", the example's code cannot run there (an API is missing, or no install).
+CANNOT_RUN = "cannot run"
+#: Outcome "plugin refuses", a run uses ManualMixedPrecision, which refuses that release.
+PLUGIN_REFUSES = "plugin refuses"
+#: Outcome "CPU-only artifact", a 16-mixed claim on a CPU where that release disables its GradScaler.
+CPU_ARTIFACT = "CPU-only artifact"
+#: Outcome "not judged", the record could not judge the claim.
+NOT_JUDGED = "not judged"
+#: Every outcome class of a cell (:func:`~mpguide.matrix.outcome`), in the legend's order.
 OUTCOMES = (HOLDS, DOES_NOT_HOLD, CANNOT_RUN, PLUGIN_REFUSES, CPU_ARTIFACT, NOT_JUDGED)
 #: What each outcome means, for the legend above the table.
 OUTCOME_MEANING = {
@@ -566,10 +576,9 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
         claims: the ``(example, claim id)`` pairs the section rests on.
 
     Returns:
-        e.g. ``"Holds on Lightning 2.4.0, 2.5.0 and 2.6.6. Not tested on 2.2.5 and 2.3.3: on a CPU those
-        releases disable the GradScaler (a CPU-only artifact, not a sign they are unaffected)."``. Each
-        outcome of :func:`release_outcomes` gets its own clause; a release where the code cannot run names
-        the missing API.
+        One sentence per outcome of :func:`release_outcomes`, for example "Holds on Lightning 2.4.0 and
+        2.6.6." followed by "Untested on 2.2.5 and 2.3.3 ..." for a CPU-only artifact; a release where the
+        code cannot run names the missing API.
 
     Raises:
         MatrixError: ``claims`` is empty or names a claim no summary has.

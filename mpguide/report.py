@@ -10,8 +10,9 @@ from typing import Any, Sequence
 
 from .claims import Verdict, evaluate_record
 
+#: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
-#: Columns of the tables printed by the examples and shown on the pages: each row in words.
+#: The worded columns of the tables that the examples print and the pages show.
 WORD_COLUMNS = ("result", "check", "measured", "allowed")
 #: Older name of the example tables' columns (kept for callers that pass it explicitly).
 SHORT_COLUMNS = WORD_COLUMNS
@@ -121,8 +122,8 @@ def allowed_text(v: Verdict, tolerance_href: str | None = None) -> str:
 
 
 def result_text(v: Verdict) -> str:
-    """The verdict in words: ``"holds"`` / ``"DOES NOT HOLD"``; for a pitfall ``"the bug still
-    reproduces: yes"`` / ``"... : NO"``; for an expected error ``"the error still appears: yes"``."""
+    """The verdict in words: "holds" or "DOES NOT HOLD"; for a pitfall "the bug still reproduces: yes"
+    (or "NO"); for an expected error "the error still appears: yes" (or "NO")."""
     if not v.judged:
         return "not judged (older record)"
     if v.kind in PITFALL_KINDS:
