@@ -608,8 +608,8 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     if PLUGIN_REFUSES in groups:
         parts.append(f"ManualMixedPrecision refuses {_releases(groups[PLUGIN_REFUSES])} (it supports Lightning 2.6.x).")
     if CPU_ARTIFACT in groups:
-        parts.append(f"Untested on {_releases(groups[CPU_ARTIFACT])}: on a CPU those releases disable the GradScaler, "
-                     f"so the CPU run proves nothing either way (a CPU-only artifact, not a sign they are unaffected).")
+        parts.append(f"Untested on {_releases(groups[CPU_ARTIFACT])}: their CPU GradScaler is disabled (a CPU-only "
+                     f"artifact, not a sign they are unaffected).")
     if NOT_JUDGED in groups:
         parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
     return " ".join(parts)

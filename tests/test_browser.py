@@ -156,9 +156,10 @@ def measure(browser, url: str) -> tuple[float, int]:
     browser.get(url)
     height, inner = browser.execute_script(
         "return [document.documentElement.scrollHeight, window.innerHeight]")
-    text = browser.execute_script(
+    text = browser.execute_script(  # every text node, hidden ones included, joined by spaces
         "const main = document.querySelector('article') || document.querySelector('main') || document.body;"
-        "return main.textContent;")
+        "const walk = document.createTreeWalker(main, NodeFilter.SHOW_TEXT); const parts = [];"
+        "while (walk.nextNode()) parts.push(walk.currentNode.nodeValue); return parts.join(' ');")
     return height / inner, len(text.split())
 
 

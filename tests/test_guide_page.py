@@ -15,12 +15,10 @@ accumulation       this file (16-mixed, window of 4)
 clipping           this file (the hook, 16-mixed)
 no_gradient_step   this file: the guard keeps a generator without gradients from crashing
                    16-mixed, and the same step without the guard raises "No inf checks"
-step_frequencies   this file (two optimizers, fp32)
 schedulers         this file (step_skip_aware, 16-mixed)
 ddp                this file (one process: ``toggle_model(sync_grad=...)`` is a no-op there)
-lbfgs              this file (LBFGS, fp32)
 gradient_penalty   not a hook; plot_10_gradient_penalty runs it (``scaled_input_grad``)
-fabric, plugin     not hooks; compiled only (plot_14 and plot_02 run the same calls)
+fabric             not a hook; compiled only (plot_14 runs the same call)
 =================  ========================================================================
 
 The figures the guide reuses from the gallery are checked too: each ``{figure}`` names the
@@ -45,7 +43,7 @@ _FENCE = re.compile(r"^(?:% snippet: (?P<key>\S+)\n)?(?P<indent>[ ]*)```python\n
 _HOOK = re.compile(r"^\s*def (training_step|on_\w+|configure_\w+|optimizer_step|lr_scheduler_step)\(", re.MULTILINE)
 #: Snippets that are no hook: where they run instead (documented, not executed here).
 RUN_ELSEWHERE = {"gradient_penalty": "examples/plot_10_gradient_penalty.py",
-                 "fabric": "examples/plot_14_fabric_manual_loop.py", "plugin": "examples/plot_02_two_optimizers.py"}
+                 "fabric": "examples/plot_14_fabric_manual_loop.py"}
 
 
 @dataclass
@@ -182,10 +180,8 @@ RUNS = {
     "accumulation": ("16-mixed", "one"),
     "clipping": ("16-mixed", "one"),
     "no_gradient_step": ("16-mixed", "two"),
-    "step_frequencies": ("32-true", "two"),
     "schedulers": ("16-mixed", "sched"),
     "ddp": ("16-mixed", "one"),
-    "lbfgs": ("32-true", "lbfgs"),
 }
 
 
