@@ -6,10 +6,15 @@ sphinx-build -c . docs _build/html   (the nox sessions pass the right flags)
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parent.resolve()
 DOCS = ROOT / "docs"
+# The build's own code (the extension, page check, references, matrix, download) lives outside the installed
+# package, as sphinx-gallery and scikit-learn keep theirs; the page kernels and gallery workers import it too.
+sys.path.insert(0, str(DOCS / "_ext"))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(DOCS / "_ext"), os.environ.get("PYTHONPATH")) if p)
 
 project = "Manual optimization under mixed precision"
 author = "The mpguide authors"
@@ -21,7 +26,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx_copybutton",
-    "mpguide.sphinx_ext",
+    "mpguide_build.sphinx_ext",
 ]
 
 exclude_patterns = [
@@ -47,7 +52,7 @@ os.environ["MPGUIDE_RESULTS_DIR"] = mpguide_results_dir  # the MyST-NB kernel in
 # --- sphinx-gallery: runs every examples/plot_*.py at builder start ---------------------------
 # Examples are independent (each trains its own runs and writes its own record), so they run in
 # parallel worker processes (joblib's loky backend), one per core; the workers start after
-# mpguide.sphinx_ext exported MPGUIDE_RESULTS_DIR and inherit it. MPGUIDE_GALLERY_JOBS=1 runs them
+# mpguide_build.sphinx_ext exported MPGUIDE_RESULTS_DIR and inherit it. MPGUIDE_GALLERY_JOBS=1 runs them
 # one after the other in the Sphinx process; any other number sets the workers.
 gallery_jobs = int(os.environ.get("MPGUIDE_GALLERY_JOBS") or os.cpu_count() or 1)
 sphinx_gallery_conf = {
@@ -64,7 +69,7 @@ sphinx_gallery_conf = {
     "parallel": gallery_jobs if gallery_jobs > 1 else False,
     # matplotlib's reset, and on a GPU every Trainer.fit holds a shared device lock so that plot_15's
     # benchmark, which takes it exclusively, times an otherwise idle GPU (a string: workers import it)
-    "reset_modules": ("matplotlib", "mpguide.sphinx_ext.share_device_in_fits"),
+    "reset_modules": ("matplotlib", "mpguide_build.sphinx_ext.share_device_in_fits"),
     # the file names' order (plot_01 ... plot_08), not sphinx-gallery's default (code size); a string,
     # because a function object in the configuration breaks the environment cache
     "within_subsection_order": "FileNameSortKey",
@@ -120,6 +125,6 @@ copybutton_exclude = ".linenos, .gp, .go"
 
 def setup(app):
     """Publish the helper library's wheel with the site (``_static/``), where every example links it."""
-    from mpguide.download import publish_wheel
+    from mpguide_build.download import publish_wheel
 
     app.connect("build-finished", publish_wheel)

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import plotting, report, runner
+from mpguide.verify import plotting, report, runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
 
 # sphinx_gallery_start_ignore
@@ -234,7 +234,7 @@ class TeacherUpdateInHook(ManualPort):
 # ---------------
 # Every run shares seed, initial weights and data order. The claims are what this page
 # promises; the docs build fails if any of them fails. Tolerances are named, and their values
-# and reasons live in :data:`mpguide.claims.TOLERANCES`.
+# and reasons live in :data:`mpguide.verify.claims.TOLERANCES`.
 
 recipes = {
     "automatic": TeacherStudent,
@@ -275,7 +275,7 @@ CLAIMS = [
 # %%
 # Train
 # -----
-# :func:`mpguide.runner.run_example` trains every run with a real ``Trainer`` (on CPU,
+# :func:`mpguide.verify.runner.run_example` trains every run with a real ``Trainer`` (on CPU,
 # 16-mixed goes through ``plugins=[MixedPrecision("16-mixed", "cpu")]`` so that a real
 # GradScaler runs), prints one line per run and writes the results record.
 

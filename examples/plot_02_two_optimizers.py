@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import plotting, report, runner, steps
+from mpguide.verify import plotting, report, runner
+from mpguide import steps
 from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore

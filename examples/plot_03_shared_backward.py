@@ -49,7 +49,8 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide import plotting, report, runner, steps
+from mpguide.verify import plotting, report, runner
+from mpguide import steps
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 from mpguide.precision import ManualMixedPrecision
 

@@ -33,7 +33,7 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide import plotting, report, runner
+from mpguide.verify import plotting, report, runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore

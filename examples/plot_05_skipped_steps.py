@@ -34,7 +34,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import matplotlib.pyplot as plt
 
-from mpguide import plotting, report, runner, steps
+from mpguide.verify import plotting, report, runner
+from mpguide import steps
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore

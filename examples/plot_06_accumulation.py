@@ -31,7 +31,8 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide import plotting, report, runner, steps
+from mpguide.verify import plotting, report, runner
+from mpguide import steps
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore

@@ -25,12 +25,12 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # %%
 # ``loss.backward()`` in a manual ``training_step``
 # -------------------------------------------------
+# The same module with either backward call. ``manual_backward`` goes through the precision plugin,
+# which scales the loss under 16-mixed; ``loss.backward()`` goes straight to autograd.
 
-import functools
+import torch
 
-import matplotlib.pyplot as plt
-
-from mpguide import plotting, report, runner, steps
+from mpguide.verify import runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -39,7 +39,7 @@ runner.quiet_lightning()
 
 
 class Manual(DigitsClassifier):
-    """Manual optimization with either backward call, recording which precision really ran."""
+    """Manual optimization with either backward call."""
 
     def __init__(self, plain_backward=False, **kwargs):
         super().__init__(**kwargs)
@@ -56,22 +56,42 @@ class Manual(DigitsClassifier):
         opt.step()
         return loss.detach()
 
-    def record_extra(self):
-        return {"trainer_precision": self.trainer.precision,
-                "has_scaler": steps.loss_scale(self.trainer) is not None}
 
+# %%
+# The ``Trainer`` call to copy
+# ----------------------------
+# Real 16-mixed on any machine. On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag
+# silently becomes bf16-mixed (no GradScaler), so Lightning's plugin is passed explicitly.
+
+import lightning.pytorch as pl
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide.data import digits_loader
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+model = Manual(optimizer="sgd", lr=0.05)
+trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20,
+                     plugins=[MixedPrecision("16-mixed", device)], logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, digits_loader(batch_size=64))
+print(f"Trainer.precision = {trainer.precision!r}, GradScaler: {trainer.precision_plugin.scaler is not None}, "
+      f"optimizer steps: {trainer.global_step}")
+
+# %%
+# How this page is verified
+# -------------------------
+# Both backward calls run under 16-mixed and bf16-mixed, plus the plain ``precision="16-mixed"`` flag.
+# The probes of :mod:`mpguide.verify.probes` record which precision the ``Trainer`` really used and
+# whether it had a GradScaler. On a CPU, the plain flag run shows the fallback; on a GPU it gets a
+# real GradScaler, and the claims say so instead.
+
+import functools
 
 recipes = {
     "manual_backward": functools.partial(Manual, optimizer="sgd", lr=0.05),
     "loss.backward()": functools.partial(Manual, plain_backward=True, optimizer="sgd", lr=0.05),
 }
-
-# %%
-# Runs and claims
-# ---------------
-# On a CPU, the plain flag run and the explicit-plugin run show the fallback; on a GPU both get
-# a real GradScaler, and the claims say so instead.
-
 RUNS = [
     # run id                  recipe             precision     options
     ("fp16-manual-backward", "manual_backward", "16-mixed", {"label": "16-mixed, manual_backward"}),
@@ -119,8 +139,12 @@ for run in record["runs"]:
 #
 # On CPU, Lightning's accelerator connector replaces ``"16-mixed"`` by ``"bf16-mixed"`` with a
 # warning. The examples of this site pass ``plugins=[MixedPrecision("16-mixed", "cpu")]`` instead
-# (see :func:`mpguide.hardware.trainer_precision_kwargs`), which builds a CPU
+# (see :func:`mpguide.verify.hardware.trainer_precision_kwargs`), which builds a CPU
 # ``torch.amp.GradScaler`` and an fp16 autocast region.
+
+import matplotlib.pyplot as plt
+
+from mpguide.verify import plotting, report
 
 fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]
 fig, ax = plotting.figure(1, 1, 8, 5)

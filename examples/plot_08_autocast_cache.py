@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from mpguide import plotting, report, runner
+from mpguide.verify import plotting, report, runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import runner
+from mpguide.verify import runner
 from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore
@@ -143,7 +143,7 @@ record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS)
 
 import matplotlib.pyplot as plt
 
-from mpguide import plotting, report
+from mpguide.verify import plotting, report
 
 fig, ax = plt.subplots(figsize=(9, 4))
 plotting.plot_loss_curves(ax, record, ["naive-fp32", "naive-bf16", "naive-fp16", "scaled-fp16"],

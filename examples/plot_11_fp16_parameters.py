@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide import runner
+from mpguide.verify import runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
@@ -141,7 +141,7 @@ record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS)
 # fp16 gradients are exactly what may have overflowed, and an fp16 optimizer update of fp16 weights
 # loses small steps to rounding. The design is fp32 master weights with fp16 arithmetic.
 
-from mpguide import plotting, report
+from mpguide.verify import plotting, report
 
 print(report.expected_error(record, "half-fp16"))
 

@@ -36,7 +36,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import torch
 
-from mpguide import runner
+from mpguide.verify import runner
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -114,7 +114,7 @@ class StepAndDetect(SkipIfNotFinite):
 #
 # How this page is verified
 # -------------------------
-# Both recipes run in every precision for the whole preset. The probes of :mod:`mpguide.probes`
+# Both recipes run in every precision for the whole preset. The probes of :mod:`mpguide.verify.probes`
 # record, per batch, whether the parameters changed, and the loss scale at the end.
 
 recipes = {"skip if not finite": SkipIfNotFinite, "step and detect": StepAndDetect}
@@ -148,7 +148,7 @@ record = runner.run_example("plot_12_nonfinite_guard", recipes, RUNS, CLAIMS)
 
 import matplotlib.pyplot as plt
 
-from mpguide import plotting, report
+from mpguide.verify import plotting, report
 
 fig, (loss_ax, scale_ax) = plt.subplots(1, 2, figsize=(11, 4))
 plotting.plot_loss_curves(loss_ax, record, ["habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"],

@@ -35,7 +35,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import matplotlib.pyplot as plt
 
-from mpguide import distributed, plotting, report, runner, steps
+from mpguide.verify import distributed, plotting, report, runner
+from mpguide import steps
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -107,7 +108,7 @@ def overflow_on_rank_zero(recipe):
 # -------------------------
 # ``{"strategy": "ddp_fork", "devices": 2}`` is Lightning's DDP started by forking the process
 # that calls ``fit``: it works both in a script and inside the docs build (see
-# :mod:`mpguide.distributed` for why not ``"ddp"`` or ``"ddp_spawn"`` there). The single-process
+# :mod:`mpguide.verify.distributed` for why not ``"ddp"`` or ``"ddp_spawn"`` there). The single-process
 # run sees each global batch of 64 whole; each DDP rank sees 32 samples of the same batch.
 
 recipes = {

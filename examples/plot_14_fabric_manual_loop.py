@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
-from mpguide.fabric import FabricRecipe, loss_scale
+from mpguide.fabric import loss_scale
+from mpguide.verify.fabric_runs import FabricRecipe
 
 OVERFLOW_BATCHES = (1, 50)  # global batch indices whose body gradient is made infinite (16-mixed only)
 
@@ -141,7 +142,7 @@ from lightning.fabric import Fabric, seed_everything
 from mpguide.data import digits_loader
 from mpguide.fabric import FabricManualMixedPrecision
 # sphinx_gallery_start_ignore
-from mpguide import runner
+from mpguide.verify import runner
 
 runner.quiet_lightning()
 # sphinx_gallery_end_ignore
@@ -164,7 +165,9 @@ print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in re
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
-from mpguide import fabric, plotting, report, runner
+from mpguide import fabric
+from mpguide.verify import fabric_runs
+from mpguide.verify import plotting, report, runner
 
 recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer}
 PLUGINS = {"FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
@@ -194,7 +197,7 @@ CLAIMS = [
     ("expect", "unused-fp32", "unused_model_moved", False, "fp32: the empty step silently does nothing"),
     ("raises", "unused-fp16-stock", "AssertionError", "No inf checks were recorded for this optimizer",
      "stock 16-mixed: the empty step raises"),
-    ("warns", "unused-fp16-fixed", "EmptyStepWarning", "none of its parameters has a gradient",
+    ("warns", "unused-fp16-fixed", "NoGradientStepWarning", "none of its parameters has a gradient",
      "fixed: the empty step warns"),
     ("expect", "unused-fp16-fixed", "unused_model_moved", False, "fixed: the empty step does nothing, as in fp32"),
     ("raises", "manual-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'",
@@ -204,7 +207,7 @@ CLAIMS = [
 ]
 
 record = runner.run_example("plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS,
-                            train=fabric.train_run)
+                            train=fabric_runs.train_run)
 
 # %%
 # The update factor, iteration by iteration
@@ -235,7 +238,7 @@ for run_id in ("unused-fp16-stock", "manual-plugin-in-fabric", "trainer-plugin-i
     error = plotting.run_by_id(record, run_id)["error"]
     print(f"{run_id}:\n    {error['type']}: {error['message']}")
 fixed = plotting.run_by_id(record, "unused-fp16-fixed")
-print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed["warnings"] if "EmptyStep" in w))
+print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed["warnings"] if "NoGradientStep" in w))
 
 # %%
 # The fix without the library

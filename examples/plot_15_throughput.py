@@ -28,12 +28,12 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # %%
 # The benchmark
 # -------------
-# :func:`mpguide.throughput.interleaved` builds ``layers`` x ``Linear(width, width)`` for every
+# :func:`mpguide.verify.throughput.interleaved` builds ``layers`` x ``Linear(width, width)`` for every
 # variant from the same seed and trains it on one batch that already lives on the device. In every
 # round each variant runs one window (``warmup`` untimed steps, then timed ones: at least ``steps``,
 # and on CPU enough for 50 ms) in an order that rotates per round; the rate of a variant is the
 # median over rounds. On a GPU the
-# benchmark also times the manual loop with standard speed-ups (:data:`mpguide.throughput.TUNED`),
+# benchmark also times the manual loop with standard speed-ups (:data:`mpguide.verify.throughput.TUNED`),
 # and it waits until no other example of the build uses the GPU.
 
 import dataclasses
@@ -41,7 +41,7 @@ import time
 
 import matplotlib.pyplot as plt
 
-from mpguide import hardware, plotting, report, runner, throughput
+from mpguide.verify import hardware, plotting, report, runner, throughput
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore

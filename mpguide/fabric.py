@@ -1,87 +1,112 @@
-"""Lightning Fabric's manual loop under 16-mixed: a precision plugin for several optimizers, and recorded runs.
+"""A precision plugin for Lightning Fabric's manual loop under 16-mixed: :class:`FabricManualMixedPrecision`.
 
-Fabric (Lightning 2.6.6, ``fabric/plugins/precision/amp.py``) has the same two 16-mixed behaviours
-as the Trainer's plugin: ``MixedPrecision.optimizer_step`` calls ``scaler.update()`` right after
-every ``scaler.step(optimizer)``, so with one backward and two optimizers the second unscales
-gradients made at a scale that has since changed; and stepping an optimizer whose parameters have
-no gradient raises ``AssertionError: No inf checks were recorded for this optimizer``
-(``torch/amp/grad_scaler.py``). The Trainer's plugins cannot be passed to Fabric instead: Fabric
-accepts them (they subclass Fabric's ``Precision``) but calls their ``pre_backward(tensor, module)``
-with ``module=None``, and they read ``module.trainer``.
-
-:class:`FabricManualMixedPrecision` is a Fabric plugin that (1) updates the loss scale once per
-iteration, after every optimizer has stepped, and (2) turns a step without gradients into a warned
-no-op, as in fp32. :func:`train_run` trains one declared run with a :class:`FabricRecipe` and
-returns the same :class:`mpguide.runner.RunResult` fields as a Trainer run, so the records of
-Fabric examples are judged by the same gate.
+Its rules are in the class docstring (``help(FabricManualMixedPrecision)``). It shares its
+loss-scale bookkeeping and its warning with the Trainer plugin through :mod:`mpguide._common`.
+The example-time harness that records Fabric runs is :mod:`mpguide.verify.fabric_runs`.
 """
 
 from __future__ import annotations
 
-import time
-import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision
+from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+from torch.nn import Module
+from typing_extensions import override
 
-from . import hardware
-from .data import digits_loader
-from .runner import RunResult, captured_warnings, error_record, quiet_lightning, record_extra
-
-
-class EmptyStepWarning(UserWarning):
-    """An optimizer was stepped although none of its parameters had a gradient (the step did nothing)."""
+from ._common import HeldGradientScales, OptimizerRecord, has_gradients, unwrap
+from ._common import NoGradientStepWarning as NoGradientStepWarning  # re-exported: the warning both plugins raise
 
 
-def has_gradients(optimizer: Any) -> bool:
-    """Whether any parameter of ``optimizer`` (a torch optimizer or Fabric's wrapper) has a ``.grad``."""
-    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
-
-
-class FabricManualMixedPrecision(MixedPrecision):
-    """Fabric's ``MixedPrecision`` with one loss-scale update per iteration and no-op empty steps.
+class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
+    """Fabric's ``MixedPrecision`` with one loss-scale update per iteration, held gradients kept at their
+    scale, and no-op empty steps.
 
     Use it instead of ``precision="16-mixed"``::
 
         fabric = Fabric(plugins=[FabricManualMixedPrecision("16-mixed", "cuda")])
 
-    * ``optimizer.step()`` unscales and steps (skipping the step on inf/NaN as GradScaler does) but
+    Fabric's own plugin (Lightning 2.6.6, ``fabric/plugins/precision/amp.py``) calls
+    ``scaler.update()`` right after every ``scaler.step(optimizer)``: with one backward and two
+    optimizers the second unscales gradients made at a scale that has since changed; and stepping an
+    optimizer whose parameters have no gradient raises ``AssertionError: No inf checks were recorded
+    for this optimizer`` (``torch/amp/grad_scaler.py``). The Trainer's plugins cannot be passed to
+    Fabric instead: Fabric calls their ``pre_backward(tensor, module)`` with ``module=None``, and
+    they read ``module.trainer``. The rules of this plugin:
+
+    * ``optimizer.step()`` unscales and steps (skipping the step on inf/NaN, as GradScaler does) but
       does not update the scale. The update happens at the next ``fabric.backward`` (or at
-      :meth:`update_scale`, or before :meth:`state_dict`), so every optimizer of an iteration
-      unscales with the scale its gradients were made with, and one overflow lowers the scale once
+      :meth:`update_scale`, or before :meth:`state_dict`), so one overflow lowers the scale once
       (PyTorch's recipe for several optimizers: ``scaler.update()`` once, after all ``scaler.step``).
-      Stepping the same optimizer again before a backward applies the pending update first, as
-      GradScaler requires.
+      Stepping or clipping an optimizer again before a backward applies the pending update first.
+    * A gradient an optimizer keeps across a scale update (an optimizer stepped every k-th batch,
+      accumulation, a clip without a step) is brought to the new scale before the next backward adds
+      to it, so every optimizer unscales by the scale its gradients carry. This covers the
+      parameters of every module passed to ``fabric.setup``/``fabric.setup_module`` and of every
+      optimizer once stepped or clipped.
+    * Each optimizer's gradients are unscaled at most once per step, whether
+      ``fabric.clip_gradients`` or the step unscales them.
     * Stepping an optimizer none of whose parameters has a gradient does nothing and warns once per
-      optimizer (:class:`EmptyStepWarning`), instead of raising "No inf checks were recorded". With a
-      closure (``optimizer.step(closure)``) the gradients are checked after the closure ran.
+      optimizer (:class:`~mpguide._common.NoGradientStepWarning`), instead of raising "No inf checks
+      were recorded". With a closure (``optimizer.step(closure)``) the gradients are checked after
+      the closure ran.
+    * ``plugin.step_was_skipped(optimizer)``
+      (:meth:`~mpguide._common.HeldGradientScales.step_was_skipped`) tells whether GradScaler
+      skipped that optimizer's latest step.
     * ``bf16-mixed`` (no scaler) is Fabric's plugin unchanged, plus the warning.
+
+    As with the Trainer plugin, a direct ``torch.nn.utils.clip_grad_norm_`` between
+    ``fabric.backward`` and ``optimizer.step()`` sees scaled gradients under 16-mixed; clip with
+    ``fabric.clip_gradients(model, optimizer, max_norm=...)``, which unscales first.
 
     Args:
         precision: ``"16-mixed"`` or ``"bf16-mixed"``.
         device: ``"cuda"`` or ``"cpu"``.
         scaler: optional ``torch.amp.GradScaler`` (one with default settings is created for 16-mixed).
+
+    Raises:
+        ValueError: another precision, or a scaler with ``"bf16-mixed"`` (from Fabric's plugin).
     """
 
     def __init__(self, precision: str, device: str, scaler: torch.amp.GradScaler | None = None) -> None:
         super().__init__(precision, device, scaler)  # type: ignore[arg-type]
-        self._stepped: set[int] = set()  # optimizers stepped since the last scale update
-        self._warned: set[int] = set()
+        self._init_held_scales()
+
+    @override
+    def _record(self, optimizer: Any) -> OptimizerRecord:
+        optimizer = unwrap(optimizer)  # Fabric's _FabricOptimizer -> torch optimizer
+        for record in self._records:
+            if record.optimizer is optimizer:
+                return record
+        # Fabric never shows its precision plugin the optimizers: they are met at their first step or clip
+        return self._add_record(optimizer, f"{type(optimizer).__name__} optimizer")
+
+    @override
+    def convert_module(self, module: Module) -> Module:
+        module = super().convert_module(module)
+        # fabric.setup passes every module here: follow its gradients before any optimizer is met
+        self._track(module.parameters())
+        return module
 
     def update_scale(self) -> bool:
         """Apply the pending loss-scale update now. Returns ``True`` when there was one."""
-        if self.scaler is None or not self._stepped:
+        if self.scaler is None or not any(record.stepped for record in self._records):
             return False
-        self.scaler.update()
-        self._stepped.clear()
+        self._update()
         return True
 
-    def backward(self, tensor: torch.Tensor, model: Any, *args: Any, **kwargs: Any) -> None:
-        """Apply the previous iteration's pending scale update, then scale and backpropagate ``tensor``."""
-        self.update_scale()
+    @override
+    def backward(self, tensor: torch.Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Apply the previous iteration's pending scale update, bring held gradients to the current
+        scale, then scale and backpropagate ``tensor``."""
+        if self.scaler is not None:
+            self.update_scale()
+            self._all_to_current_scale()  # so that this backward adds like to like
         super().backward(tensor, model, *args, **kwargs)
 
+    @override
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         """Step ``optimizer`` through GradScaler without updating the scale; a step without gradients is a no-op.
 
@@ -90,171 +115,65 @@ class FabricManualMixedPrecision(MixedPrecision):
 
         Raises:
             TypeError: LBFGS under 16-mixed (as Fabric's plugin; GradScaler does not take closures).
+            RuntimeError: a closure under 16-mixed (from ``GradScaler.step``, as with Fabric's plugin).
         """
         if self.scaler is not None and isinstance(optimizer, torch.optim.LBFGS):
             raise TypeError("AMP and the LBFGS optimizer are not compatible.")
+        record = self._record(optimizer)
         if kwargs.get("closure") is not None:
-            kwargs["closure"] = self._checked_closure(optimizer, kwargs["closure"])
+            kwargs["closure"] = self._checked_closure(record, kwargs["closure"])
+            if self.scaler is not None:
+                return self.scaler.step(optimizer, **kwargs)  # GradScaler refuses closures, as with Fabric's plugin
         elif not has_gradients(optimizer):
-            self._warn_empty(optimizer)
+            self._warn_no_gradients(record, stacklevel=5)  # stacklevel: the user's optimizer.step() line
             return None
         if self.scaler is None:
             return super().optimizer_step(optimizer, **kwargs)
-        if id(optimizer) in self._stepped:
-            self.update_scale()  # stepped twice without a backward in between: GradScaler needs the update
-        output = self.scaler.step(optimizer, **kwargs)
-        self._stepped.add(id(optimizer))
-        return output
+        if record.stepped:
+            # stepped twice without a backward in between: GradScaler needs an update between two steps
+            self.update_scale()
+        self._unscale(record)
+        return self._scaler_step(record, optimizer, **kwargs)
 
-    def _warn_empty(self, optimizer: Any) -> None:
-        if id(optimizer) not in self._warned:
-            self._warned.add(id(optimizer))
-            warnings.warn(f"{type(optimizer).__name__} was stepped but none of its parameters has a gradient; "
-                          f"the step does nothing (as in fp32). Check that the loss reaches its model.",
-                          EmptyStepWarning, stacklevel=3)
-
-    def _checked_closure(self, optimizer: Any, closure: Callable[[], Any]) -> Callable[[], Any]:
+    def _checked_closure(self, record: OptimizerRecord, closure: Callable[[], Any]) -> Callable[[], Any]:
         def checked() -> Any:
             result = closure()
-            if not has_gradients(optimizer):
-                self._warn_empty(optimizer)
+            if not has_gradients(record.optimizer):
+                self._warn_no_gradients(record)
             return result
 
         return checked
 
+    @override
     def unscale_gradients(self, optimizer: Any) -> None:
-        """Unscale before clipping (``fabric.clip_gradients``); applies a pending update this optimizer needs first."""
-        if self.scaler is not None and id(optimizer) in self._stepped:
-            self.update_scale()
-        super().unscale_gradients(optimizer)
+        """Unscale before clipping (``fabric.clip_gradients``), once per step; applies a pending update first
+        when this optimizer already stepped since the last one.
 
+        Raises:
+            NotImplementedError: a fused optimizer (it unscales inside its step), as with Fabric's plugin.
+        """
+        if self.scaler is None:
+            return
+        record = self._record(optimizer)
+        if _optimizer_handles_unscaling(record.optimizer):
+            raise NotImplementedError("Gradient clipping is not implemented for optimizers handling the unscaling.")
+        if record.stepped:
+            self.update_scale()  # clipped after its step: GradScaler needs the update before a new unscale
+        self._unscale(record)
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The GradScaler's state after applying any pending update (for ``fabric.save``)."""
         self.update_scale()
         return super().state_dict()
 
-
-def fabric_precision_kwargs(precision: str, accelerator: str,
-                            plugin_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Keyword arguments for :class:`lightning.fabric.Fabric` that really run ``precision``.
-
-    ``Fabric(accelerator="cpu", precision="16-mixed")`` falls back to bf16-mixed with a warning
-    (``fabric/connector.py``), like the Trainer; on CPU 16-mixed therefore goes through Fabric's
-    ``MixedPrecision("16-mixed", "cpu")`` (fp16 autocast and a CPU GradScaler).
-
-    Args:
-        precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
-        accelerator: ``"cpu"`` or ``"cuda"``.
-        plugin_factory: called as ``plugin_factory(precision, accelerator)``; its plugin is passed instead.
-
-    Returns:
-        ``{"precision": ...}`` or ``{"plugins": [plugin]}``.
-
-    Raises:
-        hardware.ConfigurationError: unknown precision.
-    """
-    hardware.check_precision(precision)
-    if plugin_factory is not None:
-        return {"plugins": [plugin_factory(precision, accelerator)]}
-    if precision == "16-mixed" and accelerator == "cpu":
-        return {"plugins": [MixedPrecision("16-mixed", "cpu")]}
-    return {"precision": precision}
-
-
-class FabricRecipe:
-    """A Fabric training loop body, the Fabric counterpart of a manual-optimization LightningModule.
-
-    Subclasses build their models in ``__init__`` (called after seeding), wrap models and
-    optimizers in :meth:`setup` and set ``self.optimizers`` (a list, the first one's learning rate
-    is recorded), and implement :meth:`training_step`. :func:`train_run` drives the batches.
-    """
-
-    fabric: Any = None
-    optimizers: list[Any]
-
-    def setup(self, fabric: Any) -> None:
-        """Wrap models and optimizers with ``fabric.setup``; set ``self.fabric`` and ``self.optimizers``."""
-        raise NotImplementedError
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """One iteration on ``batch`` (``images (B, 64) float32, labels (B,) int64``); returns the loss (0-dim)."""
-        raise NotImplementedError
-
-    def record_extra(self) -> dict[str, Any]:
-        """JSON-ready measurements stored in the run's ``extra``."""
-        return {}
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._scale_cache = None
 
 
 def loss_scale(fabric: Any) -> float | None:
     """The loss scale of ``fabric``'s GradScaler, or ``None`` without one (fp32, bf16-mixed)."""
     scaler = getattr(fabric.strategy.precision, "scaler", None)
     return None if scaler is None else float(scaler.get_scale())
-
-
-def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator: str, preset: hardware.Preset,
-              plugin_factory: Callable[..., Any] | None = None) -> RunResult:
-    """Train one declared run with :class:`lightning.fabric.Fabric` (one device) and record it.
-
-    Pass it to :func:`mpguide.runner.run_example` as ``train=``. Seeding, data order and the
-    recorded fields follow :func:`mpguide.runner.train_run`: weights are built after
-    ``seed_everything(spec.seed)``, batches come from :func:`mpguide.data.digits_loader` with the
-    same seed, and per batch the loss, the first optimizer's learning rate and the loss scale at
-    batch start are recorded. A plugin with ``update_scale()`` (:class:`FabricManualMixedPrecision`)
-    gets it called after each batch, so the recorded scale is per iteration; a batch counts as
-    skipped when the scale went down during it. ``spec.trainer_kwargs`` go to ``Fabric(...)``. An
-    exception is stored in ``error``, not raised.
-
-    Args:
-        spec: the declared run (:class:`mpguide.declarations.RunDecl`).
-        recipe_factory: builds the :class:`FabricRecipe` (called once, after seeding).
-        accelerator: ``"cpu"`` or ``"cuda"``.
-        preset: size (epochs, batch size).
-        plugin_factory: precision plugin factory ``(precision, accelerator) -> plugin`` or ``None``.
-
-    Returns:
-        The :class:`mpguide.runner.RunResult`; ``mode`` is ``"manual"`` (Fabric has no automatic
-        optimization), ``precision_plugin`` the class name of Fabric's precision plugin.
-    """
-    from lightning.fabric import Fabric, seed_everything
-
-    hardware.check_precision(spec.precision)
-    quiet_lightning()
-    seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it
-    recipe = recipe_factory()
-    loader = digits_loader(preset.batch_size, seed=spec.seed)
-    result = RunResult(id=spec.id, mode="manual", precision=spec.precision, precision_plugin="?",
-                       recipe=spec.recipe, seed=spec.seed, steps=preset.epochs * len(loader), plugin=spec.plugin,
-                       trainer_kwargs=dict(spec.trainer_kwargs), plain_flag=spec.plain_flag,
-                       label=spec.label or spec.id)
-    scales, skipped = [], []
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            fabric = Fabric(accelerator=accelerator, devices=1,
-                            **fabric_precision_kwargs(spec.precision, accelerator, plugin_factory), **spec.trainer_kwargs)
-            result.precision_plugin = type(fabric.strategy.precision).__name__
-            recipe.setup(fabric)
-            batches = fabric.setup_dataloaders(loader, move_to_device=True)
-            start = time.perf_counter()
-            for _ in range(preset.epochs):
-                for batch_idx, batch in enumerate(batches):
-                    result.lr.append(float(recipe.optimizers[0].param_groups[0]["lr"]))
-                    before = loss_scale(fabric)
-                    loss = recipe.training_step(batch, batch_idx)
-                    getattr(fabric.strategy.precision, "update_scale", lambda: None)()
-                    result.loss.append(float(loss))
-                    if before is not None:
-                        scales.append(before)
-                        skipped.append(loss_scale(fabric) < before)
-        except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
-            result.error = error_record(err)
-    result.seconds = round(time.perf_counter() - start, 3)
-    result.loss_scale = scales or None
-    result.skipped_steps = sum(skipped)
-    result.warnings = captured_warnings(caught)
-    result.extra["batches"] = len(result.loss)
-    if skipped:
-        result.extra["skipped_per_step"] = skipped
-    record_extra(result, recipe.record_extra)
-    return result

@@ -32,19 +32,33 @@ def loss_scale(trainer: Any) -> float | None:
     return None if scaler is None else float(scaler.get_scale())
 
 
-def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None) -> bool:
+def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None, metrics: Any = None) -> bool:
     """Call ``optimizer.step()``; step ``scheduler`` only if the optimizer step was really applied.
 
     Args:
         optimizer: the :class:`~lightning.pytorch.core.optimizer.LightningOptimizer` from
             ``self.optimizers()``.
         trainer: ``self.trainer``.
-        scheduler: optional LR scheduler (from ``self.lr_schedulers()``) stepped after an applied step.
+        scheduler: optional LR scheduler (from ``self.lr_schedulers()``) stepped after an applied step:
+            any ``torch.optim.lr_scheduler`` scheduler, ``scheduler.step()``; a ``ReduceLROnPlateau``
+            (configured with ``"monitor"`` in ``configure_optimizers``, or not), ``scheduler.step(metrics)``.
+        metrics: the monitored value (a float or 0-dim tensor) a ``ReduceLROnPlateau`` is stepped with,
+            for example ``loss.detach()`` or ``self.trainer.callback_metrics["val_loss"]``. In manual
+            optimization Lightning steps no scheduler and ignores the ``"monitor"`` key of
+            ``configure_optimizers`` with a warning (``lightning/pytorch/core/optimizer.py``,
+            ``_configure_schedulers_manual_opt``), so the value must be given here.
+            A value passed on a skipped step never reaches the scheduler.
 
     Returns:
         ``True`` if the step was applied, ``False`` if GradScaler skipped it (inf/NaN gradients).
         Always ``True`` without a GradScaler, and for a step that did nothing because no parameter
         had a gradient (as in fp32, where such a step "runs" too). Synchronizes with the device.
+
+    Raises:
+        TypeError: ``scheduler`` is a ``ReduceLROnPlateau`` and ``metrics`` is missing
+            (``ReduceLROnPlateau.step(metrics)`` requires it, ``torch/optim/lr_scheduler.py``), or
+            ``metrics`` is given for another scheduler (whose ``step()`` takes no metric). Raised before
+            the optimizer steps.
 
     Note:
         With a plugin that has ``step_was_skipped`` (:class:`mpguide.precision.ManualMixedPrecision`)
@@ -52,6 +66,18 @@ def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None) -> bool
         is compared, which is right for Lightning's ``MixedPrecision`` (one update inside every step)
         but not for a plugin that defers the update (see the module docstring).
     """
+    plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    # checked before the optimizer steps, so a wrong call fails at once and changes nothing
+    if plateau and metrics is None:
+        raise TypeError("step_skip_aware: a ReduceLROnPlateau scheduler is stepped with the value it monitors, and "
+                        "metrics= is missing. Call step_skip_aware(opt, self.trainer, sched, metrics=value) with the "
+                        "value it watches (e.g. loss.detach(), or self.trainer.callback_metrics[\"val_loss\"] once "
+                        "logged): in manual optimization Lightning ignores the \"monitor\" key of "
+                        "configure_optimizers and steps no scheduler itself (lightning/pytorch/core/optimizer.py).")
+    if metrics is not None and not plateau:
+        raise TypeError(f"step_skip_aware: metrics= is for ReduceLROnPlateau only; "
+                        f"{type(scheduler).__name__ if scheduler is not None else 'no scheduler'} was given "
+                        f"(its step() takes no metric). Drop metrics=, or pass the ReduceLROnPlateau as scheduler=.")
     plugin = trainer.precision_plugin
     ask = getattr(plugin, "step_was_skipped", None)
     if callable(ask):
@@ -63,7 +89,10 @@ def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None) -> bool
         after = loss_scale(trainer)
         applied = before is None or after is None or after >= before
     if applied and scheduler is not None:
-        scheduler.step()
+        if plateau:
+            scheduler.step(metrics)
+        else:
+            scheduler.step()
     return applied
 
 

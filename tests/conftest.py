@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
-from mpguide import declarations, records
+from mpguide.verify import declarations, records
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # the build code (mpguide_build), as conf.py does
 
 #: The declaration tables of the fake example the hand-made records belong to.
 FAKE_EXAMPLE = '''"""A fake example for the tests: only its declaration tables matter."""
@@ -104,7 +106,7 @@ def sphinx_build(site: Path, out: Path, **env: str):
     import sys
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
-    # MPLBACKEND=Agg: the pages must render their figures whatever the backend (mpguide.pagecheck)
+    # MPLBACKEND=Agg: the pages must render their figures whatever the backend (mpguide_build.pagecheck)
     full_env.update(MPLBACKEND="Agg", MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu",
                     MPGUIDE_RESULTS_DIR=str(out / "results"))
     full_env.update(env)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, curve, make_record, run
-from mpguide import claims, records
-from mpguide.reference import ReferenceError, update_reference
+from mpguide.verify import claims, records
+from mpguide_build.reference import ReferenceError, update_reference
 
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 #: A workflow with two mistakes: a job without `runs-on`, and an unknown key in a step.
@@ -161,48 +161,52 @@ def test_update_reference_refuses_bad_records(tmp_path, bad, message):
     assert not (tmp_path / "reference").exists() or not any((tmp_path / "reference").rglob("*.json"))
 
 
-@pytest.mark.slow
-def test_site_env_is_made_once_and_reinstalled_only_when_requirements_change(tmp_path, monkeypatch):
-    """The shared environment of docs/tests/gate: created once, skipped when nothing changed (stamp)."""
-    pytest.importorskip("nox", reason="nox is not importable here (pip install nox)")
-    import importlib.util
+DOCUMENTED_SESSIONS = ("site", "docs", "docs_preview", "docs_live", "tests", "gate", "docs_gpu", "lint", "matrix",
+                       "upstream")
+#: The module each session calls, with an argument that runs it without building anything.
+SESSION_MODULES = [("mpguide_build.tasks", "--help"), ("mpguide_build.matrix", "--help"),
+                   ("mpguide_build.reference", "--help"), ("mpguide.verify.gate", "--help"), ("upstream.run", "--help"),
+                   ("sphinx", "--version"), ("pytest", "--version")]
 
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
-    noxfile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noxfile)
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "requirements.txt").write_text("# nothing to install\n")
-    (project / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=68"]\n'
-                                           'build-backend = "setuptools.build_meta"\n'
-                                           '[project]\nname = "tinyproject"\nversion = "0"\n'
-                                           '[tool.setuptools]\npy-modules = []\n')
-    monkeypatch.setattr(noxfile, "ROOT", project)
-    monkeypatch.setattr(noxfile, "SITE_ENV", tmp_path / ".nox" / "site")
-    monkeypatch.setattr(noxfile, "EXTRAS", [])
-    monkeypatch.setattr(noxfile, "OWN_ENV", False)
-    monkeypatch.setenv("MPGUIDE_TORCH", "")
-    installs = []
 
-    class Session:
-        def run(self, *args, **kwargs):
-            installs.append(args)
-            subprocess.run(args, check=True, capture_output=True)
+def test_every_documented_session_is_defined():
+    """`nox -l` lists each session the README and noxfile name, the matrix once per Lightning release."""
+    nox = shutil.which("nox")
+    if nox is None:
+        pytest.skip("nox is not on PATH (pip install nox)")
+    proc = subprocess.run([nox, "-f", str(ROOT / "noxfile.py"), "-l"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    listed = {ln.split()[1].split("(")[0] for ln in proc.stdout.splitlines() if ln[:2] in ("* ", "- ")}
+    assert set(DOCUMENTED_SESSIONS) <= listed, proc.stdout
+    from mpguide_build.matrix import RELEASES
 
-        def log(self, *args):
-            pass
+    assert all(f"matrix(lightning='{v}')" in proc.stdout for v in RELEASES)
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"nox -s {name}" in readme for name in DOCUMENTED_SESSIONS if name != "site")
 
-    env = noxfile.site_env(Session())
-    python = tmp_path / ".nox" / "site" / "bin" / "python"
-    assert env["VIRTUAL_ENV"] == str(tmp_path / ".nox" / "site") and python.is_file()
-    assert env["PATH"].startswith(str(python.parent))
-    first = len(installs)
-    assert first == 2  # requirements, then the project itself (no torch: MPGUIDE_TORCH="")
-    noxfile.site_env(Session())
-    assert len(installs) == first, "nothing changed: the environment is reused as it is"
-    (project / "requirements.txt").write_text("# changed\n")
-    noxfile.site_env(Session())
-    assert len(installs) == 2 * first, "requirements.txt changed: installed again"
+
+@pytest.mark.parametrize(("module", "arg"), SESSION_MODULES)
+def test_each_session_module_answers(module, arg):
+    """The dry path of each session: the module it calls starts and answers (a session cannot run whole here)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "docs" / "_ext")])}
+    proc = subprocess.run([sys.executable, "-m", module, arg], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip()
+
+
+def test_clean_removes_what_a_build_generated(tmp_path):
+    from mpguide_build import tasks
+
+    made = [tmp_path / "html" / "index.html", tmp_path / "sg_execution_times.rst"]
+    for path in made:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    kept = tmp_path / "keep.txt"
+    kept.write_text("x")
+    assert tasks.clean([tmp_path / "html", tmp_path / "sg_execution_times.rst", tmp_path / "missing"]) == 0
+    assert not any(p.exists() for p in made) and kept.exists()
 
 
 # --- the GPU evidence run on a lent machine (.ci/gpu-wheels, .ci/gpu-evidence) -----------------------
@@ -242,15 +246,15 @@ def test_gpu_evidence_without_wheels_says_what_to_do(tmp_path):
 
 def test_docs_gpu_no_install_refuses_a_foreign_mpguide(tmp_path):
     """--no-install uses what is there; an mpguide from another folder would build another library's site."""
-    exec(compile((ROOT / "noxfile.py").read_text(), str(ROOT / "noxfile.py"), "exec"),
-         namespace := {"__file__": str(ROOT / "noxfile.py"), "__name__": "noxfile"})
     shutil.copytree(ROOT / "mpguide", tmp_path / "mpguide")
-    proc = subprocess.run([sys.executable, "-c", namespace["IMPORT_PROBE"]], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    build_code = str(ROOT / "docs" / "_ext")
+    cmd = [sys.executable, "-m", "mpguide_build.tasks", "imports", "--checkout", str(ROOT)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), build_code])})
     assert proc.returncode != 0
     assert "not from this checkout (put the checkout on PYTHONPATH)" in proc.stderr
-    ok = subprocess.run([sys.executable, "-c", namespace["IMPORT_PROBE"]], capture_output=True, text=True,
-                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    ok = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), build_code])})
     assert ok.returncode == 0 and ok.stdout.startswith("packages: sphinx 9.0.4"), ok.stderr
 
 

@@ -1,4 +1,4 @@
-"""mpguide.distributed: the sharded loader, the DDP run checks, and real two-process runs over gloo."""
+"""mpguide.verify.distributed: the sharded loader, the DDP run checks, and real two-process runs over gloo."""
 
 import os
 import subprocess
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import ROOT
-from mpguide import distributed, gate, hardware, records
+from mpguide.verify import distributed, gate, hardware, records
 from mpguide.data import digits_loader
-from mpguide.declarations import RunDecl
+from mpguide.verify.declarations import RunDecl
 from mpguide.models import DigitsClassifier
 
 DDP = {"strategy": "ddp_fork", "devices": 2}

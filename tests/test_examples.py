@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from mpguide import gate, records
+from mpguide.verify import gate, records
 
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("plot_*.py"))
 pytestmark = pytest.mark.slow

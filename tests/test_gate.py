@@ -1,6 +1,6 @@
 import json
 
-from mpguide import declarations, gate, records, report
+from mpguide.verify import declarations, gate, records, report
 
 
 def write(tmp_path, record, name=None):
@@ -63,7 +63,6 @@ def test_hidden_temp_files_are_ignored(tmp_path, good_record):
 
 def test_reference_records_are_judged_and_listed_for_pages(tmp_path, good_record, monkeypatch):
     """A committed GPU reference is read next to this build's record and can fail the gate on its own."""
-    from mpguide import report
 
     build, reference = tmp_path / "build", tmp_path / "reference" / "nvidia-h200"
     monkeypatch.setenv(records.RESULTS_ENV, str(build))
@@ -72,7 +71,7 @@ def test_reference_records_are_judged_and_listed_for_pages(tmp_path, good_record
     gpu = json.loads(json.dumps(good_record))
     gpu["env"].update(device="NVIDIA H200", cuda="13.0", accelerator="cuda")
     write(reference, gpu)
-    found = report.page_entries("plot_99_fake")
+    found = gate.page_entries("plot_99_fake")
     assert [entry.source for entry in found] == ["this build", "reference: nvidia-h200"]
     assert found[1].record["env"]["device"] == "NVIDIA H200" and not found[1].stale
     assert "NVIDIA H200, CUDA 13.0" in found[1].label and all(v.passed for v in found[1].verdicts)
@@ -115,7 +114,7 @@ def cells_of(table, columns):
 
 def test_verdict_table_stays_aligned_with_very_long_run_ids(tmp_path, fake_examples, capsys):
     from conftest import curve, make_record, run
-    from mpguide import claims
+    from mpguide.verify import claims
 
     (fake_examples / "plot_97_long.py").write_text(
         f'RUNS = [("auto", "auto", "32-true"), ("{LONG}", "manual", "32-true")]\n'

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from conftest import FAKE_EXAMPLE, ROOT, reseal
-from mpguide import declarations, gate, records
+from conftest import FAKE_EXAMPLE, ROOT
+from mpguide.verify import declarations, gate, records
 
 COMMITTED = ROOT / "results" / "reference"
 

@@ -265,7 +265,7 @@ def test_each_reused_figure_is_the_one_its_name_says():
 
 
 def test_footer_and_numbers_fail_clearly_on_bad_input(monkeypatch):
-    from mpguide import guide
+    from mpguide_build import guide
 
     with pytest.raises(KeyError, match="unknown guide section 'nope'; known: "):
         guide.footer("nope")

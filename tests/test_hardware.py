@@ -1,8 +1,8 @@
 import pytest
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from mpguide import hardware, runner
-from mpguide.hardware import ConfigurationError
+from mpguide.verify import hardware, runner
+from mpguide.verify.hardware import ConfigurationError
 
 
 def test_unknown_precision_is_rejected():

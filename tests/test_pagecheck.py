@@ -15,7 +15,7 @@ from docutils import nodes
 from docutils.utils import new_document
 
 from conftest import ROOT
-from mpguide import pagecheck
+from mpguide_build import pagecheck
 
 PAGE_HEAD = """\
 ---
@@ -104,7 +104,7 @@ def test_gallery_check_wants_an_image_when_the_example_draws(tmp_path):
 
 
 TINY_CONF = """\
-extensions = ["myst_nb", "mpguide.sphinx_ext"]
+extensions = ["myst_nb", "mpguide_build.sphinx_ext"]
 exclude_patterns = ["_build", "jupyter_execute"]
 mpguide_gate = False  # no examples or records in this project: only the page check acts
 mpguide_results_dir = {results!r}
@@ -117,7 +117,7 @@ FIGURE_BODY = "fig, ax = plt.subplots(figsize=(2, 2))\nax.plot([1, 2, 3])\nplt.s
 
 
 def tiny_build(tmp_path: Path, body: str, strict: bool = True) -> subprocess.CompletedProcess:
-    """Build a one-page MyST-NB project with mpguide.sphinx_ext under MPLBACKEND=Agg."""
+    """Build a one-page MyST-NB project with mpguide_build.sphinx_ext under MPLBACKEND=Agg."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "conf.py").write_text(TINY_CONF.format(results=str(tmp_path / "results")))

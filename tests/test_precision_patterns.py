@@ -1,4 +1,5 @@
-"""ManualMixedPrecision under every stepping pattern (issue 11), against fp32 with a real Trainer.
+"""ManualMixedPrecision under every stepping pattern (issue 11), against fp32 with a real Trainer; the
+pattern table runs FabricManualMixedPrecision in a real Fabric loop too (issue 21).
 
 Each input of the issue is run in fp32 and with the plugin; the fp32 run is the expected result. A
 table of stepping patterns (optimizers x frequencies x clipping x zeroing x a forced overflow x a step
@@ -16,14 +17,17 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.fabric import Fabric
+from lightning.fabric.plugins.precision import MixedPrecision as FabricMixedPrecision
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide import precision as precision_mod
+from mpguide.fabric import FabricManualMixedPrecision
 from mpguide.precision import ManualMixedPrecision, UnsupportedVersionError, check_versions
-from mpguide.runner import parameter_digest, quiet_lightning
 from mpguide.steps import step_skip_aware
+from mpguide.verify.runner import parameter_digest, quiet_lightning
 
 quiet_lightning()
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -167,7 +171,9 @@ class Heads(pl.LightningModule):
     """One linear head per optimizer on the same input; SGD without momentum, so an update is lr x gradient.
 
     In fp32 (``simulate=True``) a forced overflow is simulated: the poisoned optimizer's next step is
-    left out, exactly what GradScaler does with inf gradients; this is the expected result."""
+    left out, exactly what GradScaler does with inf gradients; this is the expected result. The same
+    batch body (:meth:`run_batch`) runs in a Trainer (``training_step``) and in a Fabric loop
+    (:func:`fabric_fit`), through the ``ops`` each gives it."""
 
     def __init__(self, pattern: Pattern, simulate: bool):
         super().__init__()
@@ -192,29 +198,32 @@ class Heads(pl.LightningModule):
         self.poisoned[i] = False
 
     def training_step(self, batch, batch_idx):
-        (x,) = batch
-        self.batch, opts, p = batch_idx, self.optimizers(), self.p
-        opts = opts if isinstance(opts, list) else [opts]
+        opts = self.optimizers()
+        ops = TrainerOps(self, opts if isinstance(opts, list) else [opts])
+        return self.run_batch(batch[0], batch_idx, ops)
+
+    def run_batch(self, x, batch_idx, ops):
+        self.batch, opts, p = batch_idx, ops.opts, self.p
         if p.zero == "top":
             for i, opt in enumerate(opts):
                 self._zero(opt, i)
         losses = [(3 + i) * (head(x).float() - i).pow(2).mean() for i, head in enumerate(self.heads)]
         if p.backward == "shared":
-            self.manual_backward(sum(losses))
+            ops.backward(sum(losses))
         else:
             for loss in losses:
-                self.manual_backward(loss)
+                ops.backward(loss)
         for i, opt in enumerate(opts):
             due = batch_idx % p.every[i] == p.every[i] - 1
             if p.clip == "always" or (p.clip == "due" and due):
-                self.clip_gradients(opt, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+                ops.clip(opt)
             if not due or p.not_taken == (batch_idx, i):
                 continue
             before = snapshot(self.heads[i].parameters())
             if self.simulate and self.poisoned[i]:
                 applied = False  # what GradScaler does with inf gradients
             else:
-                applied = step_skip_aware(opt, self.trainer)
+                applied = ops.step(opt)
             self.updates[(batch_idx, i)] = torch.cat([(q.detach() - b).flatten().cpu() for q, b in
                                                        zip(self.heads[i].parameters(), before)])
             self.applied[(batch_idx, i)] = applied
@@ -225,6 +234,69 @@ class Heads(pl.LightningModule):
 
     def configure_optimizers(self):
         return [torch.optim.SGD(h.parameters(), lr=0.05) for h in self.heads]
+
+
+@dataclass
+class TrainerOps:
+    """Backward, clip and step as a LightningModule writes them."""
+
+    module: Heads
+    opts: list
+
+    def backward(self, loss):
+        self.module.manual_backward(loss)
+
+    def clip(self, opt):
+        self.module.clip_gradients(opt, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+
+    def step(self, opt):
+        return step_skip_aware(opt, self.module.trainer)
+
+
+@dataclass
+class FabricOps:
+    """Backward, clip and step as a Fabric loop writes them (``fabric.clip_gradients`` clips by norm too)."""
+
+    fabric: Fabric
+    model: nn.Module
+    opts: list
+
+    def backward(self, loss):
+        self.fabric.backward(loss)
+
+    def clip(self, opt):
+        # error_if_nonfinite=False: Lightning's clip_gradients does not raise on a forced overflow either
+        self.fabric.clip_gradients(self.model, opt, max_norm=0.5, error_if_nonfinite=False)
+
+    def step(self, opt):
+        plugin = self.fabric.strategy.precision
+        if hasattr(plugin, "step_was_skipped"):
+            opt.step()
+            return not plugin.step_was_skipped(opt)
+        scaler = getattr(plugin, "scaler", None)
+        if scaler is None:
+            opt.step()
+            return True
+        before = scaler.get_scale()
+        opt.step()
+        state = scaler._per_optimizer_states.get(id(opt.optimizer))
+        if state and state["found_inf_per_device"]:  # a plugin that defers update(): its inf check is still there
+            return not sum(float(t) for t in state["found_inf_per_device"].values()) > 0
+        return scaler.get_scale() >= before  # Fabric's plugin: update() inside the step
+
+
+def fabric_fit(module: Heads, plugin=None, device="cpu", batches=12, width=6):
+    """The Trainer's loop of :func:`fit` written with Fabric: same batches, same body, same optimizers."""
+    fabric = Fabric(accelerator=device, devices=1,
+                    **({"plugins": [plugin]} if plugin else {"precision": "32-true"}))
+    model, *opts = fabric.setup(module.heads, *module.configure_optimizers())
+    ops = FabricOps(fabric, model, opts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for batch_idx, (x,) in enumerate(loader(batches, width)):
+            module.run_batch(x.to(fabric.device), batch_idx, ops)
+    getattr(plugin, "update_scale", lambda: None)()  # the update the next backward would apply
+    return fabric
 
 
 def expected_scale(ref: Heads, init: float, interval: int) -> float:
@@ -271,29 +343,40 @@ PATTERNS = [
 ] + random_patterns()
 
 
-def check_against_fp32(pattern, device, cls=ManualMixedPrecision):
+# the two loops the table runs: (fit function, this plugin, the stock plugin it replaces)
+LOOPS = {"trainer": (fit, ManualMixedPrecision, MixedPrecision),
+         "fabric": (fabric_fit, FabricManualMixedPrecision, FabricMixedPrecision)}
+
+
+def check_against_fp32(pattern, device, cls=ManualMixedPrecision, loop="trainer"):
+    run_loop = LOOPS[loop][0]
     ref, run = Heads(pattern, simulate=True), Heads(pattern, simulate=False)
-    fit(ref, device=device)
-    trainer = fit(run, scaled_plugin(cls, device), device=device)
-    assert run.applied == ref.applied, "step_skip_aware disagrees with the steps fp32 implies"
+    run_loop(ref, device=device)
+    plugin = scaled_plugin(cls, device)
+    run_loop(run, plugin, device=device)
+    assert run.applied == ref.applied, "the skip flags disagree with the steps fp32 implies"
     assert run.updates.keys() == ref.updates.keys()
     for (batch, i), expected in ref.updates.items():
         # fp16 autocast rounds the forward (~1e-3 relative); a wrong scale is off by a factor of 2 or more
         error = float((run.updates[batch, i] - expected).norm())
         assert error <= 3e-2 * float(expected.norm()) + 1e-6, f"optimizer {i}, batch {batch}: {error:.3g}"
-    assert trainer.precision_plugin.scaler.get_scale() == expected_scale(ref, 1.0, 2)
+    assert plugin.scaler.get_scale() == expected_scale(ref, 1.0, 2)
 
 
+@pytest.mark.parametrize("loop", list(LOOPS))
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pattern", PATTERNS, ids=str)
-def test_stepping_patterns_match_fp32(pattern, device):
-    check_against_fp32(pattern, device)
+def test_stepping_patterns_match_fp32(pattern, device, loop):
+    check_against_fp32(pattern, device, LOOPS[loop][1], loop)
 
 
+@pytest.mark.parametrize("loop", list(LOOPS))
 @pytest.mark.parametrize("pattern", [PATTERNS[0], PATTERNS[2], PATTERNS[4]], ids=str)
-def test_stock_plugin_fails_the_same_checks(pattern):
-    with pytest.raises(AssertionError):
-        check_against_fp32(pattern, "cpu", MixedPrecision)
+def test_stock_plugin_fails_the_same_checks(pattern, loop):
+    # Fabric's plugin also crashes on the step not taken: a second clip before any update() makes
+    # GradScaler raise "unscale_() has already been called on this optimizer since the last update()"
+    with pytest.raises(AssertionError if loop == "trainer" else (AssertionError, RuntimeError)):
+        check_against_fp32(pattern, "cpu", LOOPS[loop][2], loop)
 
 
 def test_random_patterns_cover_every_dimension():

@@ -1,4 +1,4 @@
-"""The measuring callbacks of mpguide.probes and the loss-scaled gradient of mpguide.steps, on real fits."""
+"""The measuring callbacks of mpguide.verify.probes and the loss-scaled gradient of mpguide.steps, on real fits."""
 
 from types import SimpleNamespace
 
@@ -8,7 +8,8 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide import probes, runner, steps
+from mpguide.verify import probes, runner
+from mpguide import steps
 from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
 

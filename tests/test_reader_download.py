@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mpguide import download
+from mpguide_build import download
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = "plot_05_skipped_steps"  # the quickest example at the test preset
@@ -59,10 +59,22 @@ def test_wheel_is_a_complete_reproducible_archive(tmp_path):
     with zipfile.ZipFile(first) as archive:
         names = set(archive.namelist())
         record = archive.read(f"mpguide-{download.__version__}.dist-info/RECORD").decode()
-    sources = {f"mpguide/{p.name}" for p in (ROOT / "mpguide").glob("*.py")}
+    sources = {f"mpguide/{p.relative_to(ROOT / 'mpguide').as_posix()}" for p in (ROOT / "mpguide").rglob("*.py")
+               if "__pycache__" not in p.parts}
     assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
+    assert "mpguide/verify/runner.py" in names, "the examples' harness ships with the reader API"
+    python = [n for n in names if n.endswith(".py")]
+    assert not [n for n in python if not n.startswith("mpguide/")], "only the package, never the build code"
+    sphinx_users = [n for n in python if b"sphinx" in archive_bytes(first, n) or b"docutils" in archive_bytes(first, n)]
+    assert not [n for n in sphinx_users if b"import sphinx" in archive_bytes(first, n)
+                or b"from sphinx" in archive_bytes(first, n) or b"docutils" in archive_bytes(first, n)], sphinx_users
     listed = {line.split(",")[0] for line in record.splitlines()}
     assert listed == names, f"RECORD and archive differ: {sorted(listed ^ names)}"
+
+
+def archive_bytes(wheel, name: str) -> bytes:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read(name)
 
 
 def test_wheel_refuses_a_folder_that_is_not_the_package(tmp_path):
@@ -118,14 +130,14 @@ def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_pa
 
     env["MPGUIDE_PRESET"] = "test"
     _run([python, script.name], folder, env)
-    _run([python, "-m", "mpguide.gate", str(folder / "results" / "local")], folder, env)
+    _run([python, "-m", "mpguide.verify.gate", str(folder / "results" / "local")], folder, env)
 
     _run([python, "-m", "pip", "install", "-q", "nbclient", "ipykernel"], folder, env)
     execute = ("import nbclient, nbformat, sys; nb = nbformat.read(sys.argv[1], as_version=4); "
                "nbclient.NotebookClient(nb, timeout=900, kernel_name='python3', "
                "resources={'metadata': {'path': '.'}}).execute()")
     _run([python, "-c", execute, notebook.name], nb_folder, env)
-    _run([python, "-m", "mpguide.gate", str(nb_folder / "results" / "local")], nb_folder, env)
+    _run([python, "-m", "mpguide.verify.gate", str(nb_folder / "results" / "local")], nb_folder, env)
 
 
 def test_page_instruction_fails_without_install_line_or_wheel(tmp_path):

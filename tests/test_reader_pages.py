@@ -9,7 +9,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from conftest import curve, make_record, run  # noqa: E402
-from mpguide import plotting, report  # noqa: E402
+from mpguide.verify import plotting
+from mpguide import report  # noqa: E402
 
 
 def _record():

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from mpguide import records
-from mpguide.records import RecordError, load_record, write_record
+from mpguide.verify import records
+from mpguide.verify.records import RecordError, load_record, write_record
 
 
 def test_roundtrip_keeps_nan(tmp_path, good_record):
@@ -144,7 +144,7 @@ def test_a_runs_extra_is_free_form(good_record):
 
 
 def test_unknown_field_is_a_record_error_of_the_gate_and_is_never_written(tmp_path, good_record, capsys):
-    from mpguide import gate
+    from mpguide.verify import gate
 
     with pytest.raises(RecordError, match="unknown field 'sed'"):
         write_record(dict(good_record, sed=1), tmp_path / "plot_99_fake.json")
@@ -158,8 +158,8 @@ def test_schema_fields_cover_what_runs_and_declarations_write():
     """The lists of known fields cannot drift from what a run records and a claim declares."""
     import dataclasses
 
-    from mpguide import declarations
-    from mpguide.runner import RunResult
+    from mpguide.verify import declarations
+    from mpguide.verify.runner import RunResult
 
     assert {f.name for f in dataclasses.fields(RunResult)} == records.SCHEMA_FIELDS["run"]
     assert set(declarations.CLAIM_KEYS) | {"title"} <= records.SCHEMA_FIELDS["claim"]
@@ -172,7 +172,7 @@ def test_captured_warnings_carry_no_machine_paths():
     """detect_anomaly's warning carries a traceback of absolute paths; records must not (they get committed)."""
     import warnings
 
-    from mpguide.runner import captured_warnings
+    from mpguide.verify.runner import captured_warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conftest import curve, make_record, run
-from mpguide import claims, report
+from mpguide.verify import claims, report
 
 
 def _rows(record, **kw):

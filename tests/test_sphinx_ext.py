@@ -1,7 +1,8 @@
 import pytest
 
 from conftest import make_record
-from mpguide import records, sphinx_ext
+from mpguide.verify import records
+from mpguide_build import sphinx_ext
 
 
 def layout(tmp_path, monkeypatch):
@@ -112,7 +113,7 @@ def test_swap_naming_an_unknown_example_stops_the_build(tmp_path, monkeypatch):
 
 def test_the_source_a_run_writes_is_what_the_build_compares(tmp_path, monkeypatch):
     """runner.source_info and examples_to_rerun build the input fields in one place (records.source_inputs)."""
-    from mpguide import declarations, runner
+    from mpguide.verify import declarations, runner
 
     examples, gallery, results = layout(tmp_path, monkeypatch)
     decl = declarations.from_tables("plot_01_a", [("x", "r", "32-true")], [("expect", "x", "k", 1)])
@@ -134,7 +135,7 @@ def test_the_extension_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, mpguide.sphinx_ext, mpguide.gate, mpguide.records\n"
+    code = ("import sys, mpguide_build.sphinx_ext, mpguide.verify.gate, mpguide.verify.records\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning'))\n"
             "print(heavy)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

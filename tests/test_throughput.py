@@ -1,4 +1,4 @@
-"""The throughput benchmark's plumbing (mpguide.throughput) and the device lock it times under.
+"""The throughput benchmark's plumbing (mpguide.verify.throughput) and the device lock it times under.
 
 The rates themselves are judged by plot_15's claims in the docs build; here: which variants run,
 in which order, that tuned settings are undone, and that the GPU lock really excludes other runs.
@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from mpguide import hardware, throughput
+from mpguide.verify import hardware, throughput
 
 TINY = throughput.Size(width=32, layers=2, batch=16, warmup=2, steps=2, rounds=2, tuned=True)
 
@@ -80,7 +80,7 @@ def test_unknown_precision_is_refused_before_training():
 
 HOLD_SHARED = """
 import sys
-from mpguide import hardware
+from mpguide.verify import hardware
 print("asking", flush=True)
 with hardware.device_lock("cpu"):
     print("held", flush=True)
@@ -142,7 +142,7 @@ def test_speedup_rows_of_the_guide_table():
     """The guide's GPU table: a row per tuned (and plain manual) variant of CUDA records, none for CPU ones."""
     from pathlib import Path
 
-    from mpguide import report
+    from mpguide.verify import gate, report
 
     size = throughput.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
     timing = throughput.Timing("bf16-mixed", size, {v: [0.25, 0.25] for v in throughput.variants_for("bf16-mixed", size)})
@@ -150,9 +150,9 @@ def test_speedup_rows_of_the_guide_table():
     run = {"id": "bench-bf16", "precision": "bf16-mixed",
            "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0, "size": dataclasses.asdict(size)}}
     gpu_env = {"accelerator": "cuda", "device": "NVIDIA H200", "torch": "2.11.0", "lightning": "2.6.6", "cuda": "13.0"}
-    gpu = report.PageRecord("reference: nvidia-h200", {"env": gpu_env, "runs": [run], "preset": "full",
+    gpu = gate.PageRecord("reference: nvidia-h200", {"env": gpu_env, "runs": [run], "preset": "full",
                                                         "created": "2026-12-01T00:00:00Z"}, [], "", Path("x.json"))
-    cpu = report.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
+    cpu = gate.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
     rows = report.speedup_rows([cpu, gpu])
     assert [r["variant"] for r in rows] == ["manual", *throughput.TUNED["bf16-mixed"]]
     compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
@@ -180,7 +180,8 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path, monkeypatch):
 
 FIT_UNDER_THE_HOOK = """
 import lightning.pytorch as pl, torch
-from mpguide import runner, sphinx_ext
+from mpguide.verify import runner
+from mpguide_build import sphinx_ext
 runner.quiet_lightning()
 sphinx_ext.share_device_in_fits({}, None, when="before")
 sphinx_ext.share_device_in_fits({}, None, when="before")  # a second example in the same worker

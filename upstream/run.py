@@ -130,8 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patch", choices=("trainer", "fabric", "both"), default="both",
                         help="what the patched mode replaces (default both)")
     parser.add_argument("--out", default=str(ROOT / "_build" / "upstream"), help="folder for reports and logs")
-    parser.add_argument("files", nargs="*", help="test files relative to the checkout's tests/ (default: FILES)")
+    parser.add_argument("--deps", type=Path, default=None,
+                        help="install Lightning's extra test plugins (TEST_DEPS) into this folder when missing")
+    parser.add_argument("files", nargs="*", help="test files relative to the checkout's tests/ (default: FILES), "
+                                                 "or first the checkout itself")
     args = parser.parse_args(argv)
+    if not args.lightning and args.files and (Path(args.files[0]) / "tests").is_dir():
+        args.lightning, args.files = args.files[0], args.files[1:]  # `nox -s upstream -- /path/to/checkout`
     if not args.lightning:
         print(f"upstream tests skipped: no Lightning checkout given (pass --lightning PATH or set {ENV_VAR}). "
               "They need Lightning's source tree, which CI cannot fetch; run them by hand (notes/upstream_tests.md).")
@@ -140,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (checkout / "tests" / "tests_pytorch").is_dir():
         print(f"{checkout} is not a Lightning checkout (no tests/tests_pytorch)", file=sys.stderr)
         return 2
+    if missing_deps() and args.deps is not None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(args.deps),
+                        *TEST_DEPS], check=True)
+        sys.path.insert(0, str(args.deps))
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(args.deps), os.environ.get("PYTHONPATH", "")] if p)
     if missing_deps():
         print(f"Lightning's tests need {' '.join(missing_deps())} (its requirements/*/test.txt): pip install them, "
               "or run `nox -s upstream -- PATH`, which installs them into .nox/upstream-deps", file=sys.stderr)

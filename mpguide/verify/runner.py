@@ -1,12 +1,12 @@
 """Run a matrix of real Lightning ``Trainer`` fits and turn them into a results record.
 
 An example names its recipes (LightningModule factories) and declares its runs and claims in the
-literal ``RUNS`` and ``CLAIMS`` tables (:mod:`mpguide.declarations`), then calls
-:func:`~mpguide.runner.run_example`. Every run trains on the same data in the same order from the
+literal ``RUNS`` and ``CLAIMS`` tables (:mod:`mpguide.verify.declarations`), then calls
+:func:`~mpguide.verify.runner.run_example`. Every run trains on the same data in the same order from the
 same initial weights; the per-step loss, learning rate and loss scale, the wall time, warnings and
 any exception are captured into the record.
 
-Environment variables (besides those of :mod:`mpguide.hardware`):
+Environment variables (besides those of :mod:`mpguide.verify.hardware`):
 
 ``MPGUIDE_SWAP_RECIPE``
     ``"example:run_id=recipe[,...]"``: train run ``run_id`` of ``example`` with another recipe. Used by the
@@ -30,9 +30,10 @@ from lightning.pytorch.callbacks import Callback
 
 from . import claims as claims_mod
 from . import declarations, hardware, probes, records
+from .probes import parameter_digest  # noqa: F401 - examples call runner.parameter_digest
 from .declarations import SWAP_ENV, RunDecl, parse_swaps
-from .data import digits_loader
-from .steps import loss_scale
+from ..data import digits_loader
+from ..steps import loss_scale
 
 
 
@@ -66,10 +67,10 @@ def quiet_lightning() -> None:
     """Silence Lightning's banners and info logs (GPU available, model summary, ...).
 
     They carry absolute paths and machine details that do not belong on a rendered page; warnings
-    raised during a run are still captured into the record by :func:`~mpguide.runner.train_run`.
+    raised during a run are still captured into the record by :func:`~mpguide.verify.runner.train_run`.
     Also hides torch's ``LeafSpec`` FutureWarning (torch 2.13, raised inside Lightning's
     ``utilities/_pytree.py``), which prints the path of the installed Lightning under the fits an
-    example shows outside :func:`~mpguide.runner.run_example`.
+    example shows outside :func:`~mpguide.verify.runner.run_example`.
     """
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -114,21 +115,6 @@ class StepRecorder(Callback):
             self.skipped_per_step.append(scale < self.scale[-1])
 
 
-def parameter_digest(module: torch.nn.Module) -> str:
-    """SHA-256 (hex) of every parameter's name, dtype, shape and bytes, in ``named_parameters`` order.
-
-    Two modules have the same digest exactly when their weights are bitwise identical.
-    """
-    import hashlib
-
-    digest = hashlib.sha256()
-    for name, param in module.named_parameters():
-        tensor = param.detach().cpu().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
-
-
 def train_run(
     spec: RunDecl,
     module_factory: Callable[[], Any],
@@ -153,7 +139,7 @@ def train_run(
             ``plugin_factory(precision, accelerator)``; ``None`` for Lightning's own handling.
 
     Returns:
-        The :class:`~mpguide.runner.RunResult`; ``steps`` is the number of training batches the run was meant to
+        The :class:`~mpguide.verify.runner.RunResult`; ``steps`` is the number of training batches the run was meant to
         see (epochs x batches per epoch).
     """
     import lightning.pytorch as pl
@@ -237,23 +223,19 @@ def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> No
 
 def captured_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     """A record's ``warnings``: ``"Category: message"`` of each distinct warning, sorted, machine paths cut
-    (:func:`mpguide.report.short_paths`; a warning such as ``detect_anomaly``'s carries a traceback)."""
-    from .report import short_paths
-
-    return sorted({short_paths(f"{w.category.__name__}: {w.message}") for w in caught})
+    (:func:`mpguide.verify.records.short_paths`; a warning such as ``detect_anomaly``'s carries a traceback)."""
+    return sorted({records.short_paths(f"{w.category.__name__}: {w.message}") for w in caught})
 
 
 def error_record(err: BaseException, prefix: str = "") -> dict[str, str]:
     """The ``error`` field of a run: exception type, message, first and last four traceback entries.
 
-    Machine paths are shortened (:func:`mpguide.report.short_paths`), so records and pages show
+    Machine paths are shortened (:func:`mpguide.verify.records.short_paths`), so records and pages show
     ``torch/amp/grad_scaler.py`` or ``examples/plot_02_two_optimizers.py``, never a home folder.
     """
-    from .report import short_paths
-
     frames = traceback.format_exception(type(err), err, err.__traceback__)
-    return {"type": type(err).__name__, "message": short_paths(f"{prefix}{err}".strip()),
-            "traceback": short_paths("".join(frames[:1] + frames[-4:]))}
+    return {"type": type(err).__name__, "message": records.short_paths(f"{prefix}{err}".strip()),
+            "traceback": records.short_paths("".join(frames[:1] + frames[-4:]))}
 
 
 def run_example(
@@ -270,27 +252,28 @@ def run_example(
     """Train every declared run of an example, judge its claims and write its results record.
 
     Prints one progress line per run and returns the record (also written to
-    ``<results_dir>/<example>.json`` atomically; see :mod:`mpguide.records`).
+    ``<results_dir>/<example>.json`` atomically; see :mod:`mpguide.verify.records`).
 
     Args:
         example: the example's file stem, e.g. ``"plot_01_porting_to_manual"``.
         recipes: recipe name -> zero-argument factory of a LightningModule.
-        runs: the example's literal ``RUNS`` table (see :mod:`mpguide.declarations`).
+        runs: the example's literal ``RUNS`` table (see :mod:`mpguide.verify.declarations`).
         claims: the example's literal ``CLAIMS`` table.
         plugins: plugin name -> factory ``(precision, accelerator) -> plugin`` for runs with a
             ``"plugin"`` option; :class:`mpguide.precision.ManualMixedPrecision` is known by name.
-        results_dir: folder for the record (default :func:`mpguide.records.results_dir`).
+        results_dir: folder for the record (default :func:`mpguide.verify.records.results_dir`).
         progress: called with each progress line.
-        train: trains one run, with the arguments and result of :func:`~mpguide.runner.train_run` (the
-            default); e.g. :func:`mpguide.distributed.train_run` (DDP) or :func:`mpguide.fabric.train_run`.
+        train: trains one run, with the arguments and result of :func:`~mpguide.verify.runner.train_run` (the
+            default); e.g. :func:`mpguide.verify.distributed.train_run` (DDP) or
+            :func:`mpguide.verify.fabric_runs.train_run`.
 
     Raises:
-        mpguide.declarations.DeclarationError: the tables are malformed, or differ from what the
+        mpguide.verify.declarations.DeclarationError: the tables are malformed, or differ from what the
             example file (when it is found) declares at module level.
         hardware.ConfigurationError: unknown preset/device/precision, or a run naming a recipe or
             plugin the tables do not have (including through ``MPGUIDE_SWAP_RECIPE``).
     """
-    from .precision import ManualMixedPrecision
+    from ..precision import ManualMixedPrecision
 
     declaration = declarations.from_tables(example, runs, claims)
     source_file = declarations.example_file(example)
@@ -354,13 +337,13 @@ def _shown_path(path: Path) -> str:
 
 def source_info(example: str, declaration: declarations.Declaration, swaps: dict[str, str],
                 accelerator: str) -> dict[str, Any]:
-    """The ``source`` field of a record: what it is produced from (see :mod:`mpguide.records`).
+    """The ``source`` field of a record: what it is produced from (see :mod:`mpguide.verify.records`).
 
-    Its inputs come from :func:`mpguide.records.source_inputs` (what the docs build compares to
+    Its inputs come from :func:`mpguide.verify.records.source_inputs` (what the docs build compares to
     decide a rerun); added here are the git state and ``declaration_sha256``, the digest of what
     the example declares for a record made on ``accelerator``
-    (:meth:`mpguide.declarations.Declaration.digest`), so the runs and claims the record holds hash
-    to it (:func:`mpguide.declarations.record_digest`).
+    (:meth:`mpguide.verify.declarations.Declaration.digest`), so the runs and claims the record holds hash
+    to it (:func:`mpguide.verify.declarations.record_digest`).
 
     Args:
         example: the example's file stem.
@@ -369,7 +352,7 @@ def source_info(example: str, declaration: declarations.Declaration, swaps: dict
         accelerator: ``"cpu"`` or ``"cuda"``, where the record's runs trained.
     """
     example_path = declarations.example_file(example)
-    commit, dirty = records.git_state([example_path, Path(records.__file__).parent])
+    commit, dirty = records.git_state([example_path, records.PACKAGE_DIR])
     return {**records.source_inputs(example_path, swaps), "declaration_sha256": declaration.digest(accelerator),
             "commit": commit, "dirty": dirty}
 

@@ -16,7 +16,7 @@ always train on CPU with the gloo backend, on ``127.0.0.1`` and a free port; the
 semantics shown (when DDP all-reduces, what the ranks then agree on) are the same with NCCL on GPUs.
 
 Each rank records its own steps with :class:`RankRecorder` and writes them to a file; the parent
-process merges the ranks into one :class:`mpguide.runner.RunResult` (the loss of the global batch
+process merges the ranks into one :class:`mpguide.verify.runner.RunResult` (the loss of the global batch
 is the mean of the ranks' losses, since every rank's batch has the same size). Counting all-reduces:
 Lightning registers ``DDPStrategy(ddp_comm_hook=...)`` only on CUDA (``_register_ddp_hooks`` in
 ``strategies/ddp.py``) and silently ignores it on CPU, so :class:`RankRecorder` registers a counting
@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 from . import hardware
-from .data import digits_tensors
+from ..data import digits_tensors
 from .runner import (RunResult, StepRecorder, captured_warnings, error_record, parameter_digest, quiet_lightning,
                      train_run as single_train_run)
 
@@ -142,12 +142,12 @@ def counting_allreduce_hook(state, bucket):  # no annotations: DDP's register_co
 
 
 class RankRecorder(StepRecorder):
-    """:class:`mpguide.runner.StepRecorder` for one DDP rank: also counts all-reduces and writes a file.
+    """:class:`mpguide.verify.runner.StepRecorder` for one DDP rank: also counts all-reduces and writes a file.
 
     In every rank (a forked child) it captures warnings from ``setup`` on, registers
     :func:`counting_allreduce_hook` when the model is a ``DistributedDataParallel``, and at the end
     of training writes ``rank<r>.json`` into ``out_dir`` with the per-step lists, the counts, the
-    digest of the final weights (:func:`mpguide.runner.parameter_digest`), ``global_step`` and the
+    digest of the final weights (:func:`mpguide.verify.runner.parameter_digest`), ``global_step`` and the
     module's ``record_extra()``.
 
     Args:
@@ -189,7 +189,7 @@ class RankRecorder(StepRecorder):
 
 
 def is_ddp(spec: Any) -> bool:
-    """Whether a declared run (:class:`mpguide.declarations.RunDecl`) asks for several processes."""
+    """Whether a declared run (:class:`mpguide.verify.declarations.RunDecl`) asks for several processes."""
     return int(spec.trainer_kwargs.get("devices", 1)) > 1
 
 
@@ -197,10 +197,10 @@ def train_run(spec: Any, module_factory: Callable[[], Any], accelerator: str, pr
               plugin_factory: Callable[..., Any] | None = None) -> RunResult:
     """Train one declared run: DDP when its ``trainer`` options ask for ``devices`` > 1, else one process.
 
-    Pass it to :func:`mpguide.runner.run_example` as ``train=``. A run declared with
+    Pass it to :func:`mpguide.verify.runner.run_example` as ``train=``. A run declared with
     ``{"trainer": {"strategy": "ddp_fork", "devices": 2}}`` trains in :data:`WORLD_SIZE` forked CPU
     processes over gloo (see the module docstring for why fork, and why CPU); any other run goes to
-    :func:`mpguide.runner.train_run` unchanged. Both read the data in the same order: one process
+    :func:`mpguide.verify.runner.train_run` unchanged. Both read the data in the same order: one process
     sees each global batch of ``preset.batch_size`` samples whole, each DDP rank sees its share.
 
     The result has the fields of a single-process run, merged over the ranks: ``loss`` is the mean
@@ -215,14 +215,14 @@ def train_run(spec: Any, module_factory: Callable[[], Any], accelerator: str, pr
     0's ``record_extra()`` and ``record_extra_per_rank``.
 
     Args:
-        spec: the declared run (:class:`mpguide.declarations.RunDecl`).
+        spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).
         module_factory: builds the LightningModule (called once, after seeding, in this process).
         accelerator: ``"cpu"`` or ``"cuda"``; DDP runs use ``"cpu"`` whatever it says.
         preset: size (epochs, global batch size).
         plugin_factory: precision plugin factory ``(precision, accelerator) -> plugin`` or ``None``.
 
     Returns:
-        The merged :class:`mpguide.runner.RunResult`. An exception in any rank is stored in
+        The merged :class:`mpguide.verify.runner.RunResult`. An exception in any rank is stored in
         ``error`` (type and message) and leaves the per-step lists empty.
 
     Raises:

@@ -7,7 +7,7 @@ claim gate. Layout (``schema_version`` 2)::
       "example": "plot_01_porting_to_manual",   # file stem of the example
       "schema_version": 2,
       "created": "2026-11-29T20:00:00Z",        # UTC, ISO 8601
-      "preset": "quick",                        # size preset, see mpguide.hardware
+      "preset": "quick",                        # size preset, see mpguide.verify.hardware
       "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"},
       "source": {"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty",
                  "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}, "upgraded_from_schema"?},
@@ -20,16 +20,16 @@ claim gate. Layout (``schema_version`` 2)::
                   | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 
-Every field is listed in :data:`~mpguide.records.SCHEMA_FIELDS`; a record with any other field
+Every field is listed in :data:`~mpguide.verify.records.SCHEMA_FIELDS`; a record with any other field
 (top level, ``env``, ``source``, ``run_env``, a run, its ``error``, a claim) is refused. A run's
 ``extra`` is the one free-form object: each recipe records its own measurements there.
 
 ``source`` says what the record was produced from: SHA-256 digests of the example file, of the
-helper library's sources (:func:`~mpguide.records.library_digest`) and of the runs and claims the
-example declared for this record (:func:`mpguide.declarations.digest_of`; the claims of the
+helper library's sources (:func:`~mpguide.verify.records.library_digest`) and of the runs and claims the
+example declared for this record (:func:`mpguide.verify.declarations.digest_of`; the claims of the
 record's accelerator only), the git commit when known (``dirty`` when the example or library
 differed from it), and the environment variables that steer a run. The claim gate compares the
-record with the example's declaration (:mod:`mpguide.declarations`), calls a record **stale**
+record with the example's declaration (:mod:`mpguide.verify.declarations`), calls a record **stale**
 when the example file changed since it was written, and checks that the runs and claims the
 record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
 is noticed even in a stale reference, which is not compared with today's declaration).
@@ -45,6 +45,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -63,8 +64,8 @@ _REQUIRED_CLAIM = {"kind": str, "runs": list}
 
 #: Every field schema 2 defines, per object (the layout in this module's docstring). A field not
 #: listed here is refused: a typo, a record of a newer schema, or a hand edit would otherwise be
-#: ignored silently. Runs hold the fields of :class:`mpguide.runner.RunResult`; claims hold the
-#: defining keys of :data:`mpguide.declarations.CLAIM_KEYS`, a title and what the run judged.
+#: ignored silently. Runs hold the fields of :class:`mpguide.verify.runner.RunResult`; claims hold the
+#: defining keys of :data:`mpguide.verify.declarations.CLAIM_KEYS`, a title and what the run judged.
 SCHEMA_FIELDS: dict[str, frozenset[str]] = {
     "record": frozenset(_REQUIRED_TOP),
     "env": frozenset({"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"}),
@@ -101,11 +102,11 @@ def reference_dir() -> Path:
 
     ``$MPGUIDE_REFERENCE_DIR``, else ``results/reference`` of the repository this library lives in.
     """
-    return Path(os.environ.get(REFERENCE_ENV) or Path(__file__).resolve().parent.parent / "results" / "reference")
+    return Path(os.environ.get(REFERENCE_ENV) or REPO_ROOT / "results" / "reference")
 
 
 def record_path(example: str, directory: Path | None = None) -> Path:
-    """Path of the record of ``example`` (a file stem) inside ``directory`` (default :func:`~mpguide.records.results_dir`)."""
+    """Path of the record of ``example`` (a file stem) inside ``directory`` (default :func:`~mpguide.verify.records.results_dir`)."""
     return Path(directory or results_dir()) / f"{example}.json"
 
 
@@ -132,7 +133,11 @@ def environment(accelerator: str) -> dict[str, str]:
 
 
 #: The repository this library lives in (its ``examples/`` and ``mpguide/`` are hashed for ``source``).
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The installed package whose sources a record's library digest covers: the reader API and this harness.
+#: The docs build's own code (``docs/_ext/mpguide_build``) is not part of it, so editing the build never
+#: makes a record stale (and never reruns the examples).
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def file_digest(path: Path) -> str | None:
@@ -141,32 +146,44 @@ def file_digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
-#: Library modules that only the docs build and the gate use. No example runs their code, so editing
-#: them does not make a record stale (and does not rerun the examples).
-BUILD_ONLY_MODULES = frozenset({"gate.py", "pagecheck.py", "reference.py", "sphinx_ext.py", "matrix.py",
-                                "download.py", "guide.py"})
-#: Library modules that only draw figures and tables. Examples run them, so they are part of a
-#: record's library digest, but no verdict depends on them: the version matrix leaves them out.
-PRESENTATION_MODULES = frozenset({"plotting.py", "report.py"})
+#: Package modules (paths relative to the package) that only draw figures and tables. Examples run
+#: them, so they are part of a record's library digest, but no verdict depends on them: the version
+#: matrix leaves them out.
+PRESENTATION_MODULES = frozenset({"verify/plotting.py", "verify/report.py"})
 
 
 def library_digest(exclude: frozenset[str] = frozenset()) -> str:
-    """SHA-256 (hex) over the names and bytes of the library sources examples run, in name order.
+    """SHA-256 (hex) over the relative paths and bytes of the package sources examples run, in path order.
 
-    Every ``mpguide/*.py`` except :data:`~mpguide.records.BUILD_ONLY_MODULES` and ``exclude``
-    (e.g. :data:`~mpguide.records.PRESENTATION_MODULES` for a digest of what verdicts depend on).
+    Every ``mpguide/**/*.py`` except ``exclude`` (paths relative to the package, e.g.
+    :data:`~mpguide.verify.records.PRESENTATION_MODULES` for a digest of what verdicts depend on).
     """
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name in BUILD_ONLY_MODULES or path.name in exclude:
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        name = path.relative_to(PACKAGE_DIR).as_posix()
+        if "__pycache__" in path.parts or name in exclude:
             continue
-        digest.update(path.name.encode())
+        digest.update(name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
+def short_paths(text: str) -> str:
+    """``text`` with machine-specific folders cut: ``/any/where/site-packages/torch/x.py`` -> ``torch/x.py``,
+    ``/any/where/lib/python3.11/threading.py`` -> ``threading.py``.
+
+    Tracebacks captured in records carry the absolute paths of the machine that ran them; a page
+    shows the package-relative part only, and paths inside this repository relative to its root
+    (``examples/plot_02_two_optimizers.py``).
+    """
+    text = text.replace(f"{REPO_ROOT}/", "").replace(f"{REPO_ROOT}\\", "")
+    text = re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\](?:site|dist)-packages[/\\]", "", text)
+    # the standard library: /root/.pyenv/versions/3.11.7/lib/python3.11/threading.py -> threading.py
+    return re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\]lib[/\\]python3\.\d+[/\\]", "", text)
+
+
 def git_state(paths: list[Path]) -> tuple[str | None, bool | None]:
-    """The commit checked out in :data:`~mpguide.records.REPO_ROOT` and whether ``paths`` differ from it.
+    """The commit checked out in :data:`~mpguide.verify.records.REPO_ROOT` and whether ``paths`` differ from it.
 
     Returns:
         ``(commit, dirty)``; ``(None, None)`` outside a git checkout or without git.
@@ -197,21 +214,21 @@ def run_env(swaps: dict[str, str]) -> dict[str, Any]:
 
 
 #: The fields of ``source`` that name a record's inputs: the docs build reruns an example whose record
-#: holds other values than :func:`~mpguide.records.source_inputs` gives now.
+#: holds other values than :func:`~mpguide.verify.records.source_inputs` gives now.
 INPUT_FIELDS = ("example_sha256", "library_sha256", "run_env")
 
 
 def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None = None) -> dict[str, Any]:
-    """The :data:`~mpguide.records.INPUT_FIELDS` of a record's ``source``, as a run would write them now.
+    """The :data:`~mpguide.verify.records.INPUT_FIELDS` of a record's ``source``, as a run would write them now.
 
-    The one place these fields are built: :func:`mpguide.runner.source_info` writes them into every
-    record, and :func:`mpguide.sphinx_ext.examples_to_rerun` compares a record's with them. Reads
+    The one place these fields are built: :func:`mpguide.verify.runner.source_info` writes them into every
+    record, and :func:`mpguide_build.sphinx_ext.examples_to_rerun` compares a record's with them. Reads
     files only (no torch, no git).
 
     Args:
         example_path: the example file (its SHA-256 becomes ``example_sha256``; ``None`` when absent).
         swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply to this example.
-        library: :func:`~mpguide.records.library_digest`, when the caller already computed it.
+        library: :func:`~mpguide.verify.records.library_digest`, when the caller already computed it.
 
     Returns:
         ``{"example_sha256": hex | None, "library_sha256": hex, "run_env": {...}}``.
@@ -291,7 +308,7 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
     if version != SCHEMA_VERSION:
         raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
                           + (" (a committed reference of version 1 can be converted with "
-                             "`python -m mpguide.records upgrade PATH --commit SHA`)" if version == 1 else ""))
+                             "`python -m mpguide.verify.records upgrade PATH --commit SHA`)" if version == 1 else ""))
     _check_fields(record, _REQUIRED_TOP, f"{path}", fix)
     _check_known(record, "record", f"{path}", path)
     _check_known(record["env"], "env", f"{path}: env", path)
@@ -346,7 +363,7 @@ _CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
 
 
 def _check_known(obj: dict[str, Any], part: str, where: str, path: Path | str) -> None:
-    """Refuse the first field of ``obj`` that :data:`~mpguide.records.SCHEMA_FIELDS` does not define for ``part``."""
+    """Refuse the first field of ``obj`` that :data:`~mpguide.verify.records.SCHEMA_FIELDS` does not define for ``part``."""
     import difflib
 
     unknown = sorted(set(obj) - SCHEMA_FIELDS[part], key=str)
@@ -378,9 +395,9 @@ def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, libra
     record was made at and the example's and library's sources at that commit (for example from
     ``git show COMMIT:examples/NAME.py``); their digests become ``source``. Runs keep every field;
     the run options schema 1 did not store (``plugin``, ``trainer_kwargs``, ``plain_flag``) stay
-    absent, and the gate then compares only what is present (see :mod:`mpguide.claims`). A schema-1
+    absent, and the gate then compares only what is present (see :mod:`mpguide.verify.claims`). A schema-1
     record holds every claim its example made, so ``declaration_sha256`` is the digest of the runs
-    and claims the record holds (:func:`mpguide.declarations.digest_of`): the gate notices a run or
+    and claims the record holds (:func:`mpguide.verify.declarations.digest_of`): the gate notices a run or
     claim deleted or edited after the conversion.
 
     Args:
@@ -416,10 +433,10 @@ def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, libra
 
 
 def _upgrade_cli(argv: list[str] | None = None) -> int:
-    """``python -m mpguide.records upgrade PATH... --commit SHA``: rewrite schema-1 records in place."""
+    """``python -m mpguide.verify.records upgrade PATH... --commit SHA``: rewrite schema-1 records in place."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m mpguide.records",
+    parser = argparse.ArgumentParser(prog="python -m mpguide.verify.records",
                                      description="Convert schema-1 records to schema 2, reading the example and "
                                                  "library sources at COMMIT from git.")
     parser.add_argument("command", choices=["upgrade"])

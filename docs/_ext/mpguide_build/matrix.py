@@ -1,21 +1,21 @@
 """The version matrix: which claims hold on which Lightning release, summarised, checked for staleness, rendered.
 
-``nox -s matrix`` installs each release of :data:`~mpguide.matrix.RELEASES` into its own environment
+``nox -s matrix`` installs each release of :data:`~mpguide_build.matrix.RELEASES` into its own environment
 (sharing one CPU torch), runs every example there at the ``test`` preset and calls
-``python -m mpguide.matrix run`` in that environment, which judges the records with the claim gate
-(:func:`mpguide.gate.judge`) and writes one compact **summary** per release,
+``python -m mpguide_build.matrix run`` in that environment, which judges the records with the claim gate
+(:func:`mpguide.verify.gate.judge`) and writes one compact **summary** per release,
 ``results/matrix/lightning-<version>.json`` (a few KB; the full records stay out of git):
 
 ``schema``
-    :data:`~mpguide.matrix.SCHEMA` (other values are refused).
+    :data:`~mpguide_build.matrix.SCHEMA` (other values are refused).
 ``lightning``, ``torch``, ``python``, ``device``, ``preset``, ``created`` (UTC)
     what ran, where and when.
 ``status``, ``error``
     ``"ran"``, or ``"could not run"`` with ``error`` = ``{"stage": "install" | "import", "message"}``
     when the release could not be installed or imported (a result, not a crash).
 ``library_sha256``
-    :func:`mpguide.records.library_digest` of the library the matrix was produced with, without the
-    modules that only draw (:data:`mpguide.records.PRESENTATION_MODULES`): no verdict depends on them.
+    :func:`mpguide.verify.records.library_digest` of the library the matrix was produced with, without the
+    modules that only draw (:data:`mpguide.verify.records.PRESENTATION_MODULES`): no verdict depends on them.
 ``examples``
     example -> ``{"example_sha256", "status" ("ran" or "could not run"), "error", "seconds",
     "claims": [{"id", "kind", "runs", "title", "verdict" ("pass" | "fail" | "not judged"),
@@ -26,9 +26,9 @@
     ``{"status" ("pass" | "fail" | "refused" | "could not run"), "passed", "failed", "message"}``.
 
 A summary is **stale** when an example or the library changed since it was produced
-(:func:`~mpguide.matrix.staleness`); the test suite fails then, and the message says to run
-``nox -s matrix``. :func:`~mpguide.matrix.render_table` draws the table of the guide and
-:func:`~mpguide.matrix.applies_sentence` the "applies to Lightning X to Y" line of a pitfall section.
+(:func:`~mpguide_build.matrix.staleness`); the test suite fails then, and the message says to run
+``nox -s matrix``. :func:`~mpguide_build.matrix.render_table` draws the table of the guide and
+:func:`~mpguide_build.matrix.applies_sentence` the "applies to Lightning X to Y" line of a pitfall section.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from . import declarations, records
+from mpguide.verify import declarations, records
 
 #: Format of a summary file; bump on incompatible changes.
 SCHEMA = "mpguide-matrix-1"
@@ -72,7 +72,7 @@ PLUGIN_REFUSES = "plugin refuses"
 CPU_ARTIFACT = "CPU-only artifact"
 #: Outcome "not judged", the record could not judge the claim.
 NOT_JUDGED = "not judged"
-#: Every outcome class of a cell (:func:`~mpguide.matrix.outcome`), in the legend's order.
+#: Every outcome class of a cell (:func:`~mpguide_build.matrix.outcome`), in the legend's order.
 OUTCOMES = (HOLDS, DOES_NOT_HOLD, CANNOT_RUN, PLUGIN_REFUSES, CPU_ARTIFACT, NOT_JUDGED)
 #: What each outcome means, for the legend above the table.
 OUTCOME_MEANING = {
@@ -113,7 +113,7 @@ class MatrixError(ValueError):
 
 
 def summary_path(version: str, directory: Path | None = None) -> Path:
-    """``<directory>/lightning-<version>.json`` (default directory :data:`~mpguide.matrix.MATRIX_DIR`)."""
+    """``<directory>/lightning-<version>.json`` (default directory :data:`~mpguide_build.matrix.MATRIX_DIR`)."""
     return Path(directory or MATRIX_DIR) / f"lightning-{version}.json"
 
 
@@ -126,7 +126,7 @@ def claim_id(claim: dict[str, Any]) -> str:
     """Short identity of a declared claim within its example: ``kind(run, ...)`` plus its key or category.
 
     Args:
-        claim: a claim dict as built by :mod:`mpguide.claims` (``kind``, ``runs``, maybe ``key``).
+        claim: a claim dict as built by :mod:`mpguide.verify.claims` (``kind``, ``runs``, maybe ``key``).
     """
     qualifier = claim.get("key") or claim.get("category") or ""
     return f"{claim['kind']}({', '.join(claim['runs'])})" + (f" [{qualifier}]" if qualifier else "")
@@ -155,13 +155,13 @@ def summarize_example(example: str, record_dir: Path, version: str, script_error
         version: the Lightning release (used in messages instead of the temporary record path).
         script_error: last lines of the script's stderr when it exited non-zero (``""`` otherwise).
         seconds: wall time of the script.
-        examples: folder of the examples (default :func:`mpguide.declarations.examples_dir`).
+        examples: folder of the examples (default :func:`mpguide.verify.declarations.examples_dir`).
 
     Returns:
         The ``examples[example]`` entry of a summary (see the module docstring). Without a readable
         record the example "could not run" and ``error`` holds the script's error or the record error.
     """
-    from .gate import judge
+    from mpguide.verify.gate import judge
 
     entry: dict[str, Any] = {"example_sha256": records.file_digest(declarations.example_file(example, examples)),
                              "status": "ran", "error": script_error or None, "seconds": seconds, "claims": []}
@@ -267,7 +267,7 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read and validate one summary file. Raises :class:`~mpguide.matrix.MatrixError`."""
+    """Read and validate one summary file. Raises :class:`~mpguide_build.matrix.MatrixError`."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -279,7 +279,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def load_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
-    """Every summary in ``directory`` (default :data:`~mpguide.matrix.MATRIX_DIR`), oldest release first.
+    """Every summary in ``directory`` (default :data:`~mpguide_build.matrix.MATRIX_DIR`), oldest release first.
 
     Raises:
         MatrixError: a file is unreadable, or the folder holds no summary at all.
@@ -301,7 +301,7 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
 
     Compares the recorded digests with today's: every ``examples/plot_*.py`` must be in the summary
     with the same SHA-256, no example may have been removed, and the library digest
-    (:func:`~mpguide.matrix.verdict_library_digest`) must be the same.
+    (:func:`~mpguide_build.matrix.verdict_library_digest`) must be the same.
     """
     folder = Path(examples or declarations.examples_dir())
     current = {p.stem: records.file_digest(p) for p in sorted(folder.glob("plot_*.py"))}
@@ -340,7 +340,7 @@ def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
     """``(verdict, message)`` of claim ``cid`` of ``example`` in one release's summary, as stored.
 
     ``verdict`` is ``"pass"``, ``"fail"``, ``"not judged"`` or ``"could not run"`` (the release or the
-    example could not run, or the claim is absent from its record). :func:`~mpguide.matrix.outcome`
+    example could not run, or the claim is absent from its record). :func:`~mpguide_build.matrix.outcome`
     tells a reader what a non-passing verdict means.
     """
     entry = summary["examples"].get(example)
@@ -473,13 +473,13 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
     """The matrix as MyST Markdown: per example a table with one row per claim and one column per
     release, then every message.
 
-    Each cell reads one outcome of :data:`OUTCOMES` (:func:`~mpguide.matrix.outcome`), explained in a
+    Each cell reads one outcome of :data:`OUTCOMES` (:func:`~mpguide_build.matrix.outcome`), explained in a
     legend above the tables, and links to its message below the tables (an HTML anchor, so no Sphinx reference can dangle). The messages sit
     in one collapsed ``<details>`` block per release (a browser opens it when a link points inside),
     the non-passing ones first; identical messages of one release are listed once.
 
     Args:
-        summaries: from :func:`~mpguide.matrix.load_matrix`.
+        summaries: from :func:`~mpguide_build.matrix.load_matrix`.
         examples: restrict to these examples (default: all).
 
     Returns:
@@ -572,7 +572,7 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     """The "Lightning releases" line of a guide section, drawn from the matrix, in words that cannot mislead.
 
     Args:
-        summaries: from :func:`~mpguide.matrix.load_matrix`.
+        summaries: from :func:`~mpguide_build.matrix.load_matrix`.
         claims: the ``(example, claim id)`` pairs the section rests on.
 
     Returns:
@@ -619,10 +619,10 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
 
 
 def run_plugin_tests(python: str, root: Path, timeout: float = 600) -> dict[str, Any]:
-    """Run :data:`~mpguide.matrix.PLUGIN_TESTS` with ``python -m pytest`` and classify the outcome.
+    """Run :data:`~mpguide_build.matrix.PLUGIN_TESTS` with ``python -m pytest`` and classify the outcome.
 
     ``refused`` when every failing test of pytest's short summary carries
-    :data:`~mpguide.matrix.REFUSAL_MARK` (the plugin declines that Lightning release with a clear
+    :data:`~mpguide_build.matrix.REFUSAL_MARK` (the plugin declines that Lightning release with a clear
     error and nothing else went wrong), ``pass`` when nothing failed, else ``fail``.
     """
     proc = subprocess.run([python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", PLUGIN_TESTS],
@@ -651,12 +651,16 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
     ``MPGUIDE_DEVICE=cpu``; a script that fails or times out is recorded, not raised.
 
     Returns:
-        The summary written to :func:`~mpguide.matrix.summary_path` in ``out_dir``.
+        The summary written to :func:`~mpguide_build.matrix.summary_path` in ``out_dir``.
     """
-    import lightning
-
     root = records.REPO_ROOT
     summary = new_summary(version)
+    try:
+        import lightning
+    except Exception as err:  # noqa: BLE001 - a release that installs but does not import is a result
+        summary.update(status="could not run", error={"stage": "import", "message": f"{type(err).__name__}: {err}"})
+        write_summary(summary, out_dir)
+        return summary
     if lightning.__version__ != version:
         summary.update(status="could not run", error={
             "stage": "import", "message": f"this environment imports Lightning {lightning.__version__}, "
@@ -693,7 +697,7 @@ def merge_into_previous(summary: dict[str, Any], directory: Path | None = None) 
 
     Lets ``MPGUIDE_MATRIX_EXAMPLES`` rerun only the examples that changed. Entries are taken over
     only from a previous summary of the same library digest and status ``"ran"``; each keeps its
-    own ``example_sha256``, so :func:`~mpguide.matrix.staleness` still names every entry that
+    own ``example_sha256``, so :func:`~mpguide_build.matrix.staleness` still names every entry that
     describes an older example.
     """
     path = summary_path(summary["lightning"], directory)
@@ -716,8 +720,8 @@ def _last_error(stderr: str, lines: int = 3) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mpguide.matrix run|error|check|table``; see ``--help``."""
-    parser = argparse.ArgumentParser(prog="python -m mpguide.matrix", description=__doc__.split("\n")[0])
+    """``python -m mpguide_build.matrix run|error|check|table``; see ``--help``."""
+    parser = argparse.ArgumentParser(prog="python -m mpguide_build.matrix", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the examples in this environment and write its summary")
     run.add_argument("--lightning", required=True, help="the release this environment should import")
@@ -726,7 +730,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = sub.add_parser("error", help="write the summary of a release that could not be installed")
     err.add_argument("--lightning", required=True)
     err.add_argument("--stage", default="install")
-    err.add_argument("--message-file", type=Path, required=True)
+    what = err.add_mutually_exclusive_group(required=True)
+    what.add_argument("--message-file", type=Path, help="a log whose last error lines say why")
+    what.add_argument("--message", help="why, in words")
     err.add_argument("--out", type=Path, default=MATRIX_DIR)
     err.add_argument("--examples", nargs="*", default=None)
     sub.add_parser("check", help="exit 1 when the committed matrix is stale")
@@ -738,7 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_release(args.lightning, args.out, args.examples or every)
         return 0
     if args.command == "error":
-        message = _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)
+        message = args.message or _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)
         summary = new_summary(args.lightning, "could not run", {"stage": args.stage, "message": message},
                               args.examples or every)
         print(f"  Lightning {args.lightning}: could not {args.stage}: {message.splitlines()[-1][:160]}")

@@ -1,27 +1,41 @@
 """Measure a run from outside the LightningModule: callbacks the runner attaches to every fit.
 
 A recipe (the LightningModule a reader copies) should contain only training code. What the page
-needs beyond the per-step loss, learning rate and loss scale of :class:`mpguide.runner.StepRecorder`
-comes from these callbacks, and :func:`~mpguide.probes.collect` turns them into the ``extra`` fields
+needs beyond the per-step loss, learning rate and loss scale of :class:`mpguide.verify.runner.StepRecorder`
+comes from these callbacks, and :func:`~mpguide.verify.probes.collect` turns them into the ``extra`` fields
 of a run:
 
-* :class:`~mpguide.probes.LoggedValues`: every value the module logs with ``self.log(name, value)``
+* :class:`~mpguide.verify.probes.LoggedValues`: every value the module logs with ``self.log(name, value)``
   (the call a reader writes anyway), one list per name;
-* :class:`~mpguide.probes.AppliedUpdates`: whether the parameters changed during each batch, i.e.
+* :class:`~mpguide.verify.probes.AppliedUpdates`: whether the parameters changed during each batch, i.e.
   whether an optimizer step really updated the model (GradScaler skips steps silently,
   ``torch/amp/grad_scaler.py``; a user's own guard may skip them too);
-* :class:`~mpguide.probes.FinalLossScale`: the loss scale when training ends;
-* :class:`~mpguide.probes.FinalWeights`: a digest of the final weights.
+* :class:`~mpguide.verify.probes.FinalLossScale`: the loss scale when training ends;
+* :class:`~mpguide.verify.probes.FinalWeights`: a digest of the final weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from .steps import loss_scale
+from ..steps import loss_scale
+
+
+def parameter_digest(module: torch.nn.Module) -> str:
+    """SHA-256 (hex) of every parameter's name, dtype, shape and bytes, in ``named_parameters`` order.
+
+    Two modules have the same digest exactly when their weights are bitwise identical.
+    """
+    digest = hashlib.sha256()
+    for name, param in module.named_parameters():
+        tensor = param.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
 
 
 class LoggedValues(Callback):
@@ -87,6 +101,25 @@ class AppliedUpdates(Callback):
                 "all_updates_applied": all(self.applied), "applied_per_step": self.applied}
 
 
+class PrecisionInUse(Callback):
+    """Record which precision the ``Trainer`` really trains in, and whether it has a GradScaler.
+
+    ``Trainer(precision="16-mixed")`` on a CPU becomes ``"bf16-mixed"`` with a warning and no GradScaler
+    (``lightning/pytorch/trainer/connectors/accelerator_connector.py``), so the flag a reader passes and
+    what runs can differ.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.seen = {"trainer_precision": str(trainer.precision), "has_scaler": loss_scale(trainer) is not None}
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"trainer_precision": e.g. "bf16-mixed", "has_scaler": bool}``, or ``{}`` before training started."""
+        return dict(self.seen)
+
+
 class FinalLossScale(Callback):
     """Record the GradScaler's loss scale when training ends (``None`` without a GradScaler).
 
@@ -110,15 +143,13 @@ class FinalWeights(Callback):
     """Record a SHA-256 digest of the module's parameters when training ends.
 
     Two runs have the same digest exactly when their final weights are bitwise identical
-    (:func:`mpguide.runner.parameter_digest`).
+    (:func:`mpguide.verify.probes.parameter_digest`).
     """
 
     def __init__(self) -> None:
         self.digest: str | None = None
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        from .runner import parameter_digest
-
         self.digest = parameter_digest(pl_module)
 
     def record_extra(self) -> dict[str, Any]:
@@ -128,7 +159,7 @@ class FinalWeights(Callback):
 
 def callbacks() -> list[Callback]:
     """Fresh instances of every probe, for one ``Trainer``."""
-    return [LoggedValues(), AppliedUpdates(), FinalLossScale(), FinalWeights()]
+    return [LoggedValues(), AppliedUpdates(), PrecisionInUse(), FinalLossScale(), FinalWeights()]
 
 
 def collect(trainer: Any) -> dict[str, Any]:

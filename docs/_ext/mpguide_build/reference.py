@@ -2,7 +2,7 @@
 
 Used by ``nox -s docs_gpu -- --update-reference`` after a strict GPU build passed::
 
-    python -m mpguide.reference _build/results results/reference
+    python -m mpguide_build.reference _build/results results/reference
 
 Only the records (``plot_*.json``) are copied, never figures. The device, versions and preset come
 from the records' own ``env`` (what really ran), so this module needs no GPU and no torch.
@@ -16,8 +16,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .hardware import device_slug
-from .records import RecordError, load_record
+from mpguide.verify.hardware import device_slug
+from mpguide.verify.records import RecordError, load_record
 
 
 class ReferenceError(ValueError):
@@ -91,8 +91,8 @@ def update_reference(results_dir: Path, reference_root: Path, commit: str = "unk
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m mpguide.reference RESULTS_DIR REFERENCE_ROOT``; exit 0 written, 2 refused."""
-    parser = argparse.ArgumentParser(prog="python -m mpguide.reference", description=__doc__.splitlines()[0])
+    """CLI: ``python -m mpguide_build.reference RESULTS_DIR REFERENCE_ROOT``; exit 0 written, 2 refused."""
+    parser = argparse.ArgumentParser(prog="python -m mpguide_build.reference", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", type=Path)
     parser.add_argument("reference_root", type=Path)
     args = parser.parse_args(argv)
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = update_reference(args.results_dir, args.reference_root,
                                   git_commit(Path(args.reference_root).resolve().parent))
     except ReferenceError as err:
-        print(f"mpguide.reference: {err}", file=sys.stderr)
+        print(f"mpguide_build.reference: {err}", file=sys.stderr)
         return 2
     print(f"GPU reference records written to {folder}")
     return 0

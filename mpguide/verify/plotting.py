@@ -86,7 +86,7 @@ def plot_loss_curves(
 ) -> None:
     """Draw the smoothed loss curves of ``run_ids`` on ``ax``, one point per batch.
 
-    Each curve is the exponential moving average the claims use (:func:`mpguide.claims.smooth`),
+    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.claims.smooth`),
     drawn over the raw per-batch loss in a faint line. Colour follows precision unless ``colors``
     gives one per run id; the line style always follows precision (:data:`PRECISION_STYLES`).
     Runs whose losses are bitwise identical are drawn once, with one legend entry naming them all
@@ -178,9 +178,9 @@ GAP_FLOOR = 1e-7
 def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[str, str]], title: str) -> None:
     """Draw, per batch after the warm-up, the relative difference the claims judge (log scale).
 
-    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.claims.relative_gap`,
+    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.claims.relative_gap`,
     coloured and styled by the candidate's precision. Pairs whose curves are bitwise identical have
-    no difference to draw on a log axis: they share one line at :data:`~mpguide.plotting.GAP_FLOOR`
+    no difference to draw on a log axis: they share one line at :data:`~mpguide.verify.plotting.GAP_FLOOR`
     and one legend entry naming every such pair.
 
     Args:
@@ -235,7 +235,7 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
         key: name of the list in each run's ``extra``.
         title: axes title.
         ylabel: y-axis label (with unit).
-        colors: optional run id -> colour (default: :data:`~mpguide.plotting.EXTRA_COLORS` in order).
+        colors: optional run id -> colour (default: :data:`~mpguide.verify.plotting.EXTRA_COLORS` in order).
         log_base: draw the y axis in this log base (e.g. 2 for factors of two).
     """
     colors = colors or {}

@@ -1,8 +1,8 @@
 """The claim gate: judge every results record against what its example declares, and fail loudly.
 
 Each record is compared with the ``RUNS`` and ``CLAIMS`` tables of the example it names, read
-from the example's source without running it (:mod:`mpguide.declarations`); the declared claims
-are judged, never the record's own copy (:func:`mpguide.claims.evaluate_record`). Two kinds of
+from the example's source without running it (:mod:`mpguide.verify.declarations`); the declared claims
+are judged, never the record's own copy (:func:`mpguide.verify.claims.evaluate_record`). Two kinds of
 records:
 
 * **this build's records** (``_build/results`` by default) must be current: produced from the
@@ -11,15 +11,15 @@ records:
   from an older version of the example. A stale reference is labelled as such, and only the
   declared claims it already held, on unchanged runs, are judged; the others are "not judged".
 
-Every record is also checked in itself (:func:`~mpguide.gate.integrity_problems`): its runs and
+Every record is also checked in itself (:func:`~mpguide.verify.gate.integrity_problems`): its runs and
 claims must still hash to the ``source.declaration_sha256`` it was written with (so a claim deleted
 from a stale reference fails instead of turning into "not judged"), its hardware fields must agree
 with each other, and a reference must lie in the folder of the device it was made on.
 
-Used three ways, always through :func:`~mpguide.gate.judge`:
+Used three ways, always through :func:`~mpguide.verify.gate.judge`:
 
-* ``python -m mpguide.gate`` (also installed as ``mpguide-gate``; see ``--help`` for exit codes);
-* the Sphinx extension :mod:`mpguide.sphinx_ext` at ``build-finished``;
+* ``python -m mpguide.verify.gate`` (also installed as ``mpguide-gate``; see ``--help`` for exit codes);
+* the Sphinx extension :mod:`mpguide_build.sphinx_ext` at ``build-finished``;
 * the test suite.
 """
 
@@ -36,10 +36,10 @@ from .claims import Verdict, evaluate_record, hardware_label
 from .records import REPO_ROOT, RecordError, file_digest, library_digest, load_record, record_path, reference_dir
 from .report import format_table, verdict_rows
 
-#: Where ``python -m mpguide.gate`` looks without arguments (what ``nox -s docs`` writes).
+#: Where ``python -m mpguide.verify.gate`` looks without arguments (what ``nox -s docs`` writes).
 DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"
 
-#: The exit statuses of ``python -m mpguide.gate``, as ``--help`` prints them.
+#: The exit statuses of ``python -m mpguide.verify.gate``, as ``--help`` prints them.
 EXIT_CODES = """exit status:
   0  every judged claim passed (stale references are reported, not failed)
   1  a claim failed, or a record differs from its example's declaration, or a build record is stale,
@@ -116,7 +116,7 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
 
     Args:
         record: a schema-2 record.
-        examples: folder of the examples (default :func:`mpguide.declarations.examples_dir`).
+        examples: folder of the examples (default :func:`mpguide.verify.declarations.examples_dir`).
         include_library: also call it stale when the helper library changed (this build's records
             must come from the current library; a GPU reference only from the current example).
     """
@@ -148,7 +148,7 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
     and the fix:
 
     * **runs and claims as written**: the record's runs and claims must still hash to the
-      ``source.declaration_sha256`` it was written with (:func:`mpguide.declarations.record_digest`),
+      ``source.declaration_sha256`` it was written with (:func:`mpguide.verify.declarations.record_digest`),
       so a run or claim deleted, added or edited later is noticed even in a stale reference, which
       is not compared with today's declaration;
     * **hardware fields agree**: ``env.accelerator`` is ``"cpu"`` or ``"cuda"``; a CPU record has a
@@ -157,11 +157,11 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
       ``MPGUIDE_DEVICE`` and ``MPGUIDE_PRESET`` in ``source.run_env`` (when set) agree with
       ``env.accelerator`` and ``preset``;
     * **reference folder** (``reference=True``): a committed reference was made on CUDA and lies in
-      the folder named by its device (``results/reference/<slug>/``, :func:`mpguide.hardware.device_slug`
-      of ``env.device``), as :func:`mpguide.reference.update_reference` writes it.
+      the folder named by its device (``results/reference/<slug>/``, :func:`mpguide.verify.hardware.device_slug`
+      of ``env.device``), as :func:`mpguide_build.reference.update_reference` writes it.
 
     Args:
-        record: a record that passed :func:`mpguide.records.validate_record`.
+        record: a record that passed :func:`mpguide.verify.records.validate_record`.
         path: where it was read from (its folder name is checked for a reference).
         reference: a committed reference rather than this build's record.
 
@@ -246,7 +246,7 @@ def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = Fa
     Returns:
         ``(verdicts, stale)``: the verdicts, and why a reference is stale (``""`` when current).
         A stale record of this build is one failed verdict instead. Each problem of the record in
-        itself (:func:`~mpguide.gate.integrity_problems`) comes first, as a failed verdict of kind
+        itself (:func:`~mpguide.verify.gate.integrity_problems`) comes first, as a failed verdict of kind
         ``"record"``.
     """
     hardware = hardware_label(record.get("env", {}))
@@ -312,7 +312,7 @@ def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Pat
 
 def check(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None,
           references: Sequence[Path] = ()) -> GateReport:
-    """Like :func:`~mpguide.gate.judge`, but raise when anything failed.
+    """Like :func:`~mpguide.verify.gate.judge`, but raise when anything failed.
 
     Raises:
         GateFailure: a claim failed, a record is missing, unreadable or differs from its
@@ -325,9 +325,9 @@ def check(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry; returns the exit status (see :data:`~mpguide.gate.EXIT_CODES`)."""
+    """Command-line entry; returns the exit status (see :data:`~mpguide.verify.gate.EXIT_CODES`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m mpguide.gate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m mpguide.verify.gate", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Judge results records against the claims their examples declare.\n\nWithout record paths: "
                     "this build's records in _build/results (one for every example in examples/ must be "
                     "there) and the committed references in results/reference (what `nox -s gate` does).",
@@ -363,6 +363,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(report.failure_message(), file=sys.stderr)
     return 2 if report.record_errors or not report.records else 1
+
+
+@dataclass
+class PageRecord:
+    """One record as a page shows it: where it comes from, its verdicts as the gate judges them.
+
+    Attributes:
+        source: ``"this build"`` or ``"reference: <device folder>"``.
+        record: the record.
+        verdicts: from :func:`mpguide.verify.gate.evaluate` (compared with the example's declaration).
+        stale: why a reference is stale, or ``""`` when it was made from the current example.
+        path: the record file.
+    """
+
+    source: str
+    record: dict[str, Any]
+    verdicts: list[Verdict]
+    stale: str
+    path: Path
+
+    @property
+    def label(self) -> str:
+        """Hardware, versions, date and provenance in one line, e.g. for a figure title or a caption."""
+        rec = self.record
+        commit = (rec.get("source") or {}).get("commit")
+        where = "this build" if self.source == "this build" else "reference"
+        text = f"{where}: {hardware_label(rec['env'])}, preset {rec['preset']}, {rec['created'][:10]}"
+        if self.source != "this build" and commit:
+            text += f", recorded at {commit[:7]}"
+        return text + (" (STALE: the example changed since)" if self.stale else "")
+
+
+def page_entries(example: str) -> list[PageRecord]:
+    """This build's record of ``example`` first, then each committed reference, judged as the gate does.
+
+    Raises:
+        mpguide.verify.records.RecordError: this build's record is missing or unreadable (the message
+            names the file and the command that writes it). References are optional.
+    """
+    path = record_path(example)
+    record = load_record(path)
+    verdicts, _ = evaluate(record, path)
+    entries = [PageRecord("this build", record, verdicts, "", path)]
+    for ref in sorted(reference_dir().glob(f"*/{example}.json")):
+        record = load_record(ref)
+        verdicts, stale = evaluate(record, ref, reference=True)
+        entries.append(PageRecord(f"reference: {ref.parent.name}", record, verdicts, stale, ref))
+    return entries
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Timing rules (what makes a ratio of two variants meaningful on a noisy machine):
   lives on the device, so no data loading or host-to-device copy is timed;
 * each timed **window** starts after ``warmup`` steps of that window (allocations, autocast caches,
   cuBLAS heuristics); on CUDA the device is synchronised before both clock readings, on CPU the
-  clock is the process's CPU time with one thread (:func:`~mpguide.throughput.clock`);
+  clock is the process's CPU time with one thread (:func:`~mpguide.verify.throughput.clock`);
 * windows of the variants are **interleaved**: round after round, each variant runs one window, in
   an order that rotates every round, so machine noise (other processes, frequency changes) hits
   all variants alike; the reported rate is the **median** over rounds.
@@ -15,12 +15,12 @@ Timing rules (what makes a ratio of two variants meaningful on a noisy machine):
 The Lightning variants are real :class:`lightning.pytorch.Trainer` fits (``max_steps`` per window,
 logger, checkpointing and progress bar off); their windows are timed by a callback from the end of
 the last warm-up batch to the end of the last batch, so Trainer setup is not counted, Lightning's
-per-step loop and hooks are. On CUDA, :func:`~mpguide.throughput.matmul_peak_tflops` measures a
+per-step loop and hooks are. On CUDA, :func:`~mpguide.verify.throughput.matmul_peak_tflops` measures a
 bf16 matmul peak in the same process, on the same GPU, to put achieved TFLOP/s in proportion, and
-the GPU sizes also time :data:`~mpguide.throughput.TUNED`: the manual variant with one standard
+the GPU sizes also time :data:`~mpguide.verify.throughput.TUNED`: the manual variant with one standard
 speed-up at a time (TF32 matmuls in fp32; a fused optimizer, ``torch.compile`` or both in bf16-mixed),
 so the page can say what each one moves. On a GPU the whole benchmark holds the device alone
-(:func:`mpguide.hardware.device_lock`), although the docs build runs other examples in parallel.
+(:func:`mpguide.verify.hardware.device_lock`), although the docs build runs other examples in parallel.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ VARIANTS: tuple[str, ...] = ("automatic", "manual", "plain loop")
 
 @dataclass(frozen=True)
 class Tuning:
-    """Standard speed-ups applied to the manual variant (see :data:`~mpguide.throughput.TUNED`).
+    """Standard speed-ups applied to the manual variant (see :data:`~mpguide.verify.throughput.TUNED`).
 
     Attributes:
         fused: ``torch.optim.SGD(..., fused=True)``: one kernel updates every parameter.
@@ -62,7 +62,7 @@ class Tuning:
     tf32: bool = False
 
 
-#: The tuned variants of each precision, as variant name -> :class:`~mpguide.throughput.Tuning`. They
+#: The tuned variants of each precision, as variant name -> :class:`~mpguide.verify.throughput.Tuning`. They
 #: are timed (interleaved with the baseline variants) only when :attr:`Size.tuned` is set, i.e. on
 #: CUDA, where the aim is more than 70 % of the measured bf16 matmul peak in bf16-mixed.
 TUNED: dict[str, dict[str, Tuning]] = {
@@ -98,7 +98,7 @@ class Size:
         warmup: untimed steps at the start of every window.
         steps: timed steps per window.
         rounds: windows per variant (the median is taken over these).
-        tuned: also time the :data:`~mpguide.throughput.TUNED` variants.
+        tuned: also time the :data:`~mpguide.verify.throughput.TUNED` variants.
         min_window_s: shortest timed window in seconds of the benchmark's clock; a precision whose
             ``steps`` would take less gets more steps per window, found by timing ``steps`` steps of
             the plain loop once before the rounds (0: no calibration). Very short windows are at
@@ -272,7 +272,7 @@ def clock(accelerator: str) -> float:
     """Seconds for timing windows: CUDA: wall time after ``torch.cuda.synchronize()``; CPU: this process's
     CPU time (:func:`time.process_time`).
 
-    On CPU the benchmark runs single-threaded (see :func:`~mpguide.throughput.interleaved`), so CPU time
+    On CPU the benchmark runs single-threaded (see :func:`~mpguide.verify.throughput.interleaved`), so CPU time
     is the work of the step itself; wall time would mostly measure the other processes sharing the
     cores (on the project's shared 2-core machine, wall-clock rates of one variant swung 100x between
     windows while CPU time did not).
@@ -293,7 +293,7 @@ class Timing:
             after :attr:`Size.min_window_s` calibration).
         seconds: variant -> seconds of each timed window (``size.steps`` steps), in round order.
         device_wait_s: seconds the benchmark waited for the GPU to itself (0.0 on CPU; see
-            :func:`mpguide.hardware.device_lock`).
+            :func:`mpguide.verify.hardware.device_lock`).
     """
 
     precision: str
@@ -332,7 +332,7 @@ class Timing:
     def rates(self) -> dict[str, Any]:
         """Flat record entries for every timed variant (see :func:`variant_key`): ``<key>_steps_per_s`` and
         ``<key>_samples_per_s`` (medians) and ``<key>_round_steps_per_s`` (a list, one rate per round), the
-        numbers :func:`mpguide.claims.rate_ratio` claims divide (lists: paired by round)."""
+        numbers :func:`mpguide.verify.claims.rate_ratio` claims divide (lists: paired by round)."""
         out: dict[str, Any] = {}
         for v in self.seconds:
             out[f"{variant_key(v)}_steps_per_s"] = self.steps_per_s(v)
@@ -343,20 +343,20 @@ class Timing:
 
 def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
                 progress: Callable[[str], None] = print) -> dict[str, Timing]:
-    """Time the variants of every precision (:func:`~mpguide.throughput.variants_for`), interleaved.
+    """Time the variants of every precision (:func:`~mpguide.verify.throughput.variants_for`), interleaved.
 
     Each variant keeps its own copy of the same initial weights across rounds (it goes on training),
     so no variant times a cold model the others have warmed. On CUDA the benchmark holds the GPU alone
-    (:func:`mpguide.hardware.device_lock`, exclusive) from the first window to the last.
+    (:func:`mpguide.verify.hardware.device_lock`, exclusive) from the first window to the last.
 
     Args:
         precisions: Lightning precision names.
-        size: model and timing size (see :data:`~mpguide.throughput.SIZES`).
+        size: model and timing size (see :data:`~mpguide.verify.throughput.SIZES`).
         accelerator: ``"cpu"`` or ``"cuda"``.
         progress: called with one line per round.
 
     Returns:
-        precision -> :class:`~mpguide.throughput.Timing`.
+        precision -> :class:`~mpguide.verify.throughput.Timing`.
 
     Raises:
         hardware.ConfigurationError: an unknown precision or accelerator.
@@ -411,7 +411,7 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
 
 def matmul_peak_tflops(n: int = 8192, repeats: int = 50) -> float:
     """Measured bf16 matmul rate of this GPU in TFLOP/s: ``repeats`` ``n x n @ n x n`` products, after warm-up,
-    with the GPU held alone (:func:`mpguide.hardware.device_lock`).
+    with the GPU held alone (:func:`mpguide.verify.hardware.device_lock`).
 
     Raises:
         RuntimeError: CUDA is not available.

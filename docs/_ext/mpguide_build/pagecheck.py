@@ -213,7 +213,7 @@ def check_notebook_page(source_file: str, doctree: nodes.document, cells: list[C
 def check_gallery_page(source_file: str, example: Path, doctree: nodes.document) -> list[str]:
     """Problems of one executed sphinx-gallery example page (empty list: fine).
 
-    An example whose script draws with matplotlib (:data:`~mpguide.pagecheck.FIGURE_CODE`) must show at
+    An example whose script draws with matplotlib (:data:`~mpguide_build.pagecheck.FIGURE_CODE`) must show at
     least one image; sphinx-gallery's matplotlib scraper collects every open figure after each block.
     """
     code = "\n".join(line for line in example.read_text(encoding="utf-8").splitlines()

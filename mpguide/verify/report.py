@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 from .claims import Verdict, evaluate_record
+from .records import short_paths  # noqa: F401 - the pages call report.short_paths
 
 #: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
@@ -18,12 +17,12 @@ WORD_COLUMNS = ("result", "check", "measured", "allowed")
 SHORT_COLUMNS = WORD_COLUMNS
 #: Longest threshold text shown in a table cell (longer ones are cut, ending in "...").
 MAX_THRESHOLD = 40
-#: Widest a column of a plain-text table (:func:`~mpguide.report.format_table`) gets, in characters;
+#: Widest a column of a plain-text table (:func:`~mpguide.verify.report.format_table`) gets, in characters;
 #: a longer cell (a long run id, claim title or observed message) wraps onto continuation lines.
 MAX_CELL_WIDTH: dict[str, int] = {"verdict": 10, "claim": 44, "runs": 36, "metric": 24, "value": 36,
                                   "threshold": MAX_THRESHOLD, "hardware": 60, "result": 34, "check": 40,
                                   "measured": 44, "allowed": 34}
-#: Width limit of a column :data:`~mpguide.report.MAX_CELL_WIDTH` does not name.
+#: Width limit of a column :data:`~mpguide.verify.report.MAX_CELL_WIDTH` does not name.
 DEFAULT_CELL_WIDTH = 40
 #: Claim kinds whose passing verdict means "a bug or trap still shows" (so a pass is not good news).
 PITFALL_KINDS = ("diverge",)
@@ -139,12 +138,12 @@ def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False,
                  tolerance_href: str | None = None) -> list[dict[str, str]]:
     """Table rows (column -> text) for ``verdicts``.
 
-    Each row has the worded columns of :data:`~mpguide.report.WORD_COLUMNS` (``result``, ``check``,
+    Each row has the worded columns of :data:`~mpguide.verify.report.WORD_COLUMNS` (``result``, ``check``,
     ``measured`` with its unit, ``allowed`` naming the tolerance) and the terse ones of
-    :data:`~mpguide.report.COLUMNS` (the gate's own table prints those).
+    :data:`~mpguide.verify.report.COLUMNS` (the gate's own table prints those).
 
     Args:
-        verdicts: from :func:`mpguide.claims.evaluate_record`.
+        verdicts: from :func:`mpguide.verify.claims.evaluate_record`.
         include_implicit: also list the implicit per-run checks (``finite``, ``completes``); failing
             implicit checks are always listed.
         tolerance_href: URL of the page defining the tolerances (``"../verification.html"``, say);
@@ -180,10 +179,10 @@ def format_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMN
     trailing blanks.
 
     Args:
-        rows: column -> text (as :func:`~mpguide.report.verdict_rows` gives them).
+        rows: column -> text (as :func:`~mpguide.verify.report.verdict_rows` gives them).
         columns: the columns shown, in order.
-        max_width: column -> widest cell in characters (default :data:`~mpguide.report.MAX_CELL_WIDTH`,
-            then :data:`~mpguide.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
+        max_width: column -> widest cell in characters (default :data:`~mpguide.verify.report.MAX_CELL_WIDTH`,
+            then :data:`~mpguide.verify.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
     """
     limits = {c: max(len(c), (MAX_CELL_WIDTH if max_width is None else max_width).get(c, DEFAULT_CELL_WIDTH))
               for c in columns}
@@ -210,7 +209,7 @@ def _wrap(text: str, width: int) -> list[str]:
 def count_line(verdicts: Sequence[Verdict]) -> str:
     """How many of the shown checks hold, and how many automatic per-run checks passed besides.
 
-    The first number counts exactly the rows :func:`~mpguide.report.verdict_rows` shows (declared
+    The first number counts exactly the rows :func:`~mpguide.verify.report.verdict_rows` shows (declared
     claims, plus any failing automatic check); the automatic checks that passed are counted apart,
     because the table does not list them.
     """
@@ -262,59 +261,6 @@ def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLU
     return "\n".join(out)
 
 
-@dataclass
-class PageRecord:
-    """One record as a page shows it: where it comes from, its verdicts as the gate judges them.
-
-    Attributes:
-        source: ``"this build"`` or ``"reference: <device folder>"``.
-        record: the record.
-        verdicts: from :func:`mpguide.gate.evaluate` (compared with the example's declaration).
-        stale: why a reference is stale, or ``""`` when it was made from the current example.
-        path: the record file.
-    """
-
-    source: str
-    record: dict[str, Any]
-    verdicts: list[Verdict]
-    stale: str
-    path: Path
-
-    @property
-    def label(self) -> str:
-        """Hardware, versions, date and provenance in one line, e.g. for a figure title or a caption."""
-        from .claims import hardware_label
-
-        rec = self.record
-        commit = (rec.get("source") or {}).get("commit")
-        where = "this build" if self.source == "this build" else "reference"
-        text = f"{where}: {hardware_label(rec['env'])}, preset {rec['preset']}, {rec['created'][:10]}"
-        if self.source != "this build" and commit:
-            text += f", recorded at {commit[:7]}"
-        return text + (" (STALE: the example changed since)" if self.stale else "")
-
-
-def page_entries(example: str) -> list[PageRecord]:
-    """This build's record of ``example`` first, then each committed reference, judged as the gate does.
-
-    Raises:
-        mpguide.records.RecordError: this build's record is missing or unreadable (the message
-            names the file and the command that writes it). References are optional.
-    """
-    from .gate import evaluate
-    from .records import load_record, record_path, reference_dir
-
-    path = record_path(example)
-    record = load_record(path)
-    verdicts, _ = evaluate(record, path)
-    entries = [PageRecord("this build", record, verdicts, "", path)]
-    for ref in sorted(reference_dir().glob(f"*/{example}.json")):
-        record = load_record(ref)
-        verdicts, stale = evaluate(record, ref, reference=True)
-        entries.append(PageRecord(f"reference: {ref.parent.name}", record, verdicts, stale, ref))
-    return entries
-
-
 def captured_texts(run: dict[str, Any]) -> list[str]:
     """What a run captured: ``"Type: message"`` of its error (if any) and each recorded warning."""
     texts = [str(w) for w in run.get("warnings") or []]
@@ -351,32 +297,14 @@ def check_quoted_messages(records: dict[str, dict[str, Any]],
                          + "\n  ".join(missing))
 
 
-def short_paths(text: str) -> str:
-    """``text`` with machine-specific folders cut: ``/any/where/site-packages/torch/x.py`` -> ``torch/x.py``,
-    ``/any/where/lib/python3.11/threading.py`` -> ``threading.py``.
-
-    Tracebacks captured in records carry the absolute paths of the machine that ran them; a page
-    shows the package-relative part only, and paths inside this repository relative to its root
-    (``examples/plot_02_two_optimizers.py``).
-    """
-    import re
-
-    from .records import REPO_ROOT
-
-    text = text.replace(f"{REPO_ROOT}/", "").replace(f"{REPO_ROOT}\\", "")
-    text = re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\](?:site|dist)-packages[/\\]", "", text)
-    # the standard library: /root/.pyenv/versions/3.11.7/lib/python3.11/threading.py -> threading.py
-    return re.sub(r"(?:[A-Za-z]:)?[^\s\"']*[/\\]lib[/\\]python3\.\d+[/\\]", "", text)
-
-
-def speedup_rows(entries: Sequence[PageRecord]) -> list[dict[str, str]]:
+def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
     """Rows of the guide's GPU speed-up table from plot_15 records (:func:`page_entries` of it).
 
     One row per CUDA record, run (precision) and variant other than the automatic loop and the plain
     loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
     plain manual loop of the same precision,
     achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
-    records give no rows (they time no speed-up; see :data:`mpguide.throughput.TUNED`).
+    records give no rows (they time no speed-up; see :data:`mpguide.verify.throughput.TUNED`).
 
     Raises:
         KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record

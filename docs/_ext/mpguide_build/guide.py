@@ -1,7 +1,7 @@
 """What the guide pages compute: the few measured numbers the guide quotes, each section's closing
 "verified / Lightning releases" lines, and the check that every quoted message was captured.
 
-Build-only (no example runs it; :data:`mpguide.records.BUILD_ONLY_MODULES`). The pages call one
+Build-only: the Sphinx pages call it; no example does. The pages call one
 function per cell, so that their hidden cells stay one line long and the computation lives here,
 where it is tested (``tests/test_guide_page.py``).
 """
@@ -59,7 +59,7 @@ QUOTED_ON_CPU = [("plot_07_backward_and_flags", "flag-16-mixed",
 
 
 def _records(names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    from .records import load_record, record_path
+    from mpguide.verify.records import load_record, record_path
 
     return {name: load_record(record_path(name)) for name in names}
 
@@ -76,10 +76,10 @@ def check_quoted() -> None:
     """Fail the page when a message it quotes was not captured by this build (see :data:`QUOTED`).
 
     Raises:
-        ValueError: from :func:`mpguide.report.check_quoted_messages`, one line per missing message.
+        ValueError: from mpguide.verify.report.check_quoted_messages`, one line per missing message.
         mpguide.records.RecordError: a record is missing.
     """
-    from .report import check_quoted_messages
+    from mpguide.verify.report import check_quoted_messages
 
     names = sorted({q[0] for q in QUOTED + QUOTED_ON_CPU})
     recs = _records(names)
@@ -96,9 +96,9 @@ def numbers() -> dict[str, Any]:
     """
     import torch
 
-    from .claims import hardware_label, relative_gap
-    from .declarations import example_names
-    from .report import page_entries
+    from mpguide.verify.claims import hardware_label, relative_gap
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
 
     names = example_names()
     entries = {name: page_entries(name)[0] for name in names}
@@ -170,7 +170,7 @@ def footer(section: str, prefix: str = "../") -> str:
 
     * **Verified**: how many of the section's example's checks hold in this build, linking to the
       example's verdicts;
-    * **Lightning releases**: :func:`mpguide.matrix.applies_sentence` of the section's claims,
+    * **Lightning releases**: ``mpguide_build.matrix.applies_sentence`` of the section's claims,
       linking to the releases page.
 
     Args:
@@ -182,8 +182,9 @@ def footer(section: str, prefix: str = "../") -> str:
         mpguide.records.RecordError: the example's record is missing.
         mpguide.matrix.MatrixError: a claim of the section is missing from the matrix.
     """
+    from mpguide.verify.gate import page_entries
+
     from . import matrix
-    from .report import page_entries
 
     if section not in SECTIONS:
         raise KeyError(f"unknown guide section {section!r}; known: {sorted(SECTIONS)}")
@@ -209,9 +210,10 @@ def _example_link(example: str, prefix: str) -> str:
 
 def verification_summary(prefix: str = "") -> str:
     """Markdown table of this build, one row per example: checks that hold, runs, where and when it ran."""
-    from .claims import hardware_label
-    from .declarations import example_names
-    from .report import markdown_table, page_entries
+    from mpguide.verify.claims import hardware_label
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
+    from mpguide.verify.report import markdown_table
 
     rows = []
     for name in example_names():
@@ -225,14 +227,14 @@ def verification_summary(prefix: str = "") -> str:
 
 
 def verdict_tables(entries: Sequence[Any], prefix: str = "", tolerance_href: str = "") -> str:
-    """Worded verdict tables (:data:`mpguide.report.WORD_COLUMNS`), one per results file of ``entries``
-    (:class:`mpguide.report.PageRecord`), each headed by its example and where it ran."""
-    from .report import WORD_COLUMNS, count_line, markdown_table, verdict_rows
+    """Worded verdict tables (``mpguide.verify.report.WORD_COLUMNS``), one per results file of ``entries``
+    (:class:`mpguide.verify.gate.PageRecord`), each headed by its example and where it ran."""
+    from mpguide.verify.report import WORD_COLUMNS, count_line, markdown_table, verdict_rows
 
     out = []
     for entry in entries:
         name = entry.record["example"]
-        from .claims import hardware_label
+        from mpguide.verify.claims import hardware_label
 
         where = "this build" if entry.source == "this build" else "reference run"
         note = (" *Made before its example last changed: only the checks it already held, on unchanged runs, "
@@ -246,25 +248,25 @@ def verdict_tables(entries: Sequence[Any], prefix: str = "", tolerance_href: str
 
 def build_verdict_tables(prefix: str = "") -> str:
     """:func:`verdict_tables` of this build's results, every example."""
-    from .declarations import example_names
-    from .report import page_entries
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
 
     return verdict_tables([page_entries(name)[0] for name in example_names()], prefix)
 
 
 def reference_entries() -> list[Any]:
     """The committed GPU reference results of every example, judged as the build judges them."""
-    from .declarations import example_names
-    from .report import page_entries
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
 
     return [e for name in example_names() for e in page_entries(name)[1:]]
 
 
 def tolerance_table() -> str:
     """Markdown table of every tolerance: its name (the anchor ``tol-<name>`` that verdict rows link
-    to), the bound, its value and the measurements behind it (:data:`mpguide.claims.TOLERANCES`)."""
-    from .claims import TOLERANCES
-    from .report import TOLERANCE_ANCHOR, markdown_table
+    to), the bound, its value and the measurements behind it (``mpguide.verify.claims.TOLERANCES``)."""
+    from mpguide.verify.claims import TOLERANCES
+    from mpguide.verify.report import TOLERANCE_ANCHOR, markdown_table
 
     rows = [{"tolerance": f'<span id="{TOLERANCE_ANCHOR.format(t.name)}">{t.name}</span>',
              "requires": ("at most " if t.bound == "max" else "at least ")
@@ -276,8 +278,8 @@ def tolerance_table() -> str:
 def warmup_numbers() -> dict[str, Any]:
     """The warm-up of the porting example's curves: steps skipped by the curve checks, and the largest
     gaps inside them (bf16-mixed and 16-mixed against fp32, in percent)."""
-    from .claims import warmup_gap, warmup_steps
-    from .records import load_record, record_path
+    from mpguide.verify.claims import warmup_gap, warmup_steps
+    from mpguide.verify.records import load_record, record_path
 
     rec = load_record(record_path("plot_01_porting_to_manual"))
     fp32 = _run(rec, "auto-fp32")["loss"]

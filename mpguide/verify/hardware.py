@@ -62,7 +62,7 @@ def select_preset(name: str | None = None) -> Preset:
     """Return the size preset named by ``name`` or by ``MPGUIDE_PRESET`` (default ``quick``).
 
     Raises:
-        ConfigurationError: the name is not one of :data:`~mpguide.hardware.PRESETS`.
+        ConfigurationError: the name is not one of :data:`~mpguide.verify.hardware.PRESETS`.
     """
     name = (name or os.environ.get("MPGUIDE_PRESET") or "quick").lower()  # empty means the default
     try:
@@ -92,7 +92,7 @@ def select_accelerator(name: str | None = None) -> str:
 
 
 def check_precision(precision: str) -> str:
-    """Return ``precision`` unchanged if it is one of :data:`~mpguide.hardware.PRECISIONS`.
+    """Return ``precision`` unchanged if it is one of :data:`~mpguide.verify.hardware.PRECISIONS`.
 
     Raises:
         ConfigurationError: any other value (Lightning aliases such as ``"bf16"`` or ``16`` are not
@@ -114,7 +114,7 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
     and an fp16 autocast region.
 
     Args:
-        precision: one of :data:`~mpguide.hardware.PRECISIONS`.
+        precision: one of :data:`~mpguide.verify.hardware.PRECISIONS`.
         accelerator: ``"cpu"`` or ``"cuda"``.
         plugin_class: a precision plugin class called as ``plugin_class(precision, accelerator)`` and
             passed in ``plugins=[...]`` for every precision (for example
@@ -180,7 +180,7 @@ def device_lock(accelerator: str, exclusive: bool = False) -> Iterator[float]:
 
     The docs build runs examples in parallel worker processes (``conf.py``). On one GPU their kernels
     would share the device, which is harmless for curves but not for timings: every training run
-    therefore holds the **shared** lock on CUDA (:func:`mpguide.runner.run_example`), and the throughput
+    therefore holds the **shared** lock on CUDA (:func:`mpguide.verify.runner.run_example`), and the throughput
     benchmark takes it **exclusive**, so it times an otherwise idle GPU. A waiting exclusive holder
     has priority: it first takes a turnstile that new shared holders must pass, so examples that start
     later cannot keep it waiting. On CPU, and where ``fcntl`` is missing (Windows), nothing is locked

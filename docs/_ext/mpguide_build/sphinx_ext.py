@@ -6,7 +6,7 @@ What it does, in build order:
    ``MPGUIDE_RESULTS_DIR`` (and the examples folder as ``MPGUIDE_EXAMPLES_DIR``) so examples (run
    in-process by sphinx-gallery, which sets no ``__file__`` and changes directory) and the MyST-NB
    page kernel agree on them; then forces a re-run of exactly the examples whose record does not
-   match the current inputs (:func:`~mpguide.sphinx_ext.examples_to_rerun`: a missing or unreadable
+   match the current inputs (:func:`~mpguide_build.sphinx_ext.examples_to_rerun`: a missing or unreadable
    record, or one made from another example file, library, preset, device or recipe swap;
    sphinx-gallery alone only looks at the example file's md5); removes what earlier builds left
    for deleted examples; and refuses an ``MPGUIDE_SWAP_RECIPE`` that names an example that does
@@ -15,7 +15,7 @@ What it does, in build order:
    the record's own message (file, problem, fix) if one is missing or corrupt.
 3. ``source-read``: registers every record file as a dependency of the pages that read records,
    so those pages are re-read (and re-executed) when a record changes.
-4. ``build-finished``: runs the claim gate (:func:`mpguide.gate.judge`) over this build's records
+4. ``build-finished``: runs the claim gate (:func:`mpguide.verify.gate.judge`) over this build's records
    and the committed reference records, each compared with its example's declared runs and
    claims; any failed claim, altered or stale record, or unreadable record raises
    :class:`sphinx.errors.ExtensionError`, so ``sphinx-build`` exits non-zero with one line per
@@ -36,9 +36,9 @@ from sphinx.application import Sphinx
 from sphinx.errors import ConfigError, ExtensionError
 from sphinx.util import logging
 
-from . import gate
-from .declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
-from .records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
+from mpguide.verify import gate
+from mpguide.verify.declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
+from mpguide.verify.records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def remove_deleted_examples(examples_dir: Path, gallery_dir: Path, results_dir: 
 def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
     """Examples whose record in ``results_dir`` does not match their current inputs, with the reason.
 
-    Inputs are what a record's ``source`` stores (:data:`mpguide.records.INPUT_FIELDS`, built by
-    :func:`mpguide.records.source_inputs`, the function the examples write them with): the example
+    Inputs are what a record's ``source`` stores (:data:`mpguide.verify.records.INPUT_FIELDS`, built by
+    :func:`mpguide.verify.records.source_inputs`, the function the examples write them with): the example
     file's digest, the library's digest, and the preset, device and recipe swaps that apply to that
     example. An example is rerun when its record is missing or unreadable or when any input
     differs, so a recipe swap for one example reruns that one only.
@@ -78,7 +78,7 @@ def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
     Returns:
         example name -> reason, in name order.
     """
-    from .records import library_digest, source_inputs
+    from mpguide.verify.records import library_digest, source_inputs
 
     swaps = parse_swaps(os.environ.get(SWAP_ENV))
     library = library_digest()
@@ -97,7 +97,7 @@ def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
 
 
 def invalidate_stale_examples(examples_dir: Path, gallery_dir: Path, results_dir: Path) -> dict[str, str]:
-    """Delete sphinx-gallery's md5 stamps of :func:`~mpguide.sphinx_ext.examples_to_rerun`, so those run again.
+    """Delete sphinx-gallery's md5 stamps of :func:`~mpguide_build.sphinx_ext.examples_to_rerun`, so those run again.
 
     Returns:
         example name -> why it reruns.
@@ -136,7 +136,7 @@ def check_run_environment(examples: Path) -> None:
     Raises:
         sphinx.errors.ConfigError: one line naming the variable, the value and what is accepted.
     """
-    from .hardware import select_accelerator, select_preset  # imports torch: only for builds that run
+    from mpguide.verify.hardware import select_accelerator, select_preset  # imports torch: only for builds that run
 
     try:
         select_preset()
@@ -200,7 +200,7 @@ def share_device_in_fits(gallery_conf: dict[str, Any], fname: Any, when: str) ->
 
     Runs in the process (or parallel worker) that is about to execute an example, and wraps
     :meth:`lightning.pytorch.Trainer.fit` once per process so that each fit holds the shared lock
-    of its device (:func:`mpguide.hardware.device_lock`). :func:`mpguide.runner.run_example` already
+    of its device (:func:`mpguide.verify.hardware.device_lock`). :func:`mpguide.verify.runner.run_example` already
     holds it around each declared run; this also covers the fits an example shows in plain sight, so
     that the throughput benchmark, which holds the lock exclusively, times a GPU no other example
     uses. On CPU the lock does nothing. Nothing an example computes changes.
@@ -212,7 +212,7 @@ def share_device_in_fits(gallery_conf: dict[str, Any], fname: Any, when: str) ->
     import lightning.pytorch as pl
     from lightning.pytorch.accelerators import CUDAAccelerator
 
-    from .hardware import device_lock
+    from mpguide.verify.hardware import device_lock
 
     if getattr(pl.Trainer.fit, "mpguide_device_lock", False):
         return

@@ -1,14 +1,14 @@
 """Claims: what an example's runs must show, and the one place their thresholds live.
 
-An example declares claims with :func:`~mpguide.claims.match`, :func:`~mpguide.claims.diverge`,
-:func:`~mpguide.claims.raises` and the other helpers below; they are stored in its results record
-(by tolerance *name*, not by number) and judged by :func:`~mpguide.claims.evaluate_record`, which
-the example itself, the claim gate (:mod:`mpguide.gate`) and the Sphinx extension all call. Because
-thresholds are looked up in :data:`~mpguide.claims.TOLERANCES` at judgement time, a committed record
+An example declares claims with :func:`~mpguide.verify.claims.match`, :func:`~mpguide.verify.claims.diverge`,
+:func:`~mpguide.verify.claims.raises` and the other helpers below; they are stored in its results record
+(by tolerance *name*, not by number) and judged by :func:`~mpguide.verify.claims.evaluate_record`, which
+the example itself, the claim gate (:mod:`mpguide.verify.gate`) and the Sphinx extension all call. Because
+thresholds are looked up in :data:`~mpguide.verify.claims.TOLERANCES` at judgement time, a committed record
 (a GPU reference, say) is re-judged against today's thresholds.
 
 Curve metrics: both curves are smoothed with an exponential moving
-average (:data:`~mpguide.claims.EMA_ALPHA`), the first :data:`~mpguide.claims.WARMUP_FRACTION` of
+average (:data:`~mpguide.verify.claims.EMA_ALPHA`), the first :data:`~mpguide.verify.claims.WARMUP_FRACTION` of
 the steps is dropped, and the candidate is compared with the reference step by step, relative to
 the reference:
 
@@ -28,7 +28,7 @@ import numpy as np
 
 #: Smoothing factor of the exponential moving average applied to loss curves (weight of the new step).
 EMA_ALPHA = 0.1
-#: Fraction of the steps ignored at the start of a run (at least :data:`~mpguide.claims.MIN_WARMUP_STEPS`).
+#: Fraction of the steps ignored at the start of a run (at least :data:`~mpguide.verify.claims.MIN_WARMUP_STEPS`).
 WARMUP_FRACTION = 0.1
 #: Smallest number of steps ignored at the start of a run.
 MIN_WARMUP_STEPS = 3
@@ -150,7 +150,7 @@ WARMUP_REASON = (
     "what a match or diverge claim is about: the moving average still carries its first values, and under "
     "16-mixed GradScaler skips its first steps while it lowers the loss scale from 65536 (the fp32 run "
     "applies those updates). The page reports the largest difference inside the warm-up next to this "
-    "text (mpguide.claims.warmup_gap), so it is shown even though it is not judged."
+    "text (mpguide.verify.claims.warmup_gap), so it is shown even though it is not judged."
 )
 
 
@@ -184,7 +184,7 @@ def match(candidate: str, reference: str, tolerance: str, title: str = "") -> di
     Args:
         candidate: run id judged.
         reference: run id it is compared with (differences are relative to this curve).
-        tolerance: a key of :data:`~mpguide.claims.TOLERANCES` with ``bound="max"``.
+        tolerance: a key of :data:`~mpguide.verify.claims.TOLERANCES` with ``bound="max"``.
         title: one line for the verdict table, e.g. ``"manual port = automatic (bf16-mixed)"``.
 
     Raises:
@@ -216,7 +216,7 @@ def raises(run: str, exception: str, message: str, title: str = "") -> dict[str,
 def warns(run: str, category: str, message: str, title: str = "") -> dict[str, Any]:
     """Declare that run ``run`` emitted a warning of class ``category`` whose text contains ``message``.
 
-    Warnings are captured per run by :func:`mpguide.runner.train_run` as ``"Category: text"``.
+    Warnings are captured per run by :func:`mpguide.verify.runner.train_run` as ``"Category: text"``.
     """
     if not category or not message:
         raise ClaimSpecError("warns() needs a warning class name and a message fragment")
@@ -251,7 +251,7 @@ def ratio(candidate: str, reference: str, key: str, expected: float | str, toler
         expected: a number, or the name of a list in ``candidate``'s ``extra`` giving the expected
             factor per step (a prediction recorded by the run itself). An expected factor of 0
             (a step GradScaler skipped) requires the candidate's value to be exactly 0.
-        tolerance: a key of :data:`~mpguide.claims.TOLERANCES` with ``bound="max"``; the metric is the largest
+        tolerance: a key of :data:`~mpguide.verify.claims.TOLERANCES` with ``bound="max"``; the metric is the largest
             ``|actual / expected - 1|`` over steps.
     """
     _check_tolerance(tolerance, "max")
@@ -264,12 +264,12 @@ def rate_ratio(run: str, key: str, tolerance: str, title: str = "") -> dict[str,
 
     Args:
         run: run id whose ``extra`` holds both numbers (measured in one interleaved benchmark, so
-            machine noise affects both alike; see :mod:`mpguide.throughput`).
+            machine noise affects both alike; see :mod:`mpguide.verify.throughput`).
         key: ``"numerator_key/denominator_key"``, two entries of that run's ``extra``: two numbers
             (the quotient is theirs), or two equally long lists of per-round rates of an interleaved
             benchmark (the quotient is the **median of the per-round quotients**: a paired comparison,
             so that a stretch of machine load hitting some rounds moves both rates of a round alike).
-        tolerance: a key of :data:`~mpguide.claims.TOLERANCES`. A ``"max"`` bound means parity:
+        tolerance: a key of :data:`~mpguide.verify.claims.TOLERANCES`. A ``"max"`` bound means parity:
             ``|numerator / denominator - 1| <= value``; a ``"min"`` bound means a speed-up:
             ``numerator / denominator >= value``.
 
@@ -439,7 +439,7 @@ def planned_steps(preset: str) -> int | None:
 
     Returns ``None`` for an unknown preset name, which then fails every run's ``finite`` check.
     """
-    from .data import steps_per_epoch
+    from ..data import steps_per_epoch
     from .hardware import PRESETS
 
     size = PRESETS.get(preset)
@@ -450,11 +450,11 @@ def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = N
                     stale: bool = False) -> list[Verdict]:
     """Judge a record: its example's declared claims, plus the implicit checks on every run.
 
-    With ``declaration`` (a :class:`mpguide.declarations.Declaration`, what the gate and the pages
-    pass), the record is first compared with it (:func:`~mpguide.claims.compare_with_declaration`)
+    With ``declaration`` (a :class:`mpguide.verify.declarations.Declaration`, what the gate and the pages
+    pass), the record is first compared with it (:meth:`mpguide.verify.declarations.Declaration.compare`)
     and the **declared** claims are judged, never the record's own copy: a record cannot loosen a
     tolerance, flip an expected value or drop a claim. Without it (a record just built in memory
-    by :func:`mpguide.runner.run_example` from the same tables) the record's claims are judged.
+    by :func:`mpguide.verify.runner.run_example` from the same tables) the record's claims are judged.
 
     ``stale=True`` (a committed reference made from an older version of the example) judges only
     the declared claims the record already held, on runs whose recipe and precision are unchanged;
@@ -462,16 +462,16 @@ def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = N
 
     Implicit checks: a run that is not the subject of a ``raises`` claim must complete without an
     exception (``completes``) and have only finite losses, one per step, as many steps as the
-    record's preset plans (``finite``; see :func:`~mpguide.claims.planned_steps`).
+    record's preset plans (``finite``; see :func:`~mpguide.verify.claims.planned_steps`).
 
     Args:
-        record: a record as validated by :func:`mpguide.records.validate_record`.
+        record: a record as validated by :func:`mpguide.verify.records.validate_record`.
         path: where it was read from, for messages.
         declaration: the example's declaration, or ``None`` to trust the record's claims.
         stale: judge as a stale reference (see above).
 
     Returns:
-        One :class:`~mpguide.claims.Verdict` per declaration problem, claim and implicit check.
+        One :class:`~mpguide.verify.claims.Verdict` per declaration problem, claim and implicit check.
     """
     runs = {run["id"]: run for run in record["runs"]}
     example = record["example"]
@@ -486,7 +486,7 @@ def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = N
     if declaration is None:
         to_judge = [(c, "") for c in record["claims"]]
     else:
-        problems, to_judge, judged_runs = compare_with_declaration(record, declaration, stale)
+        problems, to_judge, judged_runs = declaration.compare(record, stale)
         verdicts += [verdict(**p) for p in problems]
     expected_errors = {c["runs"][0] for c, _ in to_judge if c.get("kind") == "raises" and c.get("runs")}
 
@@ -525,112 +525,6 @@ def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = N
                                 metric="non-finite steps", value=float(len(bad)), threshold="== 0",
                                 passed=not bad and not short, detail=detail))
     return verdicts
-
-
-#: Claim fields compared between a record and its declaration (titles are compared for fresh records).
-_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "only_on")
-
-
-def _claim_label(claim: dict[str, Any]) -> str:
-    return f"{claim.get('title') or claim['kind']!r} ({claim['kind']} of {', '.join(claim['runs'])})"
-
-
-def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
-    return (claim.get("kind"), tuple(claim.get("runs") or ()), claim.get("key"), claim.get("category"))
-
-
-def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bool = False
-                             ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
-    """Compare a record with the example's declaration (see :mod:`mpguide.declarations`).
-
-    A fresh record must hold exactly the declared runs (same recipe, precision, seed, plugin,
-    Trainer arguments) and exactly the declared claims (same kind, runs, tolerance, expected
-    value, message, title). Every difference is one failed ``declaration`` verdict naming the
-    example, the claim or run, what differs and the fix (rerun the example).
-
-    Args:
-        record: the record.
-        declaration: its example's :class:`mpguide.declarations.Declaration`.
-        stale: the record is a reference made from an older version of the example: differences
-            are expected, so none is a failure; declared claims the record did not hold, or whose
-            runs changed, are returned as not judged.
-
-    Returns:
-        ``(problems, claims, runs)``: keyword arguments of failed verdicts; the declared claims
-        that apply to the record's accelerator, each with ``""`` or the reason it is not judged;
-        the ids of the runs whose implicit checks apply.
-    """
-    from .declarations import claim_identity
-
-    where = f"examples/{declaration.example}.py"
-    fix = f"rerun the example (python {where}, or rebuild the docs) to write a record that matches it"
-    problems: list[dict[str, Any]] = []
-
-    def problem(title: str, runs: list[str], detail: str) -> None:
-        problems.append(dict(kind="declaration", runs=runs, title=title, metric="declaration", value=None,
-                             threshold=f"as declared in {where}", passed=False, observed="differs",
-                             detail=f"{detail}; {fix}"))
-
-    recorded = {run["id"]: run for run in record["runs"]}
-    matching: set[str] = set()
-    for decl in declaration.runs:
-        run = recorded.get(decl.id)
-        if run is None:
-            if not stale:
-                problem(f"run {decl.id} is missing", [decl.id],
-                        f"{where} declares run {decl.id!r} but the record has no such run")
-            continue
-        spec = dict(run)
-        if run.get("swapped_from"):
-            problem(f"run {decl.id} trained another recipe", [decl.id],
-                    f"run {decl.id!r} trained recipe {run['recipe']!r} instead of the declared "
-                    f"{run['swapped_from']!r} (MPGUIDE_SWAP_RECIPE)")
-            spec["recipe"] = run["swapped_from"]
-        keys = [k for k in decl.spec() if k != "id" and (not stale or k in spec)]
-        diffs = [f"{k} is {spec.get(k)!r} in the record, {decl.spec()[k]!r} in {where}" for k in keys
-                 if spec.get(k) != decl.spec()[k]]
-        if diffs and not stale:
-            problem(f"run {decl.id} differs", [decl.id], f"run {decl.id!r}: " + "; ".join(diffs))
-        if not diffs:
-            matching.add(decl.id)
-    extra_runs = sorted(set(recorded) - {r.id for r in declaration.runs})
-    if extra_runs and not stale:
-        problem("runs not declared", extra_runs, f"the record holds run(s) {extra_runs} that {where} does not declare")
-
-    accelerator = record.get("env", {}).get("accelerator", "cpu")
-    declared = declaration.claims_for(accelerator)
-    held = [dict(c) for c in record["claims"]]
-    remaining = list(held)
-    to_judge: list[tuple[dict[str, Any], str]] = []
-    for claim in declared:
-        twin = next((c for c in remaining if _pair_key(c) == _pair_key(claim)), None)
-        if twin is not None:
-            remaining.remove(twin)
-        if stale:
-            reason = ""
-            if twin is None or any(twin.get(k) != claim.get(k) for k in _DEFINING if k != "only_on"):
-                reason = ("not judged: this stale record was made before the example declared this claim "
-                          "(or with another definition of it)")
-            elif any(r not in matching for r in claim["runs"]):
-                reason = "not judged: this stale record's runs were made with another recipe, precision or seed"
-            to_judge.append((claim, reason))
-            continue
-        to_judge.append((claim, ""))
-        if twin is None:
-            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
-                    f"claim {_claim_label(claim)} is declared in {where} but missing from the record")
-            continue
-        diffs = [f"{k} is {twin.get(k)!r} in the record, {claim.get(k)!r} in {where}"
-                 for k in _DEFINING + ("title",) if twin.get(k) != claim.get(k)]
-        if diffs:
-            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
-                    f"claim {_claim_label(claim)} was altered: " + "; ".join(diffs))
-    if not stale:
-        for claim in remaining:
-            identity = claim_identity(claim)
-            problem(claim.get("title") or str(claim.get("kind")), list(claim.get("runs") or []),
-                    f"the record holds a claim {where} does not declare: {identity}")
-    return problems, to_judge, (matching if stale else set(recorded))
 
 
 def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -> Verdict:
@@ -781,7 +675,7 @@ def _evaluate_ratio(claim: dict[str, Any], cand: dict[str, Any], ref: dict[str, 
 
 
 def _evaluate_rate_ratio(claim: dict[str, Any], run: dict[str, Any], base: dict[str, Any], verdict: Any) -> Verdict:
-    """Judge a :func:`~mpguide.claims.rate_ratio` claim: parity (``max`` bound) or speed-up (``min`` bound)."""
+    """Judge a :func:`~mpguide.verify.claims.rate_ratio` claim: parity (``max`` bound) or speed-up (``min`` bound)."""
     tol = TOLERANCES.get(claim.get("tolerance", ""))
     num_key, _, den_key = str(claim.get("key", "")).partition("/")
     extra = run.get("extra", {})

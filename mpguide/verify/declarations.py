@@ -8,16 +8,16 @@ Every example declares two literal tables at module level, before it trains::
         ("bug-fp16-plugin", "detached once", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "..."}),
     ]
     CLAIMS = [
-        # kind, then the arguments of the helper of that name in mpguide.claims, in order
+        # kind, then the arguments of the helper of that name in mpguide.verify.claims, in order
         ("match", "manual-fp32", "auto-fp32", "same-precision", "manual port = automatic (fp32)"),
         ("expect", "flag-16-mixed", "has_scaler", False, "CPU: no GradScaler", {"only_on": "cpu"}),
     ]
 
-and passes them to :func:`mpguide.runner.run_example`. Because both tables are Python literals
-(strings, numbers, booleans, ``None``, tuples, lists and dicts only), :func:`~mpguide.declarations.read`
+and passes them to :func:`mpguide.verify.runner.run_example`. Because both tables are Python literals
+(strings, numbers, booleans, ``None``, tuples, lists and dicts only), :func:`~mpguide.verify.declarations.read`
 gets them with :func:`ast.literal_eval` from the file itself: the claim gate knows what an example
 declares without importing torch or running anything, and compares every record with it
-(:func:`mpguide.claims.compare_with_declaration`). A record can therefore not decide what it verifies.
+(:func:`mpguide.verify.declarations.compare_with_declaration`). A record can therefore not decide what it verifies.
 
 Run options: ``label`` (legend text), ``plugin`` (a key of the plugin table passed to
 ``run_example``), ``trainer`` (extra ``Trainer`` keyword arguments), ``plain_flag`` (pass
@@ -44,7 +44,7 @@ SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
 EXAMPLES_ENV = "MPGUIDE_EXAMPLES_DIR"
 #: Names of the two module-level tables an example must assign exactly once.
 TABLES = ("RUNS", "CLAIMS")
-#: Precision names a run may use (Lightning's spelling; the same as :data:`mpguide.hardware.PRECISIONS`).
+#: Precision names a run may use (Lightning's spelling; the same as :data:`mpguide.verify.hardware.PRECISIONS`).
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 _RUN_OPTIONS = {"label": str, "plugin": str, "trainer": dict, "plain_flag": bool, "seed": int}
 _CLAIM_OPTIONS = {"only_on": ("cpu", "cuda")}
@@ -86,7 +86,7 @@ class RunDecl:
     label: str = ""
 
     def spec(self) -> dict[str, Any]:
-        """The defining fields (:data:`~mpguide.declarations.RUN_KEYS`) as a JSON-ready dict."""
+        """The defining fields (:data:`~mpguide.verify.declarations.RUN_KEYS`) as a JSON-ready dict."""
         return {k: v for k, v in asdict(self).items() if k in RUN_KEYS}
 
 
@@ -97,7 +97,7 @@ class Declaration:
     Attributes:
         example: the example's file stem.
         runs: declared runs in display order.
-        claims: claim dicts as built by the helpers of :mod:`mpguide.claims` (plus ``only_on``).
+        claims: claim dicts as built by the helpers of :mod:`mpguide.verify.claims` (plus ``only_on``).
     """
 
     example: str
@@ -116,7 +116,7 @@ class Declaration:
         return [c for c in self.claims if c.get("only_on") in (None, accelerator)]
 
     def digest(self, accelerator: str | None = None) -> str:
-        """SHA-256 (hex) of every run spec and claim definition (:func:`~mpguide.declarations.digest_of`).
+        """SHA-256 (hex) of every run spec and claim definition (:func:`~mpguide.verify.declarations.digest_of`).
 
         Args:
             accelerator: ``"cpu"`` or ``"cuda"``: only the claims that apply to a record made there
@@ -126,19 +126,24 @@ class Declaration:
         claims = self.claims if accelerator is None else self.claims_for(accelerator)
         return digest_of([r.spec() for r in self.runs], claims)
 
+    def compare(self, record: dict[str, Any], stale: bool = False
+                ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
+        """:func:`~mpguide.verify.declarations.compare_with_declaration` of ``record`` with this declaration."""
+        return compare_with_declaration(record, self, stale)
+
 
 def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
-    """The defining keys of a claim (:data:`~mpguide.declarations.CLAIM_KEYS`), as compared by the gate."""
+    """The defining keys of a claim (:data:`~mpguide.verify.declarations.CLAIM_KEYS`), as compared by the gate."""
     return {k: claim[k] for k in CLAIM_KEYS if k in claim}
 
 
 def digest_of(runs: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> str:
     """SHA-256 (hex) of the canonical JSON of run specs and claim definitions, in the order given.
 
-    Only the defining keys count (:data:`~mpguide.declarations.RUN_KEYS` present in each run,
-    :func:`~mpguide.declarations.claim_identity` of each claim): measured values, titles, labels
+    Only the defining keys count (:data:`~mpguide.verify.declarations.RUN_KEYS` present in each run,
+    :func:`~mpguide.verify.declarations.claim_identity` of each claim): measured values, titles, labels
     and judged values do not. A declaration's runs and claims and the copy a record holds of them
-    give the same digest (:func:`~mpguide.declarations.record_digest`).
+    give the same digest (:func:`~mpguide.verify.declarations.record_digest`).
 
     Args:
         runs: run dicts (a record's ``runs`` or :meth:`RunDecl.spec` of declared runs).
@@ -150,7 +155,7 @@ def digest_of(runs: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) 
 
 
 def record_digest(record: dict[str, Any]) -> str:
-    """:func:`~mpguide.declarations.digest_of` the runs and claims a record holds, as they were declared.
+    """:func:`~mpguide.verify.declarations.digest_of` the runs and claims a record holds, as they were declared.
 
     A run trained with a swapped recipe (``MPGUIDE_SWAP_RECIPE``) counts with its declared recipe
     (``swapped_from``), as the declaration digest the record stores was computed from it. Equal to
@@ -158,7 +163,7 @@ def record_digest(record: dict[str, Any]) -> str:
     after the record was written.
 
     Args:
-        record: a record that passed :func:`mpguide.records.validate_record`.
+        record: a record that passed :func:`mpguide.verify.records.validate_record`.
     """
     runs = [dict(run, recipe=run["swapped_from"]) if run.get("swapped_from") else run for run in record["runs"]]
     return digest_of(runs, record["claims"])
@@ -166,13 +171,13 @@ def record_digest(record: dict[str, Any]) -> str:
 
 def examples_dir() -> Path:
     """Folder of the examples: ``$MPGUIDE_EXAMPLES_DIR``, else ``examples/`` of this library's repository."""
-    return Path(os.environ.get(EXAMPLES_ENV) or Path(__file__).resolve().parent.parent / "examples")
+    return Path(os.environ.get(EXAMPLES_ENV) or Path(__file__).resolve().parents[2] / "examples")
 
 
 def example_names(directory: Path | None = None) -> list[str]:
     """Stems of the gallery examples that train (``plot_*.py``) in ``directory``, sorted.
 
-    ``directory`` defaults to :func:`~mpguide.declarations.examples_dir`.
+    ``directory`` defaults to :func:`~mpguide.verify.declarations.examples_dir`.
     """
     return sorted(p.stem for p in Path(directory or examples_dir()).glob("plot_*.py"))
 
@@ -183,13 +188,13 @@ def example_file(example: str, directory: Path | None = None) -> Path:
 
 
 def from_tables(example: str, runs: Any, claims: Any, where: str = "") -> Declaration:
-    """Build a :class:`~mpguide.declarations.Declaration` from the literal ``RUNS`` and ``CLAIMS`` tables.
+    """Build a :class:`~mpguide.verify.declarations.Declaration` from the literal ``RUNS`` and ``CLAIMS`` tables.
 
     Args:
         example: file stem of the example.
         runs: list of ``(id, recipe, precision)`` or ``(id, recipe, precision, options)`` tuples.
         claims: list of ``(kind, *arguments)`` tuples, optionally ending with an options dict;
-            the arguments are those of the helper ``mpguide.claims.<kind>``, in order.
+            the arguments are those of the helper ``mpguide.verify.claims.<kind>``, in order.
         where: file name used in messages (default ``examples/<example>.py``).
 
     Raises:
@@ -290,7 +295,7 @@ def read(path: Path) -> Declaration:
     for name in TABLES:
         if name not in found:
             raise DeclarationError(f"{path}: no module-level `{name} = [...]` table; every example declares its "
-                                   f"runs and claims as literal RUNS and CLAIMS tables (see mpguide.declarations)")
+                                   f"runs and claims as literal RUNS and CLAIMS tables (see mpguide.verify.declarations)")
         try:
             tables[name] = ast.literal_eval(found[name])
         except ValueError:
@@ -320,3 +325,107 @@ def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
                 f"(e.g. plot_01_porting_to_manual:manual-bf16=scheduler every batch)")
         swaps[(example.strip(), run.strip())] = recipe.strip()
     return swaps
+
+
+#: Claim fields compared between a record and its declaration (titles are compared for fresh records).
+_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "only_on")
+
+
+def _claim_label(claim: dict[str, Any]) -> str:
+    return f"{claim.get('title') or claim['kind']!r} ({claim['kind']} of {', '.join(claim['runs'])})"
+
+
+def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
+    return (claim.get("kind"), tuple(claim.get("runs") or ()), claim.get("key"), claim.get("category"))
+
+
+def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bool = False
+                             ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
+    """Compare a record with the example's declaration (see :mod:`mpguide.verify.declarations`).
+
+    A fresh record must hold exactly the declared runs (same recipe, precision, seed, plugin,
+    Trainer arguments) and exactly the declared claims (same kind, runs, tolerance, expected
+    value, message, title). Every difference is one failed ``declaration`` verdict naming the
+    example, the claim or run, what differs and the fix (rerun the example).
+
+    Args:
+        record: the record.
+        declaration: its example's :class:`mpguide.verify.declarations.Declaration`.
+        stale: the record is a reference made from an older version of the example: differences
+            are expected, so none is a failure; declared claims the record did not hold, or whose
+            runs changed, are returned as not judged.
+
+    Returns:
+        ``(problems, claims, runs)``: keyword arguments of failed verdicts; the declared claims
+        that apply to the record's accelerator, each with ``""`` or the reason it is not judged;
+        the ids of the runs whose implicit checks apply.
+    """
+    where = f"examples/{declaration.example}.py"
+    fix = f"rerun the example (python {where}, or rebuild the docs) to write a record that matches it"
+    problems: list[dict[str, Any]] = []
+
+    def problem(title: str, runs: list[str], detail: str) -> None:
+        problems.append(dict(kind="declaration", runs=runs, title=title, metric="declaration", value=None,
+                             threshold=f"as declared in {where}", passed=False, observed="differs",
+                             detail=f"{detail}; {fix}"))
+
+    recorded = {run["id"]: run for run in record["runs"]}
+    matching: set[str] = set()
+    for decl in declaration.runs:
+        run = recorded.get(decl.id)
+        if run is None:
+            if not stale:
+                problem(f"run {decl.id} is missing", [decl.id],
+                        f"{where} declares run {decl.id!r} but the record has no such run")
+            continue
+        spec = dict(run)
+        if run.get("swapped_from"):
+            problem(f"run {decl.id} trained another recipe", [decl.id],
+                    f"run {decl.id!r} trained recipe {run['recipe']!r} instead of the declared "
+                    f"{run['swapped_from']!r} (MPGUIDE_SWAP_RECIPE)")
+            spec["recipe"] = run["swapped_from"]
+        keys = [k for k in decl.spec() if k != "id" and (not stale or k in spec)]
+        diffs = [f"{k} is {spec.get(k)!r} in the record, {decl.spec()[k]!r} in {where}" for k in keys
+                 if spec.get(k) != decl.spec()[k]]
+        if diffs and not stale:
+            problem(f"run {decl.id} differs", [decl.id], f"run {decl.id!r}: " + "; ".join(diffs))
+        if not diffs:
+            matching.add(decl.id)
+    extra_runs = sorted(set(recorded) - {r.id for r in declaration.runs})
+    if extra_runs and not stale:
+        problem("runs not declared", extra_runs, f"the record holds run(s) {extra_runs} that {where} does not declare")
+
+    accelerator = record.get("env", {}).get("accelerator", "cpu")
+    declared = declaration.claims_for(accelerator)
+    held = [dict(c) for c in record["claims"]]
+    remaining = list(held)
+    to_judge: list[tuple[dict[str, Any], str]] = []
+    for claim in declared:
+        twin = next((c for c in remaining if _pair_key(c) == _pair_key(claim)), None)
+        if twin is not None:
+            remaining.remove(twin)
+        if stale:
+            reason = ""
+            if twin is None or any(twin.get(k) != claim.get(k) for k in _DEFINING if k != "only_on"):
+                reason = ("not judged: this stale record was made before the example declared this claim "
+                          "(or with another definition of it)")
+            elif any(r not in matching for r in claim["runs"]):
+                reason = "not judged: this stale record's runs were made with another recipe, precision or seed"
+            to_judge.append((claim, reason))
+            continue
+        to_judge.append((claim, ""))
+        if twin is None:
+            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
+                    f"claim {_claim_label(claim)} is declared in {where} but missing from the record")
+            continue
+        diffs = [f"{k} is {twin.get(k)!r} in the record, {claim.get(k)!r} in {where}"
+                 for k in _DEFINING + ("title",) if twin.get(k) != claim.get(k)]
+        if diffs:
+            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
+                    f"claim {_claim_label(claim)} was altered: " + "; ".join(diffs))
+    if not stale:
+        for claim in remaining:
+            identity = claim_identity(claim)
+            problem(claim.get("title") or str(claim.get("kind")), list(claim.get("runs") or []),
+                    f"the record holds a claim {where} does not declare: {identity}")
+    return problems, to_judge, (matching if stale else set(recorded))

@@ -2,8 +2,8 @@
 
 Every downloaded example imports ``mpguide`` (the run harness writes the results record and
 checks the claims), so the site must offer the library itself. The docs build writes
-``_static/<WHEEL_NAME>`` next to the pages (:func:`~mpguide.download.write_wheel`, connected in
-``conf.py``), every example page links it, and :data:`~mpguide.download.INSTALL_LINE` is the one
+``_static/<WHEEL_NAME>`` next to the pages (:func:`~mpguide_build.download.write_wheel`, connected in
+``conf.py``), every example page links it, and :data:`~mpguide_build.download.INSTALL_LINE` is the one
 line a reader runs in the folder holding the wheel and the downloaded example. The wheel is built
 here, from the package's own source files, with no build backend and no network: a pure-Python
 wheel is a zip archive with ``METADATA``, ``WHEEL``, ``entry_points.txt`` and ``RECORD``
@@ -17,7 +17,8 @@ import hashlib
 import zipfile
 from pathlib import Path
 
-from . import __version__
+import mpguide
+from mpguide import __version__
 
 #: Distribution name and version of the wheel (``mpguide.__version__``).
 DIST = "mpguide"
@@ -39,23 +40,24 @@ def wheel_files(package_dir: Path | None = None) -> dict[str, bytes]:
     """Archive path -> bytes of every file of the wheel, ``RECORD`` last.
 
     Args:
-        package_dir: folder of the ``mpguide`` package (default: the one this module is in).
+        package_dir: folder of the ``mpguide`` package (default: the installed one).
 
     Raises:
         FileNotFoundError: ``package_dir`` holds no ``__init__.py``.
     """
-    package_dir = Path(package_dir or Path(__file__).parent)
+    package_dir = Path(package_dir or Path(mpguide.__file__).parent)
     if not (package_dir / "__init__.py").is_file():
         raise FileNotFoundError(f"{package_dir}: not the mpguide package (no __init__.py); pass its folder")
     info = f"{DIST}-{__version__}.dist-info"
-    files = {f"{DIST}/{p.name}": p.read_bytes() for p in sorted(package_dir.glob("*.py"))}
+    files = {f"{DIST}/{p.relative_to(package_dir).as_posix()}": p.read_bytes() for p in sorted(package_dir.rglob("*.py"))
+             if "__pycache__" not in p.parts}
     files[f"{info}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {__version__}\n"
         "Summary: Helper library of the verified guide to manual optimization under mixed precision\n"
         "Requires-Python: >=3.10\n").encode()
     files[f"{info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: mpguide.download\nRoot-Is-Purelib: true\nTag: py3-none-any\n").encode()
-    files[f"{info}/entry_points.txt"] = b"[console_scripts]\nmpguide-gate = mpguide.gate:main\n"
+        "Wheel-Version: 1.0\nGenerator: mpguide_build.download\nRoot-Is-Purelib: true\nTag: py3-none-any\n").encode()
+    files[f"{info}/entry_points.txt"] = b"[console_scripts]\nmpguide-gate = mpguide.verify.gate:main\n"
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
     files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
     return files

@@ -1,0 +1,12 @@
+"""What an example runs to verify itself: real Trainer and Fabric runs, records, claims and the claim gate.
+
+This layer depends on the reader API (:mod:`mpguide.precision`, :mod:`mpguide.fabric`, :mod:`mpguide.steps`,
+:mod:`mpguide.models`, :mod:`mpguide.data`), on torch and Lightning, never on Sphinx. Modules, one concern
+each: :mod:`~mpguide.verify.hardware` (device, precision, presets), :mod:`~mpguide.verify.declarations`
+(the RUNS/CLAIMS tables of an example), :mod:`~mpguide.verify.runner` (real Trainer runs),
+:mod:`~mpguide.verify.probes` (callbacks that measure), :mod:`~mpguide.verify.fabric_runs` and
+:mod:`~mpguide.verify.distributed` (Fabric and DDP runs), :mod:`~mpguide.verify.throughput` (timing),
+:mod:`~mpguide.verify.records` (results records), :mod:`~mpguide.verify.claims` (claims and thresholds),
+:mod:`~mpguide.verify.gate` (the claim gate and its CLI), :mod:`~mpguide.verify.plotting` and
+:mod:`~mpguide.verify.report` (figures and tables).
+"""
