@@ -9,8 +9,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from conftest import curve, make_record, run  # noqa: E402
-from mpguide.verify import plotting
-from mpguide import report  # noqa: E402
+from mpguide.verify import plotting, report  # noqa: E402
 
 
 def _record():
