@@ -147,7 +147,7 @@ class RankRecorder(StepRecorder):
     In every rank (a forked child) it captures warnings from ``setup`` on, registers
     :func:`counting_allreduce_hook` when the model is a ``DistributedDataParallel``, and at the end
     of training writes ``rank<r>.json`` into ``out_dir`` with the per-step lists, the counts, the
-    digest of the final weights (:func:`mpguide.verify.runner.parameter_digest`), ``global_step`` and the
+    digest of the final weights (:func:`mpguide.verify.probes.parameter_digest`), ``global_step`` and the
     module's ``record_extra()``.
 
     Args:

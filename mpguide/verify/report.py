@@ -298,7 +298,7 @@ def check_quoted_messages(records: dict[str, dict[str, Any]],
 
 
 def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
-    """Rows of the guide's GPU speed-up table from plot_15 records (:func:`page_entries` of it).
+    """Rows of the guide's GPU speed-up table from plot_15 records (:func:`mpguide.verify.gate.page_entries` of it).
 
     One row per CUDA record, run (precision) and variant other than the automatic loop and the plain
     loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
