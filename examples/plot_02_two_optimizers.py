@@ -502,7 +502,7 @@ record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS)
 # optimizer, whether ``unscale_`` found inf/NaN in that optimizer's gradients; with no gradient
 # at all there is nothing to check, and ``GradScaler.step`` refuses to decide whether to skip.
 
-print(report.short_paths(plotting.run_by_id(record, "bug-fp16")["error"]["traceback"]))
+print(report.expected_error(record, "bug-fp16"))
 
 # %%
 # Curves

@@ -141,9 +141,9 @@ record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS)
 # fp16 gradients are exactly what may have overflowed, and an fp16 optimizer update of fp16 weights
 # loses small steps to rounding. The design is fp32 master weights with fp16 arithmetic.
 
-from mpguide.verify import plotting
+from mpguide.verify import plotting, report
 
-print(plotting.run_by_id(record, "half-fp16")["error"]["traceback"])
+print(report.expected_error(record, "half-fp16"))
 
 # %%
 # The error under bf16-mixed with clipping
@@ -154,7 +154,7 @@ print(plotting.run_by_id(record, "half-fp16")["error"]["traceback"])
 # around ``training_step``; autocast's type promotion for ``stack`` accepts fp32 and the autocast
 # dtype (bf16), and an fp16 tensor there is the "unexpected floating ScalarType".
 
-print(plotting.run_by_id(record, "half-bf16")["error"]["traceback"])
+print(report.expected_error(record, "half-bf16"))
 
 # %%
 # Without clipping: no error, but NaN after one step
@@ -174,8 +174,6 @@ print(f"{run['error']['type']}: {run['error']['message']}")
 # The fp32 adapter follows fp32 in bf16-mixed and 16-mixed.
 
 import matplotlib.pyplot as plt
-
-from mpguide.verify import report
 
 fig, ax = plt.subplots(figsize=(9, 4))
 plotting.plot_loss_curves(ax, record, ["fp32", "fixed-bf16", "fixed-fp16", "half-fp16", "half-bf16",

@@ -29,7 +29,10 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-PAGES = ["index.html", "model/manual_optimization.html", "auto_examples/plot_02_two_optimizers.html"]
+PAGES = ["index.html", "model/manual_optimization.html", "verification.html", "releases.html", "gpu_references.html",
+         "auto_examples/plot_02_two_optimizers.html"]
+#: The guide's budget (issue 19): screen heights at 1400x900, and words of rendered text.
+GUIDE_MAX_SCREENS, GUIDE_MAX_WORDS, SCREEN = 20, 9000, (1400, 900)
 SHOTS = ROOT / "_build" / "screenshots"
 
 
@@ -84,10 +87,10 @@ def test_page_images_links_and_console(server, browser, page):
     browser.refresh()
     images = browser.execute_script(
         "return Array.from(document.images).map(i => [i.currentSrc, i.complete, i.naturalWidth, i.naturalHeight])")
-    assert images, f"{page} shows no image"
+    assert images or page in ("releases.html", "verification.html"), f"{page} shows no image"
     broken = [src for src, complete, w, h in images if not (complete and w > 0 and h > 0)]
     assert not broken, f"{page}: images that did not load: {broken}"
-    if page != "index.html":
+    if page not in ("index.html", "releases.html", "verification.html"):
         assert any("sphx_glr" in src or "jupyter_execute" in src or "_images" in src for src, *_ in images)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, f"{page}: console errors: {errors}"
@@ -313,3 +316,40 @@ def test_the_sidebar_shows_every_section_of_the_guide(server, browser):
         browser.save_screenshot(str(SHOTS / "manual_optimization_desktop_end.png"))
     finally:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+def measure(browser, url: str) -> tuple[float, int]:
+    """``(screen heights, words)`` of a page at :data:`SCREEN`: the document's scroll height over the
+    window's inner height, and the words of the article's text, collapsed ``<details>`` included
+    (``textContent`` counts hidden text too)."""
+    browser.set_window_size(*SCREEN)
+    browser.get(url)
+    height, inner = browser.execute_script(
+        "return [document.documentElement.scrollHeight, window.innerHeight]")
+    text = browser.execute_script(  # every text node, hidden ones included, joined by spaces
+        "const main = document.querySelector('article') || document.querySelector('main') || document.body;"
+        "const walk = document.createTreeWalker(main, NodeFilter.SHOW_TEXT); const parts = [];"
+        "while (walk.nextNode()) parts.push(walk.currentNode.nodeValue); return parts.join(' ');")
+    return height / inner, len(text.split())
+
+
+def test_the_guide_fits_its_budget(server, browser):
+    """At most 20 screen heights at 1400x900 and 9,000 words: the guide teaches, the evidence is elsewhere."""
+    base, _ = server
+    screens, words = measure(browser, base + "model/manual_optimization.html")
+    print(f"guide: {screens:.1f} screens at {SCREEN[0]}x{SCREEN[1]}, {words} words")
+    assert screens <= GUIDE_MAX_SCREENS, f"the guide is {screens:.1f} screens high at 1400x900 (at most {GUIDE_MAX_SCREENS})"
+    assert words <= GUIDE_MAX_WORDS, f"the guide has {words} words (at most {GUIDE_MAX_WORDS})"
+
+
+def test_the_budget_measure_fails_on_a_long_page(server, browser, tmp_path):
+    """The measure itself: a page of 30 screens of text is over budget, in height and in words."""
+    base, root = server
+    long_page = root / "_budget_probe.html"
+    long_page.write_text("<html><body><article>" + "<p>word word word word word</p>" * 2000
+                         + "<details><summary>s</summary>" + "hidden " * 5000 + "</details></article></body></html>")
+    try:
+        screens, words = measure(browser, base + "_budget_probe.html")
+    finally:
+        long_page.unlink()
+    assert screens > GUIDE_MAX_SCREENS and words > GUIDE_MAX_WORDS, (screens, words)
+    assert words >= 15000  # the collapsed block's words are counted

@@ -14,13 +14,24 @@ def test_strict_build_passes_and_renders_this_builds_results(built_site):
     out, proc = built_site
     assert "[mpguide] claim gate:" in proc.stdout and "passed" in proc.stdout
     page = (out / "html" / "model" / "manual_optimization.html").read_text()
+    evidence = (out / "html" / "verification.html").read_text()
     record = json.loads((out / "results" / "plot_01_porting_to_manual.json").read_text())
-    assert record["created"] in page, "the page shows the record of this very build"
-    assert "manual port = automatic (bf16)" in page and "<img" in page
+    assert record["created"][:10] in evidence, "the verification page shows the results of this very build"
+    assert "manual port = automatic (bf16)" in evidence and "largest gap between smoothed loss curves" in evidence
+    assert "the bug still reproduces: yes" in evidence and 'href="#tol-same-precision"' in evidence
+    assert "sphx_glr_plot_01_porting_to_manual_002.png" in page and "<img" in page  # the example's own figure
+    assert "checks of" in page and 'href="../releases.html"' in page  # each section's closing lines
     for example in ("plot_01_porting_to_manual", "plot_04_gradient_clipping", "plot_08_autocast_cache"):
         assert (out / "html" / "auto_examples" / f"{example}.html").is_file()
+    # reader-facing text without build jargon; the first screen says what "verified" means
+    import re
+    text = re.sub(r"<[^>]+>", " ", page.split('<article', 1)[1].split("</article>", 1)[0])
+    for word in ("preset", "record written", "claim gate", "source digest", "the gate"):
+        assert word not in text, f"the guide's text says {word!r}"
+    assert not re.search(r"\b(?:commit|at) [0-9a-f]{7}\b", text), "a commit hash in the guide's text"
+    assert "Verified" in text[:3000] and "means" in text[:3000]
     crash = json.loads((out / "results" / "plot_02_two_optimizers.json").read_text())
-    assert "No inf checks were recorded for this optimizer" in page  # the captured error is on the page
+    assert "No inf checks were recorded for this optimizer" in " ".join(text.split())  # quoted, and checked captured
     assert any(r["error"] for r in crash["runs"])
 
 

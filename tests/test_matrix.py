@@ -33,6 +33,7 @@ def test_summarize_example_keeps_the_gates_verdicts(fake_examples, tmp_path):
     verdicts = {c["id"]: c["verdict"] for c in entry["claims"]}
     assert verdicts == {"match(manual, auto)": "fail", "match(bf16, auto)": "pass",
                         "diverge(broken, auto)": "pass", "expect(broken) [stalled]": "pass", matrix.RUNS_ROW: "pass"}
+    assert entry["runs"]["bf16"] == {"precision": "bf16-mixed", "plugin": None, "error": None}  # what outcome() reads
     port = next(c for c in entry["claims"] if c["id"] == "match(manual, auto)")
     assert "lightning-2.4.0/plot_99_fake.json" in port["message"] and str(tmp_path) not in port["message"]
 
@@ -88,23 +89,105 @@ def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
     assert header.index("2.2.5") < header.index("2.3.3") < header.index("2.6.6")
     assert "**plot\\_99\\_fake**" in text or "**plot_99_fake**" in text  # one table per example, named
     row = next(line for line in text.splitlines() if "title of c1" in line)
-    assert row.count("<a href=") == 3 and "<b>fail</b>" in row and "<b>could not run</b>" in row
+    assert row.count("<a href=") == 3 and "<b>does not hold</b>" in row and "<b>cannot run</b>" in row
     anchor = row.split('href="#')[1].split('"')[0]
-    assert f'<li id="{anchor}"><b>fail</b>: message of c1 on 2.2.5</li>' in text
+    assert f'<li id="{anchor}"><b>does not hold</b>: message of c1 on 2.2.5</li>' in text
+    assert all(f"* **{o}**: " in text for o in matrix.OUTCOMES)  # the legend explains every word
     assert "could not be installed: boom" in text
 
 
 def test_applies_sentence_is_drawn_from_the_table():
     sums = [summary(v, {"c": w}) for v, w in (("2.2.5", "fail"), ("2.4.0", "pass"), ("2.6.6", "pass"))]
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "This applies to the tested Lightning releases 2.4.0, 2.6.6; not on 2.2.5 (fail)."
+        "Holds on Lightning 2.4.0 and 2.6.6. Does not hold on 2.2.5: the behaviour differs there."
     sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "This applies to every Lightning release tested: 2.2.5, 2.4.0, 2.6.6."
+        "Holds on Lightning 2.2.5, 2.4.0 and 2.6.6 (every release tested)."
     sums[1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "fail"
-    assert "2.2.5, 2.6.6; not on 2.4.0 (fail)" in matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]).startswith(
+        "Holds on Lightning 2.2.5 and 2.6.6. Does not hold on 2.4.0")
     with pytest.raises(matrix.MatrixError, match="no release of the matrix has claim"):
         matrix.applies_sentence(sums, [("plot_99_fake", "typo")])
+
+
+def _failing(version, message, observed="x", runs=None, stored_runs=None, device="CPU (2 cores)"):
+    """A summary of plot_99_fake whose claim "c" failed with ``message``; ``runs``: the summary's
+    ``runs`` field (run id -> precision, plugin, error), as summaries store it."""
+    out = summary(version, {"c": "fail", matrix.RUNS_ROW: "fail" if stored_runs else "pass"})
+    out["device"] = device
+    entry = out["examples"]["plot_99_fake"]
+    entry["claims"][0].update(message=message, observed=observed)
+    entry["claims"][1].update(message=stored_runs or "all passed", kind="implicit", runs=["a", "b"])
+    if runs is not None:
+        entry["runs"] = runs
+    return out
+
+
+def _r(precision, error=None, plugin=None):
+    return {"precision": precision, "plugin": plugin, "error": error}
+
+
+@pytest.mark.parametrize("case, expected", [
+    # the example ran, both runs trained, the claim did not hold: a real difference
+    (dict(version="2.5.4", message="expect(a) FAILED: stale_after_step = True",
+          runs={"a": _r("bf16-mixed"), "b": _r("32-true")}), matrix.DOES_NOT_HOLD),
+    # a run of the claim raised AttributeError: an API is missing on that release
+    (dict(version="2.4.0", message="run a raised AttributeError, so there is no curve to compare",
+          runs={"a": _r("32-true", "AttributeError: 'DigitsGAN' object has no attribute 'toggled_optimizer'"),
+                "b": _r("32-true")}), matrix.CANNOT_RUN),
+    # the plugin's run raised UnsupportedVersionError
+    (dict(version="2.5.5", message="run a raised UnsupportedVersionError, so there is no curve to compare",
+          runs={"a": _r("16-mixed", "UnsupportedVersionError: ManualMixedPrecision was tested with Lightning 2.6.x",
+                        "ManualMixedPrecision"), "b": _r("32-true")}), matrix.PLUGIN_REFUSES),
+    # a raises claim whose run raised the refusal instead of the expected error
+    (dict(version="2.5.5", message="raises(a) FAILED", observed="UnsupportedVersionError: ManualMixedPrecision was",
+          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.PLUGIN_REFUSES),
+    # 16-mixed on a CPU on 2.3: the GradScaler is disabled there
+    (dict(version="2.3.3", message="raises(a) FAILED: got no exception",
+          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.CPU_ARTIFACT),
+    # the same failure of a 16-mixed run on 2.4.0 is a real difference (its CPU GradScaler works)
+    (dict(version="2.4.0", message="raises(a) FAILED: got no exception",
+          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.DOES_NOT_HOLD),
+    # ... and on 2.3.3 on a GPU it is a real difference too
+    (dict(version="2.3.3", message="raises(a) FAILED: got no exception", device="NVIDIA H200",
+          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.DOES_NOT_HOLD),
+    # a bf16-mixed claim failing on 2.3.3 on a CPU is no CPU artifact
+    (dict(version="2.3.3", message="match(a, b) FAILED", runs={"a": _r("bf16-mixed"), "b": _r("32-true")}),
+     matrix.DOES_NOT_HOLD),
+    # summaries written before runs were stored: the error is read from the implicit checks' message
+    (dict(version="2.2.5", message="expect(a) FAILED: generator_changed = False",
+          stored_runs="plot_99_fake: completes(a) FAILED [a trains to the end]: exception = AttributeError: "
+                      "'DigitsGAN' object has no attribute 'toggled_optimizer', threshold none. unexpected"),
+     matrix.CANNOT_RUN),
+])
+def test_outcome_classes_from_stored_summaries(case, expected):
+    s = _failing(**case)
+    got, why = matrix.outcome(s, "plot_99_fake", "c")
+    assert got == expected, why
+    if expected == matrix.CANNOT_RUN:
+        assert "`toggled_optimizer` is missing" in why
+    assert matrix.outcome(summary("2.6.6", {"c": "pass"}), "plot_99_fake", "c")[0] == matrix.HOLDS
+
+
+def test_applies_sentence_gives_each_outcome_its_words_and_never_says_not_affected():
+    cpu = lambda v: _failing(v, "raises(a) FAILED: got no exception", runs={"a": _r("16-mixed"), "b": _r("32-true")})
+    api = _failing("2.4.0", "run a raised AttributeError", runs={
+        "a": _r("32-true", "AttributeError: 'M' object has no attribute 'toggled_optimizer'"), "b": _r("32-true")})
+    refused = _failing("2.5.5", "run a raised UnsupportedVersionError", runs={
+        "a": _r("16-mixed", "UnsupportedVersionError: no", "ManualMixedPrecision"), "b": _r("32-true")})
+    differs = _failing("2.5.4", "expect(a) FAILED", runs={"a": _r("bf16-mixed"), "b": _r("32-true")})
+    sums = [cpu("2.2.5"), cpu("2.3.3"), api, differs, refused, summary("2.6.6", {"c": "pass", matrix.RUNS_ROW: "pass"})]
+    text = matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+    assert text == ("Holds on Lightning 2.6.6. Does not hold on 2.5.4: the behaviour differs there. "
+                    "The example cannot run on 2.4.0 (`toggled_optimizer` is missing). "
+                    "ManualMixedPrecision refuses 2.5.5 (it supports Lightning 2.6.x). "
+                    "Untested on 2.2.5 and 2.3.3: their CPU GradScaler is disabled (a CPU-only artifact, not a sign "
+                    "they are unaffected).")
+    assert "not on" not in text and "(fail)" not in text
+    table = matrix.render_table(sums)
+    row = next(line for line in table.splitlines() if "title of c" in line and "title of c1" not in line)
+    for word in ("CPU-only artifact", "cannot run", "does not hold", "plugin refuses", "holds"):
+        assert word in row, (word, row)
 
 
 def test_rate_ratio_claim_parity_and_speedup():

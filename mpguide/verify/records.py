@@ -113,7 +113,7 @@ def environment(accelerator: str) -> dict[str, str]:
 
 #: The repository this library lives in (its ``examples/`` and ``mpguide/`` are hashed for ``source``).
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: The installed package whose sources a record's library digest covers, the reader API and this harness.
+#: The installed package whose sources a record's library digest covers (the reader API and this harness).
 #: The docs build's own code (``docs/_ext/mpguide_build``) is not part of it, so editing the build never
 #: makes a record stale (and never reruns the examples).
 PACKAGE_DIR = Path(__file__).resolve().parents[1]

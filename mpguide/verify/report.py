@@ -2,38 +2,164 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Sequence
 
 from .claims import Verdict, evaluate_record
 from .records import short_paths  # noqa: F401 - the pages call report.short_paths
 
+#: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
-#: Columns of the narrower tables printed by the examples and shown per section on the guide.
-SHORT_COLUMNS = ("verdict", "claim", "value", "threshold")
+#: The worded columns of the tables that the examples print and the pages show.
+WORD_COLUMNS = ("result", "check", "measured", "allowed")
+#: Older name of the example tables' columns (kept for callers that pass it explicitly).
+SHORT_COLUMNS = WORD_COLUMNS
 #: Longest threshold text shown in a table cell (longer ones are cut, ending in "...").
 MAX_THRESHOLD = 40
 #: Widest a column of a plain-text table (:func:`~mpguide.verify.report.format_table`) gets, in characters;
 #: a longer cell (a long run id, claim title or observed message) wraps onto continuation lines.
 MAX_CELL_WIDTH: dict[str, int] = {"verdict": 12, "claim": 44, "runs": 36, "metric": 24, "value": 36,
-                                  "threshold": MAX_THRESHOLD, "hardware": 60}
+                                  "threshold": MAX_THRESHOLD, "hardware": 60, "result": 34, "check": 40,
+                                  "measured": 44, "allowed": 34}
 #: Width limit of a column :data:`~mpguide.verify.report.MAX_CELL_WIDTH` does not name.
 DEFAULT_CELL_WIDTH = 40
+#: Claim kinds whose passing verdict means "a bug or trap still shows" (so a pass is not good news).
+PITFALL_KINDS = ("diverge",)
+#: Anchor of a tolerance's definition on the verification page (``docs/verification.md``).
+TOLERANCE_ANCHOR = "tol-{}"
 
 
-def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False) -> list[dict[str, str]]:
+def _percent(fraction: float) -> str:
+    """``0.0012`` -> ``"0.12 %"``; tiny non-zero values keep two significant digits (``"3.1e-06 %"``)."""
+    pct = 100 * fraction
+    if pct == 0:
+        return "0.00 %"
+    if math.isnan(pct) or math.isinf(pct):
+        return f"{pct} %"
+    return f"{pct:.2f} %" if abs(pct) >= 0.01 else f"{pct:.2g} %"
+
+
+def _tolerance_name(v: Verdict, href: str | None) -> str:
+    if not v.tolerance:
+        return ""
+    if href is None:
+        return f" ({v.tolerance})"
+    anchor = TOLERANCE_ANCHOR.format(v.tolerance)
+    return f' (<a href="{href}#{anchor}">{v.tolerance}</a>)'
+
+
+def measured_text(v: Verdict) -> str:
+    """What ``v`` measured, in words and with its unit, e.g.
+    ``"largest gap between smoothed loss curves: 0.00 %"``.
+
+    Falls back to the verdict's observed text where nothing numeric was measured (a run that raised,
+    a value not recorded), so the reader sees why.
+    """
+    value, observed = v.value, v.observed
+    numeric = value is not None and not observed
+    if not v.judged:
+        return "not judged on this record"
+    if v.kind == "match":
+        return f"largest gap between smoothed loss curves: {_percent(value)}" if numeric else observed or "n/a"
+    if v.kind == "diverge":
+        return f"average gap between smoothed loss curves: {_percent(value)}" if numeric else observed or "n/a"
+    if v.kind == "ratio":
+        return (f"largest deviation of the update from the expected factor: {_percent(value)}" if numeric
+                else observed or "not recorded")
+    if v.kind == "rate_ratio":
+        return f"speed ratio, {observed}" if observed else "n/a"
+    if v.kind == "raises":
+        return f"error raised: {observed}" if observed != "no exception" else "no error raised"
+    if v.kind == "warns":
+        return f"matching warnings: {int(value) if value is not None else 0}"
+    if v.kind == "no_warning":
+        return f"matching warnings: {int(value) if value is not None else 0}"
+    if v.kind == "expect":
+        return f"recorded {observed}"
+    if v.kind == "same":
+        return f"{v.metric}: {observed}"
+    if v.kind == "finite":
+        return f"steps with a non-finite loss: {int(value) if value is not None else '?'}"
+    if v.kind == "completes":
+        return f"error raised: {observed}"
+    return observed or (f"{value:.3g}" if value is not None else "n/a")
+
+
+def allowed_text(v: Verdict, tolerance_href: str | None = None) -> str:
+    """What ``v`` requires, in words, naming its tolerance (a link to its definition when
+    ``tolerance_href`` is the verification page's URL), e.g. ``"at most 0.10 % (same-precision)"``."""
+    from .claims import TOLERANCES
+
+    tol = TOLERANCES.get(v.tolerance)
+    name = _tolerance_name(v, tolerance_href)
+    if not v.judged:
+        return "-"
+    if v.kind == "match" and tol:
+        return f"at most {_percent(tol.value)}{name}"
+    if v.kind == "diverge" and tol:
+        return f"at least {_percent(tol.value)}{name}"
+    if v.kind == "ratio" and tol:
+        return f"at most {_percent(tol.value)}{name}"
+    if v.kind == "rate_ratio" and tol:
+        return (f"within {_percent(tol.value)} of 1{name}" if tol.bound == "max" else f"at least {tol.value:g}x{name}")
+    if v.kind == "raises":
+        return f"the error: {v.threshold.removeprefix('raises ')}"
+    if v.kind == "warns":
+        return f"at least one {v.threshold.removeprefix('warns ')}"
+    if v.kind == "no_warning":
+        return "none"
+    if v.kind == "expect":
+        return f"expected {v.threshold.removeprefix('== ')}"
+    if v.kind == "same":
+        return "bitwise identical"
+    if v.kind == "finite":
+        return "none"
+    if v.kind == "completes":
+        return "none (the run must train to the end)"
+    return v.threshold
+
+
+def result_text(v: Verdict) -> str:
+    """The verdict in words: "holds" or "DOES NOT HOLD"; for a pitfall "the bug still reproduces: yes"
+    (or "NO"); for an expected error "the error still appears: yes" (or "NO")."""
+    if not v.judged:
+        return "not judged (older record)"
+    if v.undecided:
+        return "inconclusive (not a pass)"
+    if v.kind in PITFALL_KINDS:
+        return "the bug still reproduces: " + ("yes" if v.passed else "NO")
+    if v.kind == "raises":
+        return "the error still appears: " + ("yes" if v.passed else "NO")
+    if v.kind == "warns":
+        return "the warning still appears: " + ("yes" if v.passed else "NO")
+    return "holds" if v.passed else "DOES NOT HOLD"
+
+
+def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False,
+                 tolerance_href: str | None = None) -> list[dict[str, str]]:
     """Table rows (column -> text) for ``verdicts``.
+
+    Each row has the worded columns of :data:`~mpguide.verify.report.WORD_COLUMNS` (``result``, ``check``,
+    ``measured`` with its unit, ``allowed`` naming the tolerance) and the terse ones of
+    :data:`~mpguide.verify.report.COLUMNS` (the gate's own table prints those).
 
     Args:
         verdicts: from :func:`mpguide.verify.claims.evaluate_record`.
         include_implicit: also list the implicit per-run checks (``finite``, ``completes``); failing
             implicit checks are always listed.
+        tolerance_href: URL of the page defining the tolerances (``"../verification.html"``, say);
+            when given, each tolerance name in ``allowed`` is an HTML link to ``#tol-<name>`` there.
     """
     rows = []
     for v in verdicts:
         if v.kind in ("finite", "completes") and v.passed and not include_implicit:
             continue
         rows.append({
+            "result": result_text(v),
+            "check": v.title,
+            "measured": measured_text(v),
+            "allowed": allowed_text(v, tolerance_href),
             "claim": v.title,
             "runs": " vs ".join(v.runs),
             "metric": v.metric,
@@ -82,16 +208,52 @@ def _wrap(text: str, width: int) -> list[str]:
             for part in (textwrap.wrap(line, width, break_long_words=True) or [""])]
 
 
+def count_line(verdicts: Sequence[Verdict]) -> str:
+    """How many of the shown checks hold, and how many automatic per-run checks passed besides.
+
+    The first number counts exactly the rows :func:`~mpguide.verify.report.verdict_rows` shows (declared
+    claims, plus any failing automatic check); the automatic checks that passed are counted apart,
+    because the table does not list them.
+    """
+    shown = [v for v in verdicts if v.kind not in ("finite", "completes") or v.failed]
+    hidden = [v for v in verdicts if v.kind in ("finite", "completes") and not v.failed]
+    judged = [v for v in shown if v.judged]
+    ok = sum(v.passed for v in judged)
+    undecided = sum(v.undecided for v in judged)
+    text = f"{ok} of {len(judged)} checks in the table hold"
+    if undecided:
+        text += f", {undecided} inconclusive (not a pass)"
+    if len(judged) < len(shown):
+        text += f" ({len(shown) - len(judged)} not judged)"
+    if hidden:
+        text += (f"; besides, {len(hidden)} automatic check{'s' if len(hidden) != 1 else ''} (every run trains to "
+                 f"the end with a finite loss) passed")
+    return text
+
+
 def summary(record: dict[str, Any], path: str = "") -> str:
-    """Verdict table of one record plus a closing line ``N passed, M failed`` (claims and checks), with
-    ``, K inconclusive (not passed)`` when some claim could not be decided."""
+    """Worded verdict table of one record plus a closing line counting the rows it shows."""
     verdicts = evaluate_record(record, path)
-    passed = sum(v.passed for v in verdicts)
-    undecided = sum(v.undecided for v in verdicts)
-    table = format_table(verdict_rows(verdicts), SHORT_COLUMNS)
-    return (f"{table}\n\n{record['example']} on {verdicts[0].hardware if verdicts else '?'}: "
-            f"{passed} checks passed, {len(verdicts) - passed - undecided} failed"
-            + (f", {undecided} inconclusive (not passed)" if undecided else ""))
+    table = format_table(verdict_rows(verdicts), WORD_COLUMNS)
+    return f"{table}\n\n{record['example']} on {verdicts[0].hardware if verdicts else '?'}: {count_line(verdicts)}"
+
+
+def expected_error(record: dict[str, Any], run_id: str) -> str:
+    """The captured error of run ``run_id``, introduced as what it is: the expected error a claim checks.
+
+    For an example's terminal output: a bare traceback in the middle of a run's output reads like a
+    crash; this text says which run raised it, that it was caught, and that it is the point.
+
+    Raises:
+        KeyError: ``run_id`` is not in the record, or that run raised nothing.
+    """
+    run = next((r for r in record["runs"] if r["id"] == run_id), None)
+    if run is None or not run.get("error"):
+        raise KeyError(f"{record.get('example')}: run {run_id!r} has no captured error")
+    error = run["error"]
+    body = short_paths(error.get("traceback") or f"{error['type']}: {error['message']}").rstrip()
+    return (f"Expected error, captured from run {run_id!r} (the run stopped here on purpose; training went on "
+            f"with the next run):\n" + "\n".join("    " + line for line in body.splitlines()))
 
 
 def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:

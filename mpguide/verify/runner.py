@@ -301,8 +301,10 @@ def run_example(
             raise hardware.ConfigurationError(f"{example}: run {spec.id!r} names unknown plugin {spec.plugin!r}; "
                                               f"known: {sorted(plugins)}")
     progress(f"{example}: {len(declaration.runs)} runs on {hardware.device_name(accelerator)}, "
-             f"preset {preset.name!r}")
+             f"size {preset.name!r}")
     results = []
+    # runs whose error is the point (a raises claim checks it): their progress line says so
+    expected = {c["runs"][0] for c in declaration.claims_for(accelerator) if c.get("kind") == "raises"}
     for i, spec in enumerate(declaration.runs, 1):
         recipe = swaps.get(spec.id, spec.recipe)
         if recipe != spec.recipe:
@@ -313,14 +315,15 @@ def run_example(
                                        plugins[spec.plugin] if spec.plugin else None)
         if recipe != spec.recipe:
             res.swapped_from = spec.recipe
-        status = (f"raised {res.error['type']}" if res.error else
+        status = (f"raised {res.error['type']}, the error this run exists to show" if res.error and spec.id in expected
+                  else f"raised {res.error['type']}" if res.error else
                   f"final loss {res.loss[-1]:.4f}" if res.loss else "no steps")
         progress(f"  [{i:2d}/{len(declaration.runs)}] {spec.id:<20} {res.mode:<9} {res.precision:<10} "
                  f"{len(res.loss):4d} steps {res.seconds:6.2f} s  {status}")
         results.append(res)
     record = build_record(example, results, declaration, accelerator, preset, swaps)
     path = records.write_record(record, records.record_path(example, results_dir))
-    progress(f"{example}: record written to {_shown_path(path)}")
+    progress(f"{example}: results saved to {_shown_path(path)}")
     return record
 
 

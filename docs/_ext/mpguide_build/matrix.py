@@ -95,9 +95,51 @@ TORCH_EXAMPLES: tuple[str, ...] = ("plot_01_porting_to_manual", "plot_02_two_opt
 #: Where the summaries are committed.
 MATRIX_DIR = records.REPO_ROOT / "results" / "matrix"
 
-#: Verdict words of a table cell, and what an absent cell shows.
-CELL_WORDS = {"pass": "pass", "fail": "fail", "inconclusive": "inconclusive", "not judged": "not judged",
-              "could not run": "could not run", "not run": "not run"}
+#: Outcome "holds", the claim held on that release.
+HOLDS = "holds"
+#: Outcome "does not hold", the example ran and the claim did not (the behaviour differs there).
+DOES_NOT_HOLD = "does not hold"
+#: Outcome "cannot run", the example's code cannot run there (an API is missing, or no install).
+CANNOT_RUN = "cannot run"
+#: Outcome "plugin refuses", a run uses ManualMixedPrecision, which refuses that release.
+PLUGIN_REFUSES = "plugin refuses"
+#: Outcome "CPU-only artifact", a 16-mixed claim on a CPU where that release disables its GradScaler.
+CPU_ARTIFACT = "CPU-only artifact"
+#: Outcome "not judged", the record could not judge the claim.
+NOT_JUDGED = "not judged"
+#: Outcome "inconclusive", a throughput claim the rounds could not decide (never a pass).
+INCONCLUSIVE = "inconclusive"
+#: Outcome "not run", the column does not run that example (an older-torch column runs a few).
+NOT_RUN = "not run"
+#: Every outcome class of a cell (:func:`~mpguide_build.matrix.outcome`), in the legend's order.
+OUTCOMES = (HOLDS, DOES_NOT_HOLD, CANNOT_RUN, PLUGIN_REFUSES, CPU_ARTIFACT, INCONCLUSIVE, NOT_JUDGED, NOT_RUN)
+#: What each outcome means, for the legend above the table.
+OUTCOME_MEANING = {
+    HOLDS: "the claim held on that release",
+    DOES_NOT_HOLD: "the example ran and the claim did not hold: the behaviour differs on that release",
+    CANNOT_RUN: "the example's code cannot run there: an API it uses is missing (named in the message), or the "
+                "release could not be installed",
+    PLUGIN_REFUSES: "the run uses ManualMixedPrecision, which refuses every Lightning release but 2.6.x "
+                    "(UnsupportedVersionError) instead of computing something wrong",
+    CPU_ARTIFACT: "a 16-mixed claim on a release whose CPU GradScaler is disabled: the CPU run trains fp16 "
+                  "without loss scaling, so it says nothing about that release on a GPU (not 'not affected')",
+    INCONCLUSIVE: "a throughput claim whose rounds could not decide it (never counted as holding)",
+    NOT_JUDGED: "the record could not judge the claim",
+    NOT_RUN: "that column does not run this example (the older-torch columns run only the torch-dependent ones)",
+}
+#: Verdict words of a table cell (the outcome classes), kept under the old name.
+CELL_WORDS = {o: o for o in OUTCOMES}
+#: Lightning minors whose ``MixedPrecision`` creates ``torch.cuda.amp.GradScaler()`` whatever the device,
+#: so that on a CPU the scaler disables itself and 16-mixed runs without loss scaling
+#: (``lightning/pytorch/plugins/precision/amp.py``: 2.2.5 line 55, 2.3.3 line 52; 2.4.0 creates
+#: ``torch.amp.GradScaler(device=device)``).
+CPU_SCALER_DISABLED = ("2.2", "2.3")
+#: Errors that mean "this code cannot run on this release" (an API the example uses is missing).
+MISSING_API_ERRORS = ("AttributeError", "ImportError", "ModuleNotFoundError")
+_MISSING_API = re.compile(r"has no attribute '(\w+)'|cannot import name '(\w+)'|No module named '([\w.]+)'|"
+                          r"unexpected keyword argument '(\w+)'")
+_RUN_ERROR = re.compile(r"completes\(([^)]+)\) FAILED \[[^\]]*\]: exception = ([\w.]+): (.*?), threshold none")
+_RUN_RAISED = re.compile(r"run (\S+) raised (\w+)")
 #: Id of the row that stands for the implicit checks of an example (runs complete, losses finite).
 RUNS_ROW = "runs complete"
 #: The tests of the plugin run in every environment.
@@ -216,6 +258,12 @@ def summarize_example(example: str, record_dir: Path, version: str, script_error
                       declared):
         entry["claims"].append({"id": cid, "kind": v.kind, "runs": list(v.runs), "title": v.title,
                                 "verdict": _word(v.status), "observed": v.shown_value(), "message": v.message()})
+    record = records.load_record(path)
+    entry["runs"] = {r["id"]: {"precision": r["precision"], "plugin": r.get("plugin"),
+                               "error": (f"{r['error']['type']}: {(r['error'].get('message') or '').splitlines()[0]}"
+                                         if r.get("error") and (r["error"].get("message") or "").strip() else
+                                         r["error"]["type"] if r.get("error") else None)}
+                     for r in record["runs"]}
     bad = [v for v in implicit if v.failed]
     entry["claims"].append({
         "id": RUNS_ROW, "kind": "implicit", "runs": sorted({r for v in implicit for r in v.runs}),
@@ -425,11 +473,12 @@ def check_current(directory: Path | None = None, examples: Path | None = None,
 
 
 def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
-    """``(word, message)`` of claim ``cid`` of ``example`` in one release's summary.
+    """``(verdict, message)`` of claim ``cid`` of ``example`` in one release's summary, as stored.
 
-    ``word`` is ``"pass"``, ``"fail"``, ``"inconclusive"`` (a throughput claim the data could not decide,
-    never a pass), ``"not judged"`` or ``"could not run"`` (the release or the
-    example could not run, or the claim is absent from its record).
+    ``verdict`` is ``"pass"``, ``"fail"``, ``"inconclusive"`` (a throughput claim the data could not decide,
+    never a pass), ``"not judged"``, ``"not run"`` (the column does not run that example) or
+    ``"could not run"`` (the release or the example could not run, or the claim is absent from its record).
+    :func:`~mpguide_build.matrix.outcome` tells a reader what a non-passing verdict means.
     """
     entry = summary["examples"].get(example)
     label = column_label(summary)
@@ -448,6 +497,101 @@ def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
             return claim["verdict"], claim["message"]
     return "could not run", f"{example}: claim {cid!r} has no verdict on Lightning {label} " \
                             f"(the example stopped before judging it)"
+
+
+def run_errors(summary: dict[str, Any], example: str) -> dict[str, str]:
+    """Run id -> ``"Type: first line"`` of each run of ``example`` that raised on this release.
+
+    Read from the summary's ``runs`` field where it has one, else from the messages of the implicit
+    checks (the ``runs complete`` row names each run that raised an unexpected error).
+    """
+    entry = summary["examples"].get(example) or {}
+    if isinstance(entry.get("runs"), dict):
+        return {rid: r["error"] for rid, r in entry["runs"].items() if r.get("error")}
+    row = next((c for c in entry.get("claims", []) if c["id"] == RUNS_ROW), None)
+    return {m.group(1): f"{m.group(2)}: {m.group(3)}" for m in _RUN_ERROR.finditer(row["message"] if row else "")}
+
+
+def _run_precision(summary: dict[str, Any], example: str, run_id: str, examples: Path | None) -> str:
+    entry = summary["examples"].get(example) or {}
+    if isinstance(entry.get("runs"), dict) and run_id in entry["runs"]:
+        return entry["runs"][run_id]["precision"]
+    try:  # summaries written before runs were stored: the example's declaration
+        decl = declarations.read(declarations.example_file(example, examples))
+    except Exception:  # noqa: BLE001 - an unreadable example only loses the precision hint
+        return ""
+    return next((r.precision for r in decl.runs if r.id == run_id), "")
+
+
+def _claim_runs(summary: dict[str, Any], example: str, cid: str) -> list[str]:
+    entry = summary["examples"].get(example) or {}
+    claim = next((c for c in entry.get("claims", []) if c["id"] == cid), None)
+    if claim is None:
+        return []
+    if cid == RUNS_ROW:  # the runs the failing implicit checks name
+        return re.findall(r"(?:completes|finite)\(([^)]+)\) FAILED", claim["message"]) or list(claim.get("runs") or [])
+    return list(claim.get("runs") or [])
+
+
+def missing_api(error: str) -> str:
+    """The name an ``AttributeError``/``ImportError``/keyword ``TypeError`` says is missing (``""`` if none)."""
+    m = _MISSING_API.search(error or "")
+    return next((g for g in m.groups() if g), "") if m else ""
+
+
+def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | None = None) -> tuple[str, str]:
+    """What a cell means for a reader: ``(outcome class, why)``, the class one of :data:`OUTCOMES`.
+
+    Derived from what the summary stores, in this order:
+
+    * ``pass`` -> :data:`HOLDS`; ``not judged`` -> :data:`NOT_JUDGED`;
+    * the release or the example could not run, or a run of the claim raised an ``AttributeError``,
+      ``ImportError`` or a ``TypeError`` about an unexpected keyword -> :data:`CANNOT_RUN`, naming the
+      missing API;
+    * a run of the claim raised ``UnsupportedVersionError`` (:data:`REFUSAL_MARK`), or the claim's own
+      observation is that refusal -> :data:`PLUGIN_REFUSES`;
+    * the summary ran on a CPU, the release is one of :data:`CPU_SCALER_DISABLED` and a run of the claim
+      is 16-mixed -> :data:`CPU_ARTIFACT`;
+    * otherwise -> :data:`DOES_NOT_HOLD`.
+
+    Args:
+        summary: one release's summary; ``example``/``cid``: the cell.
+        examples: folder of the examples, for the run precisions of summaries that do not store them.
+    """
+    verdict, message = cell(summary, example, cid)
+    if verdict == "pass":
+        return HOLDS, message
+    if verdict == "not judged":
+        return NOT_JUDGED, message
+    if verdict == "inconclusive":
+        return INCONCLUSIVE, message
+    if verdict == "not run":
+        return NOT_RUN, message
+    if verdict == "could not run":
+        return CANNOT_RUN, message
+    errors = run_errors(summary, example)
+    involved = _claim_runs(summary, example, cid)
+    raised = {r: errors[r] for r in involved if r in errors}
+    for m in _RUN_RAISED.finditer(message):  # "run X raised Type, so there is no curve"
+        raised.setdefault(m.group(1), errors.get(m.group(1), m.group(2)))
+    for run_id, error in raised.items():
+        kind = error.split(":")[0].split(".")[-1]
+        api = missing_api(error)
+        if kind in MISSING_API_ERRORS or (kind == "TypeError" and api):
+            return CANNOT_RUN, (f"run {run_id} cannot run on Lightning {summary['lightning']}: "
+                                f"{'`' + api + '` is missing' if api else error} ({error})")
+    entry = summary["examples"].get(example) or {}
+    observed = next((c.get("observed", "") for c in entry.get("claims", []) if c["id"] == cid), "")
+    if any(REFUSAL_MARK in e for e in raised.values()) or REFUSAL_MARK in observed:
+        return PLUGIN_REFUSES, (f"ManualMixedPrecision refuses Lightning {summary['lightning']} "
+                                f"(UnsupportedVersionError): {message}")
+    minor = ".".join(summary["lightning"].split(".")[:2])
+    on_cpu = str(summary.get("device", "cpu")).lower().startswith("cpu")
+    if on_cpu and minor in CPU_SCALER_DISABLED and any(
+            _run_precision(summary, example, r, examples) == "16-mixed" for r in involved):
+        return CPU_ARTIFACT, (f"Lightning {summary['lightning']} disables its GradScaler on a CPU, so this 16-mixed "
+                              f"run trained without loss scaling; not evidence either way for a GPU. {message}")
+    return DOES_NOT_HOLD, message
 
 
 def rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -474,8 +618,8 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
     """The matrix as MyST Markdown: per example a table with one row per claim and one column per
     release, then every message.
 
-    Each cell reads ``pass``, ``fail``, ``inconclusive``, ``not judged`` or ``could not run`` and links to its
-    message below the tables (an HTML anchor, so no Sphinx reference can dangle). The messages sit
+    Each cell reads one outcome of :data:`OUTCOMES` (:func:`~mpguide_build.matrix.outcome`), explained in a
+    legend above the tables, and links to its message below the tables (an HTML anchor, so no Sphinx reference can dangle). The messages sit
     in one collapsed ``<details>`` block per release (a browser opens it when a link points inside),
     the non-passing ones first; identical messages of one release are listed once.
 
@@ -491,7 +635,7 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
     wanted = None if examples is None else set(examples)
     table_rows = [r for r in rows(summaries) if wanted is None or r[0] in wanted]
     head = ["claim"] + [column_label(s) for s in summaries]  # short headers leave the claim column its width
-    lines: list[str] = []
+    lines: list[str] = [legend()]
     messages: dict[str, list[tuple[str, str, str]]] = {column_label(s): [] for s in summaries}
     current = None
     for example, cid, title in table_rows:
@@ -500,10 +644,10 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
             lines += ["", f"**{_md(example)}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         cells = []
         for summary in summaries:
-            word, message = cell(summary, example, cid)
+            word, message = outcome(summary, example, cid)
             anchor = _anchor(column_label(summary), example, cid)
             text = html.escape(CELL_WORDS.get(word, word))
-            cells.append(f'<a href="#{anchor}">{"<b>" + text + "</b>" if word != "pass" else text}</a>')
+            cells.append(f'<a href="#{anchor}">{"<b>" + text + "</b>" if word != HOLDS else text}</a>')
             messages[column_label(summary)].append((anchor, word, message))
         lines.append("| " + " | ".join([_md(title)] + cells) + " |")
     lines.append("")
@@ -511,8 +655,8 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
         version = column_label(summary)
         lines.append(column_heading(summary))
         lines.append("")
-        ordered = [m for m in messages[version] if m[1] != "pass"] + [m for m in messages[version] if m[1] == "pass"]
-        bad = sum(m[1] != "pass" for m in ordered)
+        ordered = [m for m in messages[version] if m[1] != HOLDS] + [m for m in messages[version] if m[1] == HOLDS]
+        bad = sum(m[1] != HOLDS for m in ordered)
         # one element per line: docutils refuses lines over 10,000 characters; no blank line inside
         # the block, which would end the raw HTML block in CommonMark. A message already listed is
         # not repeated: the later anchors point to a short "same as above" item.
@@ -524,16 +668,21 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
                              f'<a href="#{seen[(word, message)]}">above</a></li>')
                 continue
             seen[(word, message)] = anchor
-            shown = f"<b>{html.escape(word)}</b>" if word != "pass" else html.escape(word)
+            shown = f"<b>{html.escape(word)}</b>" if word != HOLDS else html.escape(word)
             items.append(f'<li id="{anchor}">{shown}: {html.escape(message)}</li>')
         lines += ['<div class="mpguide-matrix-messages">',
-                  f"<details><summary>Messages of Lightning {html.escape(version)}: {bad} not passing, "
-                  f"{len(ordered) - bad} passing</summary>", "<ul>", *items, "</ul>", "</details>", "</div>", ""]
+                  f"<details><summary>Messages of Lightning {html.escape(version)}: {len(ordered) - bad} hold, "
+                  f"{bad} other</summary>", "<ul>", *items, "</ul>", "</details>", "</div>", ""]
     return "\n".join(lines)
 
 
 def _md(text: str) -> str:
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("\n", " ")
+
+
+def legend() -> str:
+    """One Markdown list explaining each outcome word of the table."""
+    return "\n".join(f"* **{o}**: {OUTCOME_MEANING[o]}" for o in OUTCOMES) + "\n"
 
 
 def passing_releases(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> list[str]:
@@ -543,17 +692,38 @@ def passing_releases(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     return [s["lightning"] for s in ordered if all(cell(s, ex, cid)[0] == "pass" for ex, cid in claims)]
 
 
+def release_outcomes(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """Outcome class -> releases (oldest first) of a section resting on ``claims``.
+
+    A release counts as :data:`HOLDS` when every claim holds there; otherwise it takes the outcome of
+    its first claim that does not hold, in the order of :data:`OUTCOMES` read from the most telling:
+    a real difference (:data:`DOES_NOT_HOLD`) before the reasons nothing could be learnt
+    (cannot run, plugin refuses, CPU-only artifact).
+    """
+    rank = {DOES_NOT_HOLD: 0, CANNOT_RUN: 1, PLUGIN_REFUSES: 2, CPU_ARTIFACT: 3, INCONCLUSIVE: 4, NOT_JUDGED: 5, NOT_RUN: 6}
+    out: dict[str, list[str]] = {}
+    for s in sorted(summaries, key=lambda s: version_key(s["lightning"])):
+        found = [outcome(s, ex, cid)[0] for ex, cid in claims]
+        other = sorted((o for o in found if o != HOLDS), key=rank.get)
+        out.setdefault(other[0] if other else HOLDS, []).append(s["lightning"])
+    return out
+
+
+def _releases(versions: Sequence[str]) -> str:
+    return versions[0] if len(versions) == 1 else ", ".join(versions[:-1]) + " and " + versions[-1]
+
+
 def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:
-    """The "applies to Lightning X to Y" sentence of a pitfall section, drawn from the matrix.
+    """The "Lightning releases" line of a guide section, drawn from the matrix, in words that cannot mislead.
 
     Args:
         summaries: from :func:`~mpguide_build.matrix.load_matrix`.
-        claims: the ``(example, claim id)`` pairs the section rests on; the section applies to a
-            release when all of them pass there.
+        claims: the ``(example, claim id)`` pairs the section rests on.
 
     Returns:
-        e.g. ``"This applies to Lightning 2.4.0 to 2.6.6 (every release tested)."``, or with the
-        releases where it does not hold and why (``fail`` or ``could not run``).
+        One sentence per outcome of :func:`release_outcomes`, for example "Holds on Lightning 2.4.0 and
+        2.6.6." followed by "Untested on 2.2.5 and 2.3.3 ..." for a CPU-only artifact; a release where the
+        code cannot run names the missing API.
 
     Raises:
         MatrixError: ``claims`` is empty or names a claim no summary has.
@@ -565,21 +735,33 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     if unknown:
         raise MatrixError(f"no release of the matrix has claim(s) {unknown}; known ids look like "
                           f"{sorted(known)[:3]}")
-    ordered = sorted((s for s in summaries if not is_unreleased(s)), key=column_order)
-    tested = [s["lightning"] for s in ordered]
-    ok = passing_releases(ordered, claims)
-    unreleased = unreleased_clause(summaries, claims)
-    if not ok:
-        return f"This holds on none of the Lightning releases tested ({', '.join(tested)}).{unreleased}"
-    others = []
-    for s in ordered:
-        if s["lightning"] not in ok:
-            words = {cell(s, ex, cid)[0] for ex, cid in claims} - {"pass"}
-            others.append(f"{s['lightning']} ({' / '.join(sorted(words))})")
-    listed = ", ".join(ok)
-    if not others:
-        return f"This applies to every Lightning release tested: {listed}.{unreleased}"
-    return f"This applies to the tested Lightning releases {listed}; not on {', '.join(others)}.{unreleased}"
+    every = summaries
+    summaries = [s for s in summaries if not is_unreleased(s)]
+    groups = release_outcomes(summaries, claims)
+    ordered = sorted(summaries, key=column_order)
+    parts = []
+    if HOLDS in groups:
+        parts.append(f"Holds on Lightning {_releases(groups[HOLDS])}"
+                     + (" (every release tested)." if len(groups) == 1 else "."))
+    else:
+        parts.append(f"Holds on none of the Lightning releases tested ({_releases([s['lightning'] for s in ordered])}).")
+    if DOES_NOT_HOLD in groups:
+        parts.append(f"Does not hold on {_releases(groups[DOES_NOT_HOLD])}: the behaviour differs there.")
+    if CANNOT_RUN in groups:
+        apis = sorted({missing_api(outcome(s, ex, cid)[1]) for s in ordered if s["lightning"] in groups[CANNOT_RUN]
+                       for ex, cid in claims} - {""})
+        why = f"`{'`, `'.join(apis)}` {'is' if len(apis) == 1 else 'are'} missing" if apis else "it could not be installed"
+        parts.append(f"The example cannot run on {_releases(groups[CANNOT_RUN])} ({why}).")
+    if PLUGIN_REFUSES in groups:
+        parts.append(f"ManualMixedPrecision refuses {_releases(groups[PLUGIN_REFUSES])} (it supports Lightning 2.6.x).")
+    if CPU_ARTIFACT in groups:
+        parts.append(f"Untested on {_releases(groups[CPU_ARTIFACT])}: their CPU GradScaler is disabled (a CPU-only "
+                     f"artifact, not a sign they are unaffected).")
+    if NOT_JUDGED in groups:
+        parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
+    if INCONCLUSIVE in groups:
+        parts.append(f"Inconclusive on {_releases(groups[INCONCLUSIVE])} (the timing rounds could not decide).")
+    return " ".join(parts) + unreleased_clause(every, claims)
 
 
 def unreleased_clause(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:

@@ -1,0 +1,288 @@
+"""What the guide pages compute: the few measured numbers the guide quotes, each section's closing
+"verified / Lightning releases" lines, and the check that every quoted message was captured.
+
+Build-only: the Sphinx pages call it; no example does. The pages call one
+function per cell, so that their hidden cells stay one line long and the computation lives here,
+where it is tested (``tests/test_guide_page.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+#: Where each guide section's evidence is: section key -> (example, the claims its releases line
+#: rests on, as ``(example, claim id)`` pairs of the version matrix).
+SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "porting": ("plot_01_porting_to_manual", [("plot_01_porting_to_manual", "diverge(sched-bf16, auto-bf16)"),
+                                              ("plot_01_porting_to_manual", "diverge(teacher-bf16, auto-bf16)")]),
+    "autocast_cache": ("plot_08_autocast_cache", [("plot_08_autocast_cache", "expect(caching-bf16) [stale_after_step]"),
+                                                  ("plot_08_autocast_cache", "expect(lightning-bf16) [stale_after_step]")]),
+    "optimizer_math": ("plot_09_optimizer_under_autocast",
+                       [("plot_09_optimizer_under_autocast", "expect(manual-fp16) [identical_to_automatic]")]),
+    "backward_flags": ("plot_07_backward_and_flags", [("plot_07_backward_and_flags", "raises(fp16-loss-backward)")]),
+    "accumulation": ("plot_06_accumulation", [("plot_06_accumulation", "diverge(zero-grad, manual-fp32)"),
+                                              ("plot_06_accumulation", "expect(overflow-fp16) [overflow_window_skipped]")]),
+    "clipping": ("plot_04_gradient_clipping", [("plot_04_gradient_clipping", "diverge(sgd-fp16, sgd-fp32)"),
+                                               ("plot_04_gradient_clipping", "match(sgd-fp16-hook, sgd-fp32)")]),
+    "no_gradient_step": ("plot_02_two_optimizers", [("plot_02_two_optimizers", "raises(bug-fp16)")]),
+    "scale_changes": ("plot_03_shared_backward", [("plot_03_shared_backward", "expect(fp16-stock) [predicted_at_overflow]")]),
+    "schedulers": ("plot_05_skipped_steps", [("plot_05_skipped_steps", "warns(fp16-naive) [UserWarning]")]),
+    "gradient_penalty": ("plot_10_gradient_penalty", [("plot_10_gradient_penalty", "match(scaled-fp16, naive-fp32)")]),
+    "fp16_parameters": ("plot_11_fp16_parameters", [("plot_11_fp16_parameters", "raises(half-fp16)")]),
+    "nonfinite_guard": ("plot_12_nonfinite_guard", [("plot_12_nonfinite_guard", "expect(habit-fp16) [updates_applied]")]),
+    "ddp": ("plot_13_ddp_accumulation", [("plot_13_ddp_accumulation",
+                                          "expect(ddp-16-window-end) [skipped_batches_per_rank]")]),
+    "fabric": ("plot_14_fabric_manual_loop", [("plot_14_fabric_manual_loop", "raises(unused-fp16-stock)"),
+                                              ("plot_14_fabric_manual_loop", "expect(fp16-stock) [predicted_first_three]")]),
+    "throughput": ("plot_15_throughput", []),
+}
+
+#: Every message the guide quotes, and the run of this build that must have produced it:
+#: ``(example, run id, exact text)``. The page fails to build when a run stops producing one.
+QUOTED: list[tuple[str, str, str]] = [
+    ("plot_02_two_optimizers", "bug-fp16", "No inf checks were recorded for this optimizer."),
+    ("plot_04_gradient_clipping", "unscale-fp16", "unscale_() has already been called on this optimizer since the last update()."),
+    ("plot_04_gradient_clipping", "fused-bf16", "The current optimizer, AdamW, does not allow for gradient clipping because it performs unscaling of gradients internally."),
+    ("plot_05_skipped_steps", "fp16-naive", "Detected call of `lr_scheduler.step()` before `optimizer.step()`."),
+    ("plot_07_backward_and_flags", "fp16-loss-backward", "Attempted unscale_ but _scale is None."),
+    ("plot_06_accumulation", "trainer-flag", "Automatic gradient accumulation is not supported for manual optimization."),
+    ("plot_04_gradient_clipping", "trainer-flag", "Automatic gradient clipping is not supported for manual optimization."),
+    ("plot_11_fp16_parameters", "half-fp16", "Attempting to unscale FP16 gradients."),
+    ("plot_11_fp16_parameters", "half-bf16", "Unexpected floating ScalarType in at::autocast::prioritize"),
+    ("plot_14_fabric_manual_loop", "manual-plugin-in-fabric", "'NoneType' object has no attribute 'trainer'"),
+    ("plot_14_fabric_manual_loop", "unused-fp16-stock", "No inf checks were recorded for this optimizer"),
+]
+#: Quoted only where the build ran on a CPU (Lightning warns this on a CPU only).
+QUOTED_ON_CPU = [("plot_07_backward_and_flags", "flag-16-mixed",
+                  "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'` instead.")]
+
+
+def _records(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    from mpguide.verify.records import load_record, record_path
+
+    return {name: load_record(record_path(name)) for name in names}
+
+
+def _run(record: dict[str, Any], run_id: str) -> dict[str, Any]:
+    run = next((r for r in record["runs"] if r["id"] == run_id), None)
+    if run is None:
+        raise KeyError(f"{record['example']}: the guide reads run {run_id!r}, which the record does not have; "
+                       f"update mpguide/guide.py or the example")
+    return run
+
+
+def check_quoted() -> None:
+    """Fail the page when a message it quotes was not captured by this build (see :data:`QUOTED`).
+
+    Raises:
+        ValueError: from mpguide.verify.report.check_quoted_messages`, one line per missing message.
+        mpguide.records.RecordError: a record is missing.
+    """
+    from mpguide.verify.report import check_quoted_messages
+
+    names = sorted({q[0] for q in QUOTED + QUOTED_ON_CPU})
+    recs = _records(names)
+    quoted = QUOTED + (QUOTED_ON_CPU if recs["plot_07_backward_and_flags"]["env"]["accelerator"] == "cpu" else [])
+    check_quoted_messages(recs, quoted)
+
+
+def numbers() -> dict[str, Any]:
+    """The measured numbers the guide quotes, by glue key (this build's records; see the page).
+
+    Raises:
+        mpguide.records.RecordError: a record is missing or unreadable.
+        KeyError: a record lacks a run or value the guide reads (the message names them).
+    """
+    import torch
+
+    from mpguide.verify.claims import hardware_label, relative_gap
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
+
+    names = example_names()
+    entries = {name: page_entries(name)[0] for name in names}
+    recs = {name: e.record for name, e in entries.items()}
+
+    def gap(name: str, a: str, b: str) -> float:  # largest smoothed gap, in percent
+        return 100 * float(relative_gap(_run(recs[name], a)["loss"], _run(recs[name], b)["loss"]).max())
+
+    def extra(name: str, run_id: str) -> dict[str, Any]:
+        return _run(recs[name], run_id)["extra"]
+
+    judged = [v for e in entries.values() for v in e.verdicts if v.judged and v.kind not in ("finite", "completes")]
+    port = "plot_01_porting_to_manual"
+    tp = recs["plot_15_throughput"]
+
+    def rate(run_id: str, variant: str) -> float:
+        return statistics.median(extra("plot_15_throughput", run_id)[f"{variant}_round_steps_per_s"])
+
+    def paired(run_id: str, a: str, b: str) -> float:
+        e = extra("plot_15_throughput", run_id)
+        return statistics.median(x / y for x, y in zip(e[f"{a}_round_steps_per_s"], e[f"{b}_round_steps_per_s"]))
+
+    scaler = torch.amp.GradScaler("cpu")
+    sk = extra("plot_05_skipped_steps", "fp16-naive")
+    ddp = recs["plot_13_ddp_accumulation"]
+    every, window_end = _run(ddp, "ddp-fp32-every")["extra"], _run(ddp, "ddp-fp32-window-end")["extra"]
+    guard = extra("plot_12_nonfinite_guard", "habit-fp16")
+    return {
+        "hw": hardware_label(recs[port]["env"]),
+        "n_pass": sum(v.passed for v in judged),
+        "n_checks": len(judged),
+        "port_gap": max(gap(port, f"manual-{p}", f"auto-{p}") for p in ("fp32", "bf16", "fp16")),
+        "bf16_gap": gap(port, "auto-bf16", "auto-fp32"),
+        "fp16_gap": gap(port, "auto-fp16", "auto-fp32"),
+        "sched_final": _run(recs[port], "sched-fp32")["loss"][-1],
+        "teacher_final": _run(recs[port], "teacher-fp32")["loss"][-1],
+        "auto_final": _run(recs[port], "auto-fp32")["loss"][-1],
+        "init_scale": _run(recs["plot_05_skipped_steps"], "fp16-naive")["loss_scale"][0],
+        "backoff": scaler.get_backoff_factor(),
+        "growth": scaler.get_growth_factor(),
+        "growth_interval": scaler.get_growth_interval(),
+        "muon_drift": max(extra("plot_09_optimizer_under_autocast", "manual-fp16")["max_abs_diff_vs_automatic"]),
+        "clip_update_fp16": extra("plot_04_gradient_clipping", "sgd-fp16")["update_norm"][0],
+        "clip_update_fp32": extra("plot_04_gradient_clipping", "sgd-fp32")["update_norm"][0],
+        "overflow_factor": extra("plot_03_shared_backward", "fp16-stock")["head_update_factor"][0],
+        "skipped": sk["skipped_steps"],
+        "skip_batches": sk["batches"],
+        "naive_first_lr": sk["first_applied_lr"],
+        "aware_first_lr": extra("plot_05_skipped_steps", "fp16-skip-aware")["first_applied_lr"],
+        "gp_naive_fp16_gap": gap("plot_10_gradient_penalty", "naive-fp16", "naive-fp32"),
+        "gp_scaled_fp16_gap": gap("plot_10_gradient_penalty", "scaled-fp16", "naive-fp32"),
+        "guard_applied": guard["updates_applied"],
+        "guard_batches": guard["batches"],
+        "ddp_saved_pct": 100 * (1 - window_end["allreduce_bytes"] / every["allreduce_bytes"]),
+        "fab_stock": ", ".join(f"{f:.3g}" for f in extra("plot_14_fabric_manual_loop", "fp16-stock")["head_update_factor"][:3]),
+        "tp_bf16_ratio": paired("bench-bf16", "manual", "automatic"),
+        "tp_fp32_ratio": paired("bench-fp32", "manual", "automatic"),
+        "tp_bf16_step_ms": 1000 / rate("bench-bf16", "manual"),
+        "tp_hw": hardware_label(tp["env"]),
+    }
+
+
+def _example_number(example: str) -> str:
+    return example.split("_")[1]
+
+
+def footer(section: str, prefix: str = "../") -> str:
+    """The two closing lines of a guide section, as MyST Markdown with HTML links:
+
+    * **Verified**: how many of the section's example's checks hold in this build, linking to the
+      example's verdicts;
+    * **Lightning releases**: ``mpguide_build.matrix.applies_sentence`` of the section's claims,
+      linking to the releases page.
+
+    Args:
+        section: a key of :data:`SECTIONS`.
+        prefix: from the page to the site root (``"../"`` for ``model/manual_optimization``).
+
+    Raises:
+        KeyError: unknown section (the message lists the known ones).
+        mpguide.records.RecordError: the example's record is missing.
+        mpguide.matrix.MatrixError: a claim of the section is missing from the matrix.
+    """
+    from mpguide.verify.gate import page_entries
+
+    from . import matrix
+
+    if section not in SECTIONS:
+        raise KeyError(f"unknown guide section {section!r}; known: {sorted(SECTIONS)}")
+    example, claims = SECTIONS[section]
+    entry = page_entries(example)[0]
+    judged = [v for v in entry.verdicts if v.judged and v.kind not in ("finite", "completes")]
+    held = sum(v.passed for v in judged)
+    word = "hold" if held == len(judged) else "hold; the build reports the others as failures"
+    lines = [f'**Verified** in this build: {held} of {len(judged)} checks of '
+             f'<a href="{prefix}auto_examples/{example}.html#verdicts">example {_example_number(example)}</a> {word}.']
+    if claims:
+        lines.append(f"**Lightning releases**: {matrix.applies_sentence(matrix.load_matrix(), claims)} "
+                     f'(<a href="{prefix}releases.html">every release and claim</a>)')
+    return "  \n".join(lines)  # a hard line break between the two lines
+
+
+# ------------------------------------------------------------------------- the evidence pages
+
+
+def _example_link(example: str, prefix: str) -> str:
+    return f'<a href="{prefix}auto_examples/{example}.html">{example}</a>'
+
+
+def verification_summary(prefix: str = "") -> str:
+    """Markdown table of this build, one row per example: checks that hold, runs, where and when it ran."""
+    from mpguide.verify.claims import hardware_label
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
+    from mpguide.verify.report import markdown_table
+
+    rows = []
+    for name in example_names():
+        entry = page_entries(name)[0]
+        judged = [v for v in entry.verdicts if v.judged and v.kind not in ("finite", "completes")]
+        rows.append({"example": _example_link(name, prefix),
+                     "checks that hold": f"{sum(v.passed for v in judged)} of {len(judged)}",
+                     "training runs": str(len(entry.record["runs"])),
+                     "ran on": hardware_label(entry.record["env"]), "date": entry.record["created"][:10]})
+    return markdown_table(rows, ("example", "checks that hold", "training runs", "ran on", "date"))
+
+
+def verdict_tables(entries: Sequence[Any], prefix: str = "", tolerance_href: str = "") -> str:
+    """Worded verdict tables (``mpguide.verify.report.WORD_COLUMNS``), one per results file of ``entries``
+    (:class:`mpguide.verify.gate.PageRecord`), each headed by its example and where it ran."""
+    from mpguide.verify.report import WORD_COLUMNS, count_line, markdown_table, verdict_rows
+
+    out = []
+    for entry in entries:
+        name = entry.record["example"]
+        from mpguide.verify.claims import hardware_label
+
+        where = "this build" if entry.source == "this build" else "reference run"
+        note = (" *Made before its example last changed: only the checks it already held, on unchanged runs, "
+                "are judged.*" if entry.stale else "")
+        ran = f"{hardware_label(entry.record['env'])}, {entry.record['created'][:10]}"
+        out.append(f"**{_example_link(name, prefix)}** ({where}, {ran}): "
+                   f"{count_line(entry.verdicts)}.{note}\n\n"
+                   + markdown_table(verdict_rows(entry.verdicts, tolerance_href=tolerance_href), WORD_COLUMNS))
+    return "\n\n".join(out)
+
+
+def build_verdict_tables(prefix: str = "") -> str:
+    """:func:`verdict_tables` of this build's results, every example."""
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
+
+    return verdict_tables([page_entries(name)[0] for name in example_names()], prefix)
+
+
+def reference_entries() -> list[Any]:
+    """The committed GPU reference results of every example, judged as the build judges them."""
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
+
+    return [e for name in example_names() for e in page_entries(name)[1:]]
+
+
+def tolerance_table() -> str:
+    """Markdown table of every tolerance: its name (the anchor ``tol-<name>`` that verdict rows link
+    to), the bound, its value and the measurements behind it (``mpguide.verify.claims.TOLERANCES``)."""
+    from mpguide.verify.claims import TOLERANCES
+    from mpguide.verify.report import TOLERANCE_ANCHOR, markdown_table
+
+    rows = [{"tolerance": f'<span id="{TOLERANCE_ANCHOR.format(t.name)}">{t.name}</span>',
+             "requires": ("at most " if t.bound == "max" else "at least ")
+             + (f"{t.value:g}x" if t.name.endswith("speedup") else f"{100 * t.value:g} %"),
+             "why this value": t.reason} for t in TOLERANCES.values()]
+    return markdown_table(rows, ("tolerance", "requires", "why this value"))
+
+
+def warmup_numbers() -> dict[str, Any]:
+    """The warm-up of the porting example's curves: steps skipped by the curve checks, and the largest
+    gaps inside them (bf16-mixed and 16-mixed against fp32, in percent)."""
+    from mpguide.verify.claims import warmup_gap, warmup_steps
+    from mpguide.verify.records import load_record, record_path
+
+    rec = load_record(record_path("plot_01_porting_to_manual"))
+    fp32 = _run(rec, "auto-fp32")["loss"]
+    return {"warmup_n": warmup_steps(len(fp32)), "steps": len(fp32),
+            "warmup_bf16": 100 * warmup_gap(_run(rec, "auto-bf16")["loss"], fp32),
+            "warmup_fp16": 100 * warmup_gap(_run(rec, "auto-fp16")["loss"], fp32)}

@@ -1,0 +1,275 @@
+"""The guide's visible code: every Python snippet compiles, and every snippet that is a
+``training_step`` or a hook trains in a real ``Trainer`` here, or names the example that runs it.
+
+Where each hook snippet of ``docs/model/manual_optimization.md`` runs (the ``% snippet: <key>``
+comment above it names the key):
+
+=================  ========================================================================
+snippet            runs in
+=================  ========================================================================
+recipe             this file (its ``Model`` class, 16-mixed with a CPU GradScaler)
+porting            this file (manual step + teacher update + per-epoch scheduler, bf16-mixed)
+autocast_cache     this file (no_grad teacher forward, bf16-mixed)
+optimizer_math     this file (step outside autocast, 16-mixed)
+accumulation       this file (16-mixed, window of 4)
+clipping           this file (the hook, 16-mixed)
+no_gradient_step   this file: the guard keeps a generator without gradients from crashing
+                   16-mixed, and the same step without the guard raises "No inf checks"
+schedulers         this file (step_skip_aware, 16-mixed)
+ddp                this file (one process: ``toggle_model(sync_grad=...)`` is a no-op there)
+gradient_penalty   not a hook; plot_10_gradient_penalty runs it (``scaled_input_grad``)
+fabric             not a hook; compiled only (plot_14 runs the same call)
+=================  ========================================================================
+
+The figures the guide reuses from the gallery are checked too: each ``{figure}`` names the
+example's figure by number, and its ``:name:`` says which ``save_figure`` call drew it.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+GUIDE = ROOT / "docs" / "model" / "manual_optimization.md"
+PAGES = [GUIDE, ROOT / "docs" / "releases.md"]
+_FENCE = re.compile(r"^(?:% snippet: (?P<key>\S+)\n)?(?P<indent>[ ]*)```python\n(?P<code>.*?)^(?P=indent)```[ ]*$",
+                    re.MULTILINE | re.DOTALL)
+_HOOK = re.compile(r"^\s*def (training_step|on_\w+|configure_\w+|optimizer_step|lr_scheduler_step)\(", re.MULTILINE)
+#: Snippets that are no hook: where they run instead (documented, not executed here).
+RUN_ELSEWHERE = {"gradient_penalty": "examples/plot_10_gradient_penalty.py",
+                 "fabric": "examples/plot_14_fabric_manual_loop.py"}
+
+
+@dataclass
+class Snippet:
+    key: str
+    code: str
+    line: int
+    path: Path
+
+    @property
+    def where(self) -> str:
+        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{path}:{self.line}"
+
+
+def snippets(path: Path, text: str | None = None) -> list[Snippet]:
+    """The Python code blocks of a page (executed cells are ``{code-cell}``, not these)."""
+    text = path.read_text() if text is None else text
+    return [Snippet(m["key"] or "", textwrap.dedent(m["code"]), text[: m.start("code")].count("\n") + 1, path)
+            for m in _FENCE.finditer(text)]
+
+
+def compile_errors(snips: list[Snippet]) -> list[str]:
+    errors = []
+    for s in snips:
+        try:
+            compile(s.code, s.where, "exec")
+        except SyntaxError as err:
+            errors.append(f"{s.where}: {err.msg} (line {err.lineno} of the snippet)")
+    return errors
+
+
+def unmapped_hooks(snips: list[Snippet]) -> list[str]:
+    return [f"{s.where}: a training_step or hook snippet without a '% snippet: <key>' line that this test runs"
+            for s in snips if _HOOK.search(s.code) and s.key not in RUNS]
+
+
+def test_every_snippet_of_the_guide_compiles():
+    snips = [s for page in PAGES for s in snippets(page)]
+    assert len([s for s in snips if s.path == GUIDE]) >= 10
+    assert not compile_errors(snips)
+    assert not unmapped_hooks([s for s in snips if s.path == GUIDE])
+    keys = [s.key for s in snips if s.path == GUIDE and s.key]
+    assert sorted(set(keys) - set(RUN_ELSEWHERE)) == sorted(RUNS), "a mapped snippet vanished from the guide"
+    for key, example in RUN_ELSEWHERE.items():
+        assert (ROOT / example).is_file(), f"{key}: {example} does not exist"
+
+
+def test_the_checks_fail_on_a_broken_or_unmapped_snippet(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("x\n\n% snippet: recipe\n```python\ndef training_step(self, batch):\n    return (\n```\n\n"
+                    "```python\ndef on_before_optimizer_step(self, optimizer):\n    pass\n```\n")
+    snips = snippets(page)
+    assert [s.key for s in snips] == ["recipe", ""]
+    (err,) = compile_errors(snips)
+    assert err.startswith(f"{page}:5: ")  # the page's line of the snippet
+    (unmapped,) = unmapped_hooks(snips)
+    assert ":10: a training_step or hook snippet without" in unmapped
+
+
+# ----------------------------------------------------------------------------- running the hooks
+
+
+def _trainer(precision: str):
+    import lightning.pytorch as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    kw = dict(plugins=[MixedPrecision("16-mixed", "cpu")]) if precision == "16-mixed" else dict(precision=precision)
+    return L.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=8, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+def _harness(optimizers: str = "one", reaches: bool = True):
+    """A LightningModule providing what the snippets call: compute_loss, critic_loss, generator_loss,
+    teacher, distill, update_teacher, and the optimizers (and scheduler) of ``optimizers``."""
+    import lightning.pytorch as L
+    import torch
+    from torch.nn import functional as F
+
+    class Harness(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.net, self.other, self.teacher = (torch.nn.Linear(64, 10) for _ in range(3))
+            self.teacher.requires_grad_(False)
+            self.unused = torch.nn.Parameter(torch.ones(()))  # in no optimizer
+
+        def compute_loss(self, batch):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        critic_loss = compute_loss
+
+        def training_step(self, batch, batch_idx):  # the guide's recipe, for snippets that are a hook only
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(self.compute_loss(batch))
+            opt.step()
+
+        def generator_loss(self, batch):
+            x, y = batch
+            if reaches:
+                return F.cross_entropy(self.other(x), y)
+            return self.unused * F.cross_entropy(self.other(x).detach(), y)  # never reaches opt_g's weights
+
+        def distill(self, x, target):
+            return F.mse_loss(self.net(x).float(), target.float())
+
+        def update_teacher(self):
+            with torch.no_grad():
+                for t, s in zip(self.teacher.parameters(), self.net.parameters()):
+                    t.lerp_(s, 0.1)
+
+        def configure_optimizers(self):
+            sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731
+            if optimizers == "two":
+                return [sgd(self.other), sgd(self.net)]  # opt_g, opt_d
+            if optimizers == "lbfgs":
+                return torch.optim.LBFGS(self.net.parameters(), lr=0.1, max_iter=2)
+            opt = sgd(self.net)
+            if optimizers == "sched":
+                return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.9)}
+            return opt
+
+    return Harness
+
+
+#: snippet key -> (precision, optimizers of the harness)
+RUNS = {
+    "recipe": ("16-mixed", None),
+    "porting": ("bf16-mixed", "sched"),
+    "autocast_cache": ("bf16-mixed", "one"),
+    "optimizer_math": ("16-mixed", "one"),
+    "accumulation": ("16-mixed", "one"),
+    "clipping": ("16-mixed", "one"),
+    "no_gradient_step": ("16-mixed", "two"),
+    "schedulers": ("16-mixed", "sched"),
+    "ddp": ("16-mixed", "one"),
+}
+
+
+def _guide_snippet(key: str) -> Snippet:
+    found = [s for s in snippets(GUIDE) if s.key == key]
+    assert len(found) == 1, f"{GUIDE.name}: {len(found)} snippets named {key!r}"
+    return found[0]
+
+
+def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool = True):
+    import lightning.pytorch as L
+    import torch
+
+    namespace = {"torch": torch, "L": L}
+    exec(compile(snippet.code, snippet.where, "exec"), namespace)  # noqa: S102 - the page's own code
+    if optimizers is None:
+        return namespace["Model"]()
+    hooks = {k: v for k, v in namespace.items() if callable(v) and _HOOK.search(f"def {k}(")}
+    assert hooks, f"{snippet.where}: no training_step or hook found"
+    # the snippet's own helpers (has_gradients, step_skip_aware) stay globals of its functions
+    return type("Snippet", (_harness(optimizers, reaches),), hooks)()
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(RUNS))
+def test_each_hook_snippet_trains_in_a_real_trainer(key):
+    from mpguide.data import digits_loader
+
+    precision, optimizers = RUNS[key]
+    snippet = _guide_snippet(key)
+    module = _module_from(snippet, optimizers)
+    before = _weights(module)
+    _trainer(precision).fit(module, digits_loader(batch_size=64))
+    after = _weights(module)
+    changed = [k for k in before if not bool((before[k] == after[k]).all())]
+    assert any(k.startswith("net.") for k in changed), f"{snippet.where}: the snippet did not train ({changed})"
+
+
+@pytest.mark.slow
+def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
+    """The no-gradient guard of the guide, against the same step without it, on a generator whose
+    loss never reaches its weights: with the guard 16-mixed trains; without it, it raises."""
+    from mpguide.data import digits_loader
+
+    snippet = _guide_snippet("no_gradient_step")
+    module = _module_from(snippet, "two", reaches=False)
+    before = _weights(module)
+    _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
+    after = _weights(module)
+    assert not bool((before["net.weight"] == after["net.weight"]).all())  # the critic trained
+    assert bool((before["other.weight"] == after["other.weight"]).all())  # the generator had nothing to step
+    unguarded = Snippet(snippet.key, snippet.code.replace("if has_gradients(opt):", "if True:"), snippet.line,
+                        snippet.path)
+    assert unguarded.code != snippet.code
+    with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
+        _trainer("16-mixed").fit(_module_from(unguarded, "two", reaches=False), digits_loader(batch_size=64))
+
+
+# ----------------------------------------------------------------------------- reused figures
+
+_FIGURE = re.compile(r"^```\{figure\} \.\./auto_examples/images/sphx_glr_(?P<example>plot_\d+_\w+?)_(?P<n>\d{3})\.png\n"
+                     r":name: fig-(?P<short>plot_\d+)-(?P<name>\w+)$", re.MULTILINE)
+
+
+def test_each_reused_figure_is_the_one_its_name_says():
+    text = GUIDE.read_text()
+    figures = list(_FIGURE.finditer(text))
+    assert len(figures) == text.count("```{figure}") >= 10, "every figure needs a ':name: fig-plot_NN-<name>' line"
+    for m in figures:
+        source = (ROOT / "examples" / f"{m['example']}.py").read_text()
+        drawn = re.findall(r"save_figure\(fig, record\[\"example\"\], \"(\w+)\"\)", source)
+        n = int(m["n"])
+        assert m["example"].startswith(m["short"])
+        assert n <= len(drawn) and drawn[n - 1] == m["name"], (
+            f"{GUIDE.name}: figure {n} of {m['example']} is {drawn[n - 1] if n <= len(drawn) else 'missing'!r}, "
+            f"the page says {m['name']!r} (the example's figures changed: update the number)")
+
+
+def test_footer_and_numbers_fail_clearly_on_bad_input(monkeypatch):
+    from mpguide_build import guide
+
+    with pytest.raises(KeyError, match="unknown guide section 'nope'; known: "):
+        guide.footer("nope")
+    with pytest.raises(KeyError, match="reads run 'gone', which the record does not have"):
+        guide._run({"example": "plot_01", "runs": [{"id": "x"}]}, "gone")
+    assert set(guide.SECTIONS) >= {"porting", "clipping", "no_gradient_step"}
+    assert all(f'guide.footer("{key}")' in GUIDE.read_text() for key in guide.SECTIONS)
