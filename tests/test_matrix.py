@@ -323,11 +323,11 @@ def test_the_unreleased_column_is_last_named_by_its_commit_and_kept_out_of_the_r
     assert header.endswith("| master (unreleased) |")
     assert "**Lightning master (unreleased)** (commit 7f0c3436cd of 2026-07-20 on branch master" in text
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == (
-        "This applies to every Lightning release tested: 2.5.5, 2.6.6. On Lightning's unreleased master branch "
+        "Holds on Lightning 2.5.5 and 2.6.6 (every release tested). On Lightning's unreleased master branch "
         "(commit 7f0c3436cd, 2026-07-20) it does not hold (fail).")
     sums[-1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"  # same as the newest release: no clause
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "This applies to every Lightning release tested: 2.5.5, 2.6.6."
+        "Holds on Lightning 2.5.5 and 2.6.6 (every release tested)."
     assert matrix.passing_releases(sums, [("plot_99_fake", "c")]) == ["2.5.5", "2.6.6"]
 
 

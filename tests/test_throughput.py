@@ -323,8 +323,8 @@ def test_inconclusive_is_never_reported_as_pass(capsys):
     assert line.startswith("claim gate: 1 checks passed")  # the finite check of run r, not the claim
     # the example's own verdict table and closing line
     text = report.summary(record)
-    assert "inconclusive" in text.splitlines()[2] and text.endswith("1 checks passed, 0 failed, 1 inconclusive "
-                                                                    "(not passed)")
+    assert "inconclusive (not a pass)" in text.splitlines()[2]
+    assert "0 of 1 checks in the table hold, 1 inconclusive (not a pass)" in text.splitlines()[-1]
     assert report.verdict_rows([verdict])[0]["verdict"] == "inconclusive"
     # the version matrix cell
     assert matrix._word(verdict.status) == "inconclusive" and matrix.CELL_WORDS["inconclusive"] == "inconclusive"
