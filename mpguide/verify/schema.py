@@ -143,6 +143,7 @@ class BenchmarkSize(_Model):
     rounds: Count
     tuned: bool = False
     min_window_s: NonNegative = 0.0
+    max_rounds: Count = 0
 
 
 def _json_finite(value: Any) -> Any:
