@@ -93,8 +93,14 @@ myst_heading_anchors = 3
 # as plain text instead of links, and only those are exempt.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(ast|time|docutils|pathlib|json|os|numpy|np|torch|lightning|sklearn|sphinx|matplotlib|typing|collections|warnings)(\..*)?"),
-    (r"py:(class|exc)", r"(Path|Any|Callable|Sequence|Iterable|Generator|Literal|Optimizer|Tensor|MisconfigurationException)"),
+    (
+        r"py:.*",
+        r"(ast|time|docutils|pathlib|json|os|numpy|np|torch|lightning|sklearn|sphinx|matplotlib|typing|collections|warnings)(\..*)?",
+    ),
+    (
+        r"py:(class|exc)",
+        r"(Path|Any|Callable|Sequence|Iterable|Generator|Literal|Optimizer|Tensor|MisconfigurationException)",
+    ),
 ]
 
 # --- autodoc ------------------------------------------------------------------------------------

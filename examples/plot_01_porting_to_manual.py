@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.verify import plotting, report, runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -66,9 +66,7 @@ class TeacherStudent(pl.LightningModule):
     def __init__(self, lr=3e-3, ema_decay=0.9, lr_gamma=0.6, supervised_weight=0.5):
         super().__init__()
         self.save_hyperparameters()
-        self.encoder = nn.Sequential(
-            nn.Linear(NUM_FEATURES, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 32)
-        )
+        self.encoder = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 32))
         self.predictor = nn.Linear(32, 32)
         self.classifier = nn.Linear(32, NUM_CLASSES)
         self.teacher = copy.deepcopy(self.encoder).requires_grad_(False)
@@ -159,12 +157,22 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = ManualPort()
-trainer = pl.Trainer(accelerator=device, devices=1, max_epochs=1, precision="bf16-mixed", logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_epochs=1,
+    precision="bf16-mixed",
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
 lr = trainer.optimizers[0].param_groups[0]["lr"]
-print(f"optimizer steps: {trainer.global_step}, learning rate after one epoch: {lr:g} "
-      f"(= {model.hparams.lr:g} x {model.hparams.lr_gamma:g})")
+print(
+    f"optimizer steps: {trainer.global_step}, learning rate after one epoch: {lr:g} "
+    f"(= {model.hparams.lr:g} x {model.hparams.lr_gamma:g})"
+)
 
 # %%
 # Two porting mistakes
@@ -244,8 +252,9 @@ class TwoTowerEMA(pl.LightningModule):
         return halves[:, :, 0].flatten(1), halves[:, :, 1].flatten(1), labels
 
     def loss_fn(self, qa, qt, za_ema, zt_ema, ya, yt, labels):
-        cross = (F.mse_loss(F.normalize(qa.float(), dim=-1), F.normalize(zt_ema.float(), dim=-1))
-                 + F.mse_loss(F.normalize(qt.float(), dim=-1), F.normalize(za_ema.float(), dim=-1)))
+        cross = F.mse_loss(F.normalize(qa.float(), dim=-1), F.normalize(zt_ema.float(), dim=-1)) + F.mse_loss(
+            F.normalize(qt.float(), dim=-1), F.normalize(za_ema.float(), dim=-1)
+        )
         supervised = F.cross_entropy(self.classifier(torch.cat([ya, yt], dim=-1)), labels)
         return {"total_loss": cross + self.hparams.supervised_weight * supervised, "cross": cross.detach()}
 
@@ -395,12 +404,19 @@ RUNS = [
     ("reporter-fp32", "#20970 as posted", "32-true", {"label": "#20970 as posted, 32-true"}),
     ("reporter-bf16", "#20970 as posted", "bf16-mixed", {"label": "#20970 as posted, bf16-mixed"}),
     ("rep-noautocast-bf16", "#20970, no own autocast", "bf16-mixed", {"label": "without the own autocast, bf16-mixed"}),
-    ("rep-gradteacher-bf16", "#20970, teacher with grad", "bf16-mixed",
-     {"label": "teachers without no_grad, bf16-mixed"}),
-    ("rep-zerobefore-bf16", "#20970, zero_grad before backward", "bf16-mixed",
-     {"label": "zero_grad() before backward, bf16-mixed"}),
-    ("rep-epochsched-bf16", "#20970, scheduler per epoch", "bf16-mixed",
-     {"label": "scheduler per epoch, bf16-mixed"}),
+    (
+        "rep-gradteacher-bf16",
+        "#20970, teacher with grad",
+        "bf16-mixed",
+        {"label": "teachers without no_grad, bf16-mixed"},
+    ),
+    (
+        "rep-zerobefore-bf16",
+        "#20970, zero_grad before backward",
+        "bf16-mixed",
+        {"label": "zero_grad() before backward, bf16-mixed"},
+    ),
+    ("rep-epochsched-bf16", "#20970, scheduler per epoch", "bf16-mixed", {"label": "scheduler per epoch, bf16-mixed"}),
     ("rep-fixed-bf16", "#20970 fixed", "bf16-mixed", {"label": "the step to paste, bf16-mixed"}),
 ]
 CLAIMS = [
@@ -414,15 +430,30 @@ CLAIMS = [
     ("diverge", "teacher-fp32", "auto-fp32", "pitfall-gap", "teacher update in hook diverges (fp32)"),
     ("diverge", "teacher-bf16", "auto-bf16", "pitfall-gap", "teacher update in hook diverges (bf16)"),
     ("match", "reporter-fp32", "towers-auto-fp32", "same-precision", "#20970 as posted: fp32 manual = automatic"),
-    ("match", "reporter-bf16", "towers-auto-bf16", "same-precision",
-     "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)"),
+    (
+        "match",
+        "reporter-bf16",
+        "towers-auto-bf16",
+        "same-precision",
+        "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)",
+    ),
     ("match", "reporter-bf16", "reporter-fp32", "mixed-vs-fp32", "#20970 as posted: bf16-mixed = fp32"),
     ("same", "rep-noautocast-bf16", "reporter-bf16", "weights", "the own autocast changes no weight (bitwise)"),
     ("same", "rep-gradteacher-bf16", "reporter-bf16", "weights", "no_grad on the teachers changes no weight (bitwise)"),
-    ("same", "rep-zerobefore-bf16", "reporter-bf16", "weights",
-     "zero_grad(set_to_none=True) after the step = zero_grad() before backward (bitwise)"),
-    ("diverge", "rep-epochsched-bf16", "towers-auto-bf16", "pitfall-gap",
-     "a per-step schedule stepped per epoch diverges"),
+    (
+        "same",
+        "rep-zerobefore-bf16",
+        "reporter-bf16",
+        "weights",
+        "zero_grad(set_to_none=True) after the step = zero_grad() before backward (bitwise)",
+    ),
+    (
+        "diverge",
+        "rep-epochsched-bf16",
+        "towers-auto-bf16",
+        "pitfall-gap",
+        "a per-step schedule stepped per epoch diverges",
+    ),
     ("match", "rep-fixed-bf16", "towers-auto-bf16", "same-precision", "the step to paste = automatic (bf16)"),
 ]
 
@@ -439,7 +470,8 @@ record = runner.run_example("plot_01_porting_to_manual", recipes, RUNS, CLAIMS)
 # Manual equals automatic, and mixed precision follows fp32
 # ---------------------------------------------------------
 # Left: automatic optimization and the manual port, one colour and line style per precision; in
-# each precision the two curves are bitwise identical, so each pair is drawn once. Right: the relative difference the claims measure, on a log scale. Manual
+# each precision the two curves are bitwise identical, so each pair is drawn once. Right: the relative
+# difference the claims measure, on a log scale. Manual
 # and automatic runs are identical (drawn at the floor); mixed precision stays within a
 # fraction of a percent of fp32.
 
@@ -478,17 +510,33 @@ from mpguide.verify import claims
 
 fig, (left, right) = plotting.figure(1, 2, 11, 5.2)
 plotting.describe(fig, "#20970's step in bf16-mixed equals automatic optimization; only the scheduler cadence moves it")
-plotting.plot_loss_curves(left, record, ["towers-auto-fp32", "reporter-fp32", "towers-auto-bf16", "reporter-bf16"],
-                          "#20970 as posted vs automatic")
-plotting.plot_loss_curves(right, record, ["towers-auto-bf16", "rep-epochsched-bf16", "rep-fixed-bf16"],
-                          "Scheduler cadence, and the step to paste", {"rep-epochsched-bf16": "#D55E00"})
+plotting.plot_loss_curves(
+    left,
+    record,
+    ["towers-auto-fp32", "reporter-fp32", "towers-auto-bf16", "reporter-bf16"],
+    "#20970 as posted vs automatic",
+)
+plotting.plot_loss_curves(
+    right,
+    record,
+    ["towers-auto-bf16", "rep-epochsched-bf16", "rep-fixed-bf16"],
+    "Scheduler cadence, and the step to paste",
+    {"rep-epochsched-bf16": "#D55E00"},
+)
 plotting.save_figure(fig, record["example"], "reporter")
 plt.show()
 
 posted = plotting.run_by_id(record, "reporter-bf16")
 automatic = plotting.run_by_id(record, "towers-auto-bf16")
-for run_id in ("reporter-fp32", "reporter-bf16", "rep-noautocast-bf16", "rep-gradteacher-bf16", "rep-zerobefore-bf16",
-               "rep-epochsched-bf16", "rep-fixed-bf16"):
+for run_id in (
+    "reporter-fp32",
+    "reporter-bf16",
+    "rep-noautocast-bf16",
+    "rep-gradteacher-bf16",
+    "rep-zerobefore-bf16",
+    "rep-epochsched-bf16",
+    "rep-fixed-bf16",
+):
     run = plotting.run_by_id(record, run_id)
     reference = plotting.run_by_id(record, "towers-auto-fp32") if run["precision"] == "32-true" else automatic
     gap = 100 * claims.relative_gap(run["loss"], reference["loss"]).max() if run["loss"] else float("nan")

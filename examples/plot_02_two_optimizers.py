@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.verify import plotting, report, runner
 from mpguide import steps
 from mpguide.data import NUM_FEATURES
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -104,8 +104,10 @@ class DigitsGAN(pl.LightningModule):
         return opt_d, opt_g
 
     def record_extra(self):
-        return {"generator_changed": runner.parameter_digest(self.generator) != self.initial_generator,
-                "weights": runner.parameter_digest(self)}
+        return {
+            "generator_changed": runner.parameter_digest(self.generator) != self.initial_generator,
+            "weights": runner.parameter_digest(self),
+        }
 
 
 # %%
@@ -210,8 +212,11 @@ class WindowedWithOverflow(WindowedGAN):
     def record_extra(self):
         forced = self.window_factors[self.overflow_batch // self.window]
         others = [f for i, f in enumerate(self.window_factors) if i != self.overflow_batch // self.window]
-        return {**super().record_extra(), "forced_window_factors": forced,
-                "other_windows_constant": all(f == [1.0] * self.window for f in others)}
+        return {
+            **super().record_extra(),
+            "forced_window_factors": forced,
+            "other_windows_constant": all(f == [1.0] * self.window for f in others),
+        }
 
 
 # %%
@@ -246,8 +251,13 @@ class MicroBatchProbe:
 
     @staticmethod
     def flat_grad(opt):
-        return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).detach().flatten().float()
-                          for group in opt.param_groups for p in group["params"]])
+        return torch.cat(
+            [
+                (torch.zeros_like(p) if p.grad is None else p.grad).detach().flatten().float()
+                for group in opt.param_groups
+                for p in group["params"]
+            ]
+        )
 
     def manual_backward(self, loss, *args, **kwargs):
         before = [self.flat_grad(opt) for opt in self.trainer.optimizers]
@@ -262,17 +272,25 @@ class MicroBatchProbe:
         added = self.added.pop(id(optimizer), [])
         scale = steps.loss_scale(self.trainer) or 1.0
         grad = self.flat_grad(optimizer) * scale  # unscaled by now: back to the backward's scale
-        kept = next((k for k in range(len(added), 0, -1) if torch.allclose(
-            grad, sum(a for a, _ in added[-k:]), rtol=1e-4, atol=1e-6 * scale)), 0)
-        self.windows.append((kept, len(added), [s / scale for _, s in added[len(added) - kept:]]))
+        kept = next(
+            (
+                k
+                for k in range(len(added), 0, -1)
+                if torch.allclose(grad, sum(a for a, _ in added[-k:]), rtol=1e-4, atol=1e-6 * scale)
+            ),
+            0,
+        )
+        self.windows.append((kept, len(added), [s / scale for _, s in added[len(added) - kept :]]))
 
     def record_extra(self):
-        return {**super().record_extra(),
-                "micro_batches_kept": sorted({k for k, n, _ in self.windows if n}),
-                "micro_batches_per_window": sorted({n for _, n, _ in self.windows}),
-                "windows_with_scale_change": sum(any(f != 1.0 for f in fs) for _, _, fs in self.windows),
-                "scale_changed_inside_a_window": any(f != 1.0 for _, _, fs in self.windows for f in fs),
-                "optimizer_steps": len(self.windows)}
+        return {
+            **super().record_extra(),
+            "micro_batches_kept": sorted({k for k, n, _ in self.windows if n}),
+            "micro_batches_per_window": sorted({n for _, n, _ in self.windows}),
+            "windows_with_scale_change": sum(any(f != 1.0 for f in fs) for _, _, fs in self.windows),
+            "scale_changed_inside_a_window": any(f != 1.0 for _, _, fs in self.windows for f in fs),
+            "optimizer_steps": len(self.windows),
+        }
 
 
 def has_gradients(opt):
@@ -339,7 +357,6 @@ class ReporterFixed(ReporterAlternation):
         return loss.detach()
 
 
-
 class OverlappingWindows(MicroBatchProbe, DigitsGAN):
     """Example 02's other pattern, with ``toggle_model``: the discriminator steps every batch, inside
     the generator's window of two batches."""
@@ -383,18 +400,21 @@ class OverlappingWindows(MicroBatchProbe, DigitsGAN):
 # * one optimizer per window keeps the scale constant inside every window even when the scale
 #   changes at every step; a discriminator stepping inside the generator's window does not.
 
-recipes = {"healthy": DigitsGAN, "detached once": DetachedOnce, "windowed": WindowedGAN,
-           "windowed, D overflow": WindowedWithOverflow,
-           "#20116 as posted": ReporterAlternation,
-           "#20116, N=1": variant(n_batches_per_optimizer=1),
-           "#20116, no toggle_model": variant(toggle=False),
-           "#20116, model 2 loss detached": variant(toggle=False, detach_for_model_2=True),
-           "#20116, model 2 loss detached, toggle_model": variant(detach_for_model_2=True),
-           "#20116, model 2 loss detached, guard": variant(toggle=False, detach_for_model_2=True, guard=True),
-           "#20116 fixed": ReporterFixed,
-           "#20116 fixed, growth_interval=1": type("FixedGrowth", (ReporterFixed,), {"growth_interval": 1}),
-           "overlapping windows, growth_interval=1": type("OverlapGrowth", (OverlappingWindows,),
-                                                          {"growth_interval": 1})}
+recipes = {
+    "healthy": DigitsGAN,
+    "detached once": DetachedOnce,
+    "windowed": WindowedGAN,
+    "windowed, D overflow": WindowedWithOverflow,
+    "#20116 as posted": ReporterAlternation,
+    "#20116, N=1": variant(n_batches_per_optimizer=1),
+    "#20116, no toggle_model": variant(toggle=False),
+    "#20116, model 2 loss detached": variant(toggle=False, detach_for_model_2=True),
+    "#20116, model 2 loss detached, toggle_model": variant(detach_for_model_2=True),
+    "#20116, model 2 loss detached, guard": variant(toggle=False, detach_for_model_2=True, guard=True),
+    "#20116 fixed": ReporterFixed,
+    "#20116 fixed, growth_interval=1": type("FixedGrowth", (ReporterFixed,), {"growth_interval": 1}),
+    "overlapping windows, growth_interval=1": type("OverlapGrowth", (OverlappingWindows,), {"growth_interval": 1}),
+}
 RUNS = [
     # run id            recipe            precision     options
     ("healthy-fp32", "healthy", "32-true", {"label": "healthy, 32-true"}),
@@ -405,41 +425,100 @@ RUNS = [
     ("bug-fp32", "detached once", "32-true", {"label": "bug, 32-true"}),
     ("bug-bf16", "detached once", "bf16-mixed", {"label": "bug, bf16-mixed"}),
     ("bug-fp16", "detached once", "16-mixed", {"label": "bug, 16-mixed"}),
-    ("bug-fp32-plugin", "detached once", "32-true", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 32-true"}),
-    ("bug-bf16-plugin", "detached once", "bf16-mixed",
-     {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"}),
-    ("bug-fp16-plugin", "detached once", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"}),
-    ("window-fp16-overflow", "windowed, D overflow", "16-mixed",
-     {"label": "every 2nd batch, D overflow in window 2, 16-mixed"}),
-    ("window-fp16-overflow-plugin", "windowed, D overflow", "16-mixed",
-     {"plugin": "ManualMixedPrecision", "label": "same + ManualMixedPrecision, 16-mixed"}),
+    (
+        "bug-fp32-plugin",
+        "detached once",
+        "32-true",
+        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 32-true"},
+    ),
+    (
+        "bug-bf16-plugin",
+        "detached once",
+        "bf16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"},
+    ),
+    (
+        "bug-fp16-plugin",
+        "detached once",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"},
+    ),
+    (
+        "window-fp16-overflow",
+        "windowed, D overflow",
+        "16-mixed",
+        {"label": "every 2nd batch, D overflow in window 2, 16-mixed"},
+    ),
+    (
+        "window-fp16-overflow-plugin",
+        "windowed, D overflow",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "same + ManualMixedPrecision, 16-mixed"},
+    ),
     # Lightning issue #20116: the posted step (N=3), one element changed per row, then the fix
     ("rep-fp32", "#20116 as posted", "32-true", {"label": "#20116 as posted, 32-true"}),
     ("rep-fp16", "#20116 as posted", "16-mixed", {"label": "#20116 as posted, 16-mixed"}),
     ("rep-n1-fp16", "#20116, N=1", "16-mixed", {"label": "#20116, N=1 (no accumulation), 16-mixed"}),
     ("rep-notoggle-fp16", "#20116, no toggle_model", "16-mixed", {"label": "#20116 without toggle_model, 16-mixed"}),
-    ("unreached-fp32", "#20116, model 2 loss detached", "32-true",
-     {"label": "#20116, model 2's loss detached, 32-true"}),
-    ("unreached-fp16", "#20116, model 2 loss detached", "16-mixed",
-     {"label": "#20116, model 2's loss detached, 16-mixed"}),
-    ("unreached-toggle-fp32", "#20116, model 2 loss detached, toggle_model", "32-true",
-     {"label": "same with toggle_model, 32-true"}),
-    ("unreached-toggle-fp16", "#20116, model 2 loss detached, toggle_model", "16-mixed",
-     {"label": "same with toggle_model, 16-mixed"}),
-    ("unreached-guard-fp16", "#20116, model 2 loss detached, guard", "16-mixed",
-     {"label": "model 2's loss detached + has_gradients guard, 16-mixed"}),
-    ("unreached-fp16-plugin", "#20116, model 2 loss detached", "16-mixed",
-     {"plugin": "ManualMixedPrecision", "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed"}),
+    (
+        "unreached-fp32",
+        "#20116, model 2 loss detached",
+        "32-true",
+        {"label": "#20116, model 2's loss detached, 32-true"},
+    ),
+    (
+        "unreached-fp16",
+        "#20116, model 2 loss detached",
+        "16-mixed",
+        {"label": "#20116, model 2's loss detached, 16-mixed"},
+    ),
+    (
+        "unreached-toggle-fp32",
+        "#20116, model 2 loss detached, toggle_model",
+        "32-true",
+        {"label": "same with toggle_model, 32-true"},
+    ),
+    (
+        "unreached-toggle-fp16",
+        "#20116, model 2 loss detached, toggle_model",
+        "16-mixed",
+        {"label": "same with toggle_model, 16-mixed"},
+    ),
+    (
+        "unreached-guard-fp16",
+        "#20116, model 2 loss detached, guard",
+        "16-mixed",
+        {"label": "model 2's loss detached + has_gradients guard, 16-mixed"},
+    ),
+    (
+        "unreached-fp16-plugin",
+        "#20116, model 2 loss detached",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed"},
+    ),
     ("fixed-fp32", "#20116 fixed", "32-true", {"label": "#20116 fixed, 32-true"}),
     ("fixed-fp16", "#20116 fixed", "16-mixed", {"label": "#20116 fixed, 16-mixed"}),
-    ("fixed-fp16-growth", "#20116 fixed, growth_interval=1", "16-mixed",
-     {"label": "#20116 fixed, scale changes every step, 16-mixed"}),
-    ("overlap-fp16-growth", "overlapping windows, growth_interval=1", "16-mixed",
-     {"label": "D inside G's window, scale changes every step, 16-mixed"}),
+    (
+        "fixed-fp16-growth",
+        "#20116 fixed, growth_interval=1",
+        "16-mixed",
+        {"label": "#20116 fixed, scale changes every step, 16-mixed"},
+    ),
+    (
+        "overlap-fp16-growth",
+        "overlapping windows, growth_interval=1",
+        "16-mixed",
+        {"label": "D inside G's window, scale changes every step, 16-mixed"},
+    ),
 ]
 CLAIMS = [
-    ("raises", "bug-fp16", "AssertionError", "No inf checks were recorded for this optimizer",
-     "the bug crashes under 16-mixed"),
+    (
+        "raises",
+        "bug-fp16",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "the bug crashes under 16-mixed",
+    ),
     ("expect", "bug-fp32", "generator_changed", False, "the bug is silent in fp32: generator never changes"),
     ("expect", "bug-bf16", "generator_changed", False, "the bug is silent in bf16-mixed too"),
     ("expect", "healthy-fp32", "generator_changed", True, "the healthy GAN trains its generator"),
@@ -448,45 +527,115 @@ CLAIMS = [
     ("match", "window-fp16", "window-fp32", "mixed-vs-fp32", "every 2nd batch: 16-mixed = fp32"),
     ("match", "bug-fp16-plugin", "bug-fp32", "mixed-vs-fp32", "plugin: 16-mixed completes and = fp32"),
     ("expect", "bug-fp16-plugin", "generator_changed", False, "plugin: the empty step is a no-op"),
-    ("warns", "bug-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient",
-     "plugin warns under 16-mixed"),
-    ("warns", "bug-fp32-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient",
-     "plugin warns in fp32 as well"),
+    (
+        "warns",
+        "bug-fp16-plugin",
+        "NoGradientStepWarning",
+        "was stepped but none of its parameters has a gradient",
+        "plugin warns under 16-mixed",
+    ),
+    (
+        "warns",
+        "bug-fp32-plugin",
+        "NoGradientStepWarning",
+        "was stepped but none of its parameters has a gradient",
+        "plugin warns in fp32 as well",
+    ),
     ("same", "bug-fp32-plugin", "bug-fp32", "weights", "plugin leaves fp32 bitwise unchanged"),
     ("same", "bug-bf16-plugin", "bug-bf16", "weights", "plugin leaves bf16-mixed bitwise unchanged"),
-    ("expect", "window-fp16-overflow", "forced_window_factors", [2.0, 1.0],
-     "two optimizers: a D overflow inside G's window doubles G's first micro-batch"),
-    ("expect", "window-fp16-overflow", "other_windows_constant", True,
-     "without an overflow the scale is constant inside G's windows"),
-    ("expect", "window-fp16-overflow-plugin", "forced_window_factors", [1.0, 1.0],
-     "plugin: the scale update waits for G's step, both micro-batches count once"),
-    ("expect", "rep-fp16", "generator_changed", True,
-     "#20116 as posted trains both models under 16-mixed (no AssertionError here)"),
+    (
+        "expect",
+        "window-fp16-overflow",
+        "forced_window_factors",
+        [2.0, 1.0],
+        "two optimizers: a D overflow inside G's window doubles G's first micro-batch",
+    ),
+    (
+        "expect",
+        "window-fp16-overflow",
+        "other_windows_constant",
+        True,
+        "without an overflow the scale is constant inside G's windows",
+    ),
+    (
+        "expect",
+        "window-fp16-overflow-plugin",
+        "forced_window_factors",
+        [1.0, 1.0],
+        "plugin: the scale update waits for G's step, both micro-batches count once",
+    ),
+    (
+        "expect",
+        "rep-fp16",
+        "generator_changed",
+        True,
+        "#20116 as posted trains both models under 16-mixed (no AssertionError here)",
+    ),
     ("match", "rep-fp16", "rep-fp32", "mixed-vs-fp32", "#20116 as posted: 16-mixed = fp32"),
-    ("expect", "rep-fp32", "micro_batches_kept", [1],
-     "#20116 as posted: zero_grad() at the top leaves only the window's last micro-batch in each step"),
+    (
+        "expect",
+        "rep-fp32",
+        "micro_batches_kept",
+        [1],
+        "#20116 as posted: zero_grad() at the top leaves only the window's last micro-batch in each step",
+    ),
     ("expect", "rep-n1-fp16", "generator_changed", True, "#20116 with N=1 trains under 16-mixed"),
     ("expect", "rep-notoggle-fp16", "generator_changed", True, "#20116 without toggle_model trains under 16-mixed"),
-    ("raises", "unreached-fp16", "AssertionError", "No inf checks were recorded for this optimizer",
-     "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's first step"),
+    (
+        "raises",
+        "unreached-fp16",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's first step",
+    ),
     ("expect", "unreached-fp32", "generator_changed", False, "the same code in fp32: no error, model 2 never changes"),
-    ("raises", "unreached-toggle-fp32", "RuntimeError", "does not require grad",
-     "with toggle_model the same mistake stops in backward instead (fp32)"),
-    ("raises", "unreached-toggle-fp16", "RuntimeError", "does not require grad",
-     "with toggle_model the same mistake stops in backward instead (16-mixed)"),
-    ("match", "unreached-guard-fp16", "unreached-fp32", "mixed-vs-fp32",
-     "has_gradients guard: 16-mixed completes and = fp32"),
+    (
+        "raises",
+        "unreached-toggle-fp32",
+        "RuntimeError",
+        "does not require grad",
+        "with toggle_model the same mistake stops in backward instead (fp32)",
+    ),
+    (
+        "raises",
+        "unreached-toggle-fp16",
+        "RuntimeError",
+        "does not require grad",
+        "with toggle_model the same mistake stops in backward instead (16-mixed)",
+    ),
+    (
+        "match",
+        "unreached-guard-fp16",
+        "unreached-fp32",
+        "mixed-vs-fp32",
+        "has_gradients guard: 16-mixed completes and = fp32",
+    ),
     ("expect", "unreached-guard-fp16", "generator_changed", False, "has_gradients guard: the empty step is skipped"),
-    ("warns", "unreached-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient",
-     "plugin: the same code completes under 16-mixed and warns"),
+    (
+        "warns",
+        "unreached-fp16-plugin",
+        "NoGradientStepWarning",
+        "was stepped but none of its parameters has a gradient",
+        "plugin: the same code completes under 16-mixed and warns",
+    ),
     ("match", "unreached-fp16-plugin", "unreached-fp32", "mixed-vs-fp32", "plugin: 16-mixed = fp32"),
     ("expect", "fixed-fp32", "micro_batches_kept", [3], "the fix: each step holds all 3 micro-batches of its window"),
     ("expect", "fixed-fp16", "generator_changed", True, "the fix trains both models under 16-mixed"),
     ("match", "fixed-fp16", "fixed-fp32", "mixed-vs-fp32", "the fix: 16-mixed = fp32"),
-    ("expect", "fixed-fp16-growth", "scale_changed_inside_a_window", False,
-     "one optimizer per window: the scale never changes inside a window, even when it changes every step"),
-    ("expect", "overlap-fp16-growth", "scale_changed_inside_a_window", True,
-     "D stepping inside G's window: a scale change lands inside G's windows"),
+    (
+        "expect",
+        "fixed-fp16-growth",
+        "scale_changed_inside_a_window",
+        False,
+        "one optimizer per window: the scale never changes inside a window, even when it changes every step",
+    ),
+    (
+        "expect",
+        "overlap-fp16-growth",
+        "scale_changed_inside_a_window",
+        True,
+        "D stepping inside G's window: a scale change lands inside G's windows",
+    ),
 ]
 
 # %%
@@ -513,11 +662,20 @@ print(report.expected_error(record, "bug-fp16"))
 
 fig, (left, right) = plotting.figure(1, 2, 11, 5.2)  # own y axes: the bug's scale would flatten the healthy runs
 plotting.describe(fig, "The healthy GAN trains in every precision; the buggy one never moves its generator")
-plotting.plot_loss_curves(left, record, ["healthy-fp32", "healthy-bf16", "healthy-fp16", "window-fp32",
-                                         "window-fp16"], "Healthy alternation (D + G loss)",
-                          {"window-fp32": "#CC79A7", "window-fp16": "#D55E00"})
-plotting.plot_loss_curves(right, record, ["bug-fp32", "bug-bf16", "bug-fp16", "bug-fp16-plugin"],
-                          "Generator loss never reaches the generator", {"bug-fp16-plugin": "#D55E00"})
+plotting.plot_loss_curves(
+    left,
+    record,
+    ["healthy-fp32", "healthy-bf16", "healthy-fp16", "window-fp32", "window-fp16"],
+    "Healthy alternation (D + G loss)",
+    {"window-fp32": "#CC79A7", "window-fp16": "#D55E00"},
+)
+plotting.plot_loss_curves(
+    right,
+    record,
+    ["bug-fp32", "bug-bf16", "bug-fp16", "bug-fp16-plugin"],
+    "Generator loss never reaches the generator",
+    {"bug-fp16-plugin": "#D55E00"},
+)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
@@ -540,15 +698,29 @@ for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
 # changed, how many micro-batches each applied step held, and how many steps unscaled a micro-batch
 # with another scale than it was made at.
 
-for run_id in ("rep-fp32", "rep-fp16", "rep-n1-fp16", "rep-notoggle-fp16", "unreached-fp32", "unreached-fp16",
-               "unreached-toggle-fp16", "unreached-guard-fp16", "unreached-fp16-plugin", "fixed-fp32", "fixed-fp16",
-               "fixed-fp16-growth", "overlap-fp16-growth"):
+for run_id in (
+    "rep-fp32",
+    "rep-fp16",
+    "rep-n1-fp16",
+    "rep-notoggle-fp16",
+    "unreached-fp32",
+    "unreached-fp16",
+    "unreached-toggle-fp16",
+    "unreached-guard-fp16",
+    "unreached-fp16-plugin",
+    "fixed-fp32",
+    "fixed-fp16",
+    "fixed-fp16-growth",
+    "overlap-fp16-growth",
+):
     run = plotting.run_by_id(record, run_id)
     extra = run["extra"]
     outcome = f"raised {run['error']['type']}" if run["error"] else "trained"
-    print(f"{run['label']:<58} {outcome:<22} model 2 changed: {str(extra.get('generator_changed')):<5} "
-          f"micro-batches per step: {extra.get('micro_batches_kept')}  "
-          f"steps with a scale change inside: {extra.get('windows_with_scale_change')}")
+    print(
+        f"{run['label']:<58} {outcome:<22} model 2 changed: {str(extra.get('generator_changed')):<5} "
+        f"micro-batches per step: {extra.get('micro_batches_kept')}  "
+        f"steps with a scale change inside: {extra.get('windows_with_scale_change')}"
+    )
 
 # %%
 # Verdicts
@@ -572,12 +744,21 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = DigitsGAN()
 generator_before = model.generator[0].weight.detach().clone()
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=40,
-                     plugins=[MixedPrecision("16-mixed", device)], logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=40,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
-print(f"optimizer steps (two per batch): {trainer.global_step}, "
-      f"generator changed: {not torch.equal(generator_before, model.generator[0].weight)}")
+print(
+    f"optimizer steps (two per batch): {trainer.global_step}, "
+    f"generator changed: {not torch.equal(generator_before, model.generator[0].weight)}"
+)
 
 # %%
 # Conclusion

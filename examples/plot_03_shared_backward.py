@@ -49,10 +49,10 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide.verify import plotting, report, runner
 from mpguide import steps
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 from mpguide.precision import ManualMixedPrecision
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -106,14 +106,20 @@ class BodyAndHead(pl.LightningModule):
         return loss.detach()
 
     def configure_optimizers(self):
-        return (torch.optim.SGD(self.body.parameters(), lr=self.lr),
-                torch.optim.SGD(self.head.parameters(), lr=self.lr))
+        return (
+            torch.optim.SGD(self.body.parameters(), lr=self.lr),
+            torch.optim.SGD(self.head.parameters(), lr=self.lr),
+        )
 
     def record_extra(self):
         changed = [f for f in self.predicted if f not in (0.0, 1.0)]  # steps unscaled with another scale
-        return {"head_update_factor": self.factors, "predicted_factor": self.predicted,
-                "predicted_at_overflow": self.predicted[OVERFLOW_STEPS[0]] if self.predicted else None,
-                "smallest_scale_change": min(changed, default=1.0), "steps_with_scale_change": len(changed)}
+        return {
+            "head_update_factor": self.factors,
+            "predicted_factor": self.predicted,
+            "predicted_at_overflow": self.predicted[OVERFLOW_STEPS[0]] if self.predicted else None,
+            "smallest_scale_change": min(changed, default=1.0),
+            "steps_with_scale_change": len(changed),
+        }
 
 
 # %%
@@ -131,29 +137,64 @@ def with_growth_interval(plugin_class, precision, device):
 stock_growth = functools.partial(with_growth_interval, MixedPrecision)
 fixed_growth = functools.partial(with_growth_interval, ManualMixedPrecision)
 
-PLUGINS = {"MixedPrecision, growth_interval=20": stock_growth,
-           "ManualMixedPrecision, growth_interval=20": fixed_growth}
+PLUGINS = {"MixedPrecision, growth_interval=20": stock_growth, "ManualMixedPrecision, growth_interval=20": fixed_growth}
 RUNS = [
     # run id                recipe       precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Lightning's plugin"}),
-    ("fp16-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision",
-                                              "label": "16-mixed, ManualMixedPrecision"}),
-    ("fp16-growth-stock", "body+head", "16-mixed", {"plugin": "MixedPrecision, growth_interval=20",
-                                                    "label": "16-mixed, growth_interval=20, Lightning's plugin"}),
-    ("fp16-growth-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision, growth_interval=20",
-                                                     "label": "16-mixed, growth_interval=20, ManualMixedPrecision"}),
+    (
+        "fp16-plugin",
+        "body+head",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"},
+    ),
+    (
+        "fp16-growth-stock",
+        "body+head",
+        "16-mixed",
+        {"plugin": "MixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, Lightning's plugin"},
+    ),
+    (
+        "fp16-growth-plugin",
+        "body+head",
+        "16-mixed",
+        {
+            "plugin": "ManualMixedPrecision, growth_interval=20",
+            "label": "16-mixed, growth_interval=20, ManualMixedPrecision",
+        },
+    ),
 ]
 CLAIMS = [
-    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
-     "stock: head update = fp32 update x (scale of backward / scale at head step)"),
+    (
+        "ratio",
+        "fp16-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock: head update = fp32 update x (scale of backward / scale at head step)",
+    ),
     ("expect", "fp16-stock", "predicted_at_overflow", 2.0, "stock: the head update doubles after an overflow"),
     ("ratio", "fp16-plugin", "fp32", "head_update_factor", 1.0, "update-ratio", "plugin: head update = fp32 update"),
-    ("ratio", "fp16-growth-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
-     "stock, growth: update follows the predicted factor"),
+    (
+        "ratio",
+        "fp16-growth-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock, growth: update follows the predicted factor",
+    ),
     ("expect", "fp16-growth-stock", "smallest_scale_change", 0.5, "stock, growth: a growth step halves the update"),
-    ("ratio", "fp16-growth-plugin", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
-     "plugin, growth: = fp32 update, or no update where the head overflowed"),
+    (
+        "ratio",
+        "fp16-growth-plugin",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "plugin, growth: = fp32 update, or no update where the head overflowed",
+    ),
     ("expect", "fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
     ("match", "fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
 ]
@@ -169,16 +210,40 @@ record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead
 # the head's own gradient overflowed (0: nothing moves, which is correct).
 
 fig, (left, right) = plotting.figure(1, 2, 12, 6.2, sharey=True)
-plotting.describe(fig, "Stock 16-mixed: the head's update doubles after an overflow and halves after a growth step; "
-                  "ManualMixedPrecision keeps it at 1, like fp32")
-colors = {"fp32": "#0072B2", "fp16-plugin": "#CC79A7", "fp16-growth-plugin": "#CC79A7",
-          "fp16-stock": "#D55E00", "fp16-growth-stock": "#D55E00"}
-names = {"fp32": "fp32", "fp16-plugin": "ManualMixedPrecision", "fp16-growth-plugin": "ManualMixedPrecision",
-         "fp16-stock": "Lightning's 16-mixed plugin", "fp16-growth-stock": "Lightning's 16-mixed plugin"}
-for ax, ids, title in [(left, ["fp32", "fp16-plugin", "fp16-stock"], "Forced overflows at batches 0 and 50"),
-                       (right, ["fp32", "fp16-growth-plugin", "fp16-growth-stock"], "16-mixed, growth_interval=20")]:
-    plotting.plot_extra_series(ax, record, ids, "head_update_factor", title,
-                               "head update / fp32-equivalent update", colors, log_base=2, labels=names)
+plotting.describe(
+    fig,
+    "Stock 16-mixed: the head's update doubles after an overflow and halves after a growth step; "
+    "ManualMixedPrecision keeps it at 1, like fp32",
+)
+colors = {
+    "fp32": "#0072B2",
+    "fp16-plugin": "#CC79A7",
+    "fp16-growth-plugin": "#CC79A7",
+    "fp16-stock": "#D55E00",
+    "fp16-growth-stock": "#D55E00",
+}
+names = {
+    "fp32": "fp32",
+    "fp16-plugin": "ManualMixedPrecision",
+    "fp16-growth-plugin": "ManualMixedPrecision",
+    "fp16-stock": "Lightning's 16-mixed plugin",
+    "fp16-growth-stock": "Lightning's 16-mixed plugin",
+}
+for ax, ids, title in [
+    (left, ["fp32", "fp16-plugin", "fp16-stock"], "Forced overflows at batches 0 and 50"),
+    (right, ["fp32", "fp16-growth-plugin", "fp16-growth-stock"], "16-mixed, growth_interval=20"),
+]:
+    plotting.plot_extra_series(
+        ax,
+        record,
+        ids,
+        "head_update_factor",
+        title,
+        "head update / fp32-equivalent update",
+        colors,
+        log_base=2,
+        labels=names,
+    )
 plotting.save_figure(fig, record["example"], "factor")
 plt.show()
 
@@ -200,9 +265,16 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = BodyAndHead()
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=40,
-                     plugins=[ManualMixedPrecision("16-mixed", device)], logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=40,
+    plugins=[ManualMixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
 print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in model.factors[:3])}")
 

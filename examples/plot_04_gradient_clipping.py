@@ -33,8 +33,8 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide.verify import plotting, report, runner
 from mpguide.models import DigitsClassifier
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -108,27 +108,49 @@ RUNS = [
     ("sgd-fp32", "clip before step, SGD", "32-true", {"label": "SGD, fp32, clip before step"}),
     ("sgd-fp16", "clip before step, SGD", "16-mixed", {"label": "SGD, 16-mixed, clip before step"}),
     ("sgd-fp16-hook", "clip in hook, SGD", "16-mixed", {"label": "SGD, 16-mixed, clip in hook"}),
-    ("sgd-fp16-plugin", "clip before step, SGD", "16-mixed",
-     {"plugin": "ManualMixedPrecision", "label": "SGD, 16-mixed, clip before step + ManualMixedPrecision"}),
+    (
+        "sgd-fp16-plugin",
+        "clip before step, SGD",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "SGD, 16-mixed, clip before step + ManualMixedPrecision"},
+    ),
     ("adamw-fp32", "clip before step, AdamW", "32-true", {"label": "AdamW, fp32, clip before step"}),
     ("adamw-fp16", "clip before step, AdamW", "16-mixed", {"label": "AdamW, 16-mixed, clip before step"}),
     ("unscale-fp16", "unscale yourself, SGD", "16-mixed", {"label": "unscale_ by hand"}),
     ("fused-bf16", "clip in hook, fused AdamW", "bf16-mixed", {"label": "fused AdamW, bf16-mixed"}),
-    ("trainer-flag", "no clipping, SGD", "32-true",
-     {"trainer": {"gradient_clip_val": 0.5}, "label": "Trainer(gradient_clip_val=0.5)"}),
+    (
+        "trainer-flag",
+        "no clipping, SGD",
+        "32-true",
+        {"trainer": {"gradient_clip_val": 0.5}, "label": "Trainer(gradient_clip_val=0.5)"},
+    ),
 ]
 CLAIMS = [
     ("diverge", "sgd-fp16", "sgd-fp32", "pitfall-gap", "SGD: clipping scaled gradients stalls training"),
     ("match", "sgd-fp16-hook", "sgd-fp32", "mixed-vs-fp32", "SGD: clipping in on_before_optimizer_step = fp32"),
     ("match", "sgd-fp16-plugin", "sgd-fp32", "mixed-vs-fp32", "SGD: clip before step with the plugin = fp32"),
     ("match", "adamw-fp16", "adamw-fp32", "adam-scaled-clip", "AdamW: the same mistake does not show as a stall"),
-    ("raises", "unscale-fp16", "RuntimeError", "unscale_() has already been called on this optimizer",
-     "unscale_ by hand, then opt.step(), raises"),
-    ("raises", "fused-bf16", "RuntimeError", "does not allow for gradient clipping",
-     "a fused optimizer cannot be clipped under mixed precision (bf16 too)"),
-    ("raises", "trainer-flag", "MisconfigurationException",
-     "Automatic gradient clipping is not supported for manual optimization",
-     "Trainer(gradient_clip_val) is rejected in manual optimization"),
+    (
+        "raises",
+        "unscale-fp16",
+        "RuntimeError",
+        "unscale_() has already been called on this optimizer",
+        "unscale_ by hand, then opt.step(), raises",
+    ),
+    (
+        "raises",
+        "fused-bf16",
+        "RuntimeError",
+        "does not allow for gradient clipping",
+        "a fused optimizer cannot be clipped under mixed precision (bf16 too)",
+    ),
+    (
+        "raises",
+        "trainer-flag",
+        "MisconfigurationException",
+        "Automatic gradient clipping is not supported for manual optimization",
+        "Trainer(gradient_clip_val) is rejected in manual optimization",
+    ),
 ]
 
 record = runner.run_example("plot_04_gradient_clipping", recipes, RUNS, CLAIMS)
@@ -144,19 +166,54 @@ record = runner.run_example("plot_04_gradient_clipping", recipes, RUNS, CLAIMS)
 # on top of another (the hook run on fp32, say) carry markers and say so in the legend.
 
 fig, ((sgd_seen, sgd_applied), (adam_seen, adam_applied)) = plotting.figure(2, 2, 12, 9.4)
-plotting.describe(fig, "Clipping between backward and step under 16-mixed sees norms about 65536 times too large; "
-                  "SGD's updates then shrink by that factor, AdamW's do not; clipping in the hook sees the real norm")
-colors = {"sgd-fp32": "#0072B2", "sgd-fp16": "#D55E00", "sgd-fp16-hook": "#009E73",
-          "adamw-fp32": "#0072B2", "adamw-fp16": "#D55E00"}
-names = {"sgd-fp32": "fp32, clip before step", "sgd-fp16": "16-mixed, clip before step",
-         "sgd-fp16-hook": "16-mixed, clip in on_before_optimizer_step",
-         "adamw-fp32": "fp32, clip before step", "adamw-fp16": "16-mixed, clip before step"}
-for (seen, applied), ids, optimizer in [((sgd_seen, sgd_applied), ["sgd-fp32", "sgd-fp16-hook", "sgd-fp16"], "SGD"),
-                                        ((adam_seen, adam_applied), ["adamw-fp32", "adamw-fp16"], "AdamW")]:
-    plotting.plot_extra_series(seen, record, ids, "seen_norm", f"{optimizer}: gradient norm seen by the clip",
-                               "L2 norm", colors, log_base=10, labels=names, steps=False, legend=False)
-    plotting.plot_extra_series(applied, record, ids, "update_norm", f"{optimizer}: norm of the applied update",
-                               "L2 norm", colors, log_base=10, labels=names, steps=False)
+plotting.describe(
+    fig,
+    "Clipping between backward and step under 16-mixed sees norms about 65536 times too large; "
+    "SGD's updates then shrink by that factor, AdamW's do not; clipping in the hook sees the real norm",
+)
+colors = {
+    "sgd-fp32": "#0072B2",
+    "sgd-fp16": "#D55E00",
+    "sgd-fp16-hook": "#009E73",
+    "adamw-fp32": "#0072B2",
+    "adamw-fp16": "#D55E00",
+}
+names = {
+    "sgd-fp32": "fp32, clip before step",
+    "sgd-fp16": "16-mixed, clip before step",
+    "sgd-fp16-hook": "16-mixed, clip in on_before_optimizer_step",
+    "adamw-fp32": "fp32, clip before step",
+    "adamw-fp16": "16-mixed, clip before step",
+}
+for (seen, applied), ids, optimizer in [
+    ((sgd_seen, sgd_applied), ["sgd-fp32", "sgd-fp16-hook", "sgd-fp16"], "SGD"),
+    ((adam_seen, adam_applied), ["adamw-fp32", "adamw-fp16"], "AdamW"),
+]:
+    plotting.plot_extra_series(
+        seen,
+        record,
+        ids,
+        "seen_norm",
+        f"{optimizer}: gradient norm seen by the clip",
+        "L2 norm",
+        colors,
+        log_base=10,
+        labels=names,
+        steps=False,
+        legend=False,
+    )
+    plotting.plot_extra_series(
+        applied,
+        record,
+        ids,
+        "update_norm",
+        f"{optimizer}: norm of the applied update",
+        "L2 norm",
+        colors,
+        log_base=10,
+        labels=names,
+        steps=False,
+    )
 plotting.save_figure(fig, record["example"], "norms")
 plt.show()
 
@@ -168,15 +225,28 @@ plt.show()
 # stays close to fp32.
 
 fig, (left, right) = plotting.figure(1, 2, 12, 5.6)
-plotting.describe(fig, "SGD stalls when it clips scaled gradients and trains like fp32 when it clips in the hook; "
-                  "AdamW hides the same mistake")
-short = {"sgd-fp32": "fp32", "sgd-fp16": "16-mixed, clip before step", "sgd-fp16-hook": "16-mixed, clip in hook",
-         "sgd-fp16-plugin": "16-mixed + ManualMixedPrecision, clip before step",
-         "adamw-fp32": "fp32", "adamw-fp16": "16-mixed, clip before step"}
-plotting.plot_loss_curves(left, record, ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "sgd-fp16-plugin"], "SGD",
-                          {"sgd-fp16": "#D55E00", "sgd-fp16-plugin": "#CC79A7"}, labels=short)
-plotting.plot_loss_curves(right, record, ["adamw-fp32", "adamw-fp16"], "AdamW", {"adamw-fp16": "#D55E00"},
-                          labels=short)
+plotting.describe(
+    fig,
+    "SGD stalls when it clips scaled gradients and trains like fp32 when it clips in the hook; "
+    "AdamW hides the same mistake",
+)
+short = {
+    "sgd-fp32": "fp32",
+    "sgd-fp16": "16-mixed, clip before step",
+    "sgd-fp16-hook": "16-mixed, clip in hook",
+    "sgd-fp16-plugin": "16-mixed + ManualMixedPrecision, clip before step",
+    "adamw-fp32": "fp32",
+    "adamw-fp16": "16-mixed, clip before step",
+}
+plotting.plot_loss_curves(
+    left,
+    record,
+    ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "sgd-fp16-plugin"],
+    "SGD",
+    {"sgd-fp16": "#D55E00", "sgd-fp16-plugin": "#CC79A7"},
+    labels=short,
+)
+plotting.plot_loss_curves(right, record, ["adamw-fp32", "adamw-fp16"], "AdamW", {"adamw-fp16": "#D55E00"}, labels=short)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 

@@ -35,9 +35,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import matplotlib.pyplot as plt
 
-from mpguide.verify import plotting, report, runner
 from mpguide import steps
 from mpguide.models import DigitsClassifier
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -73,10 +73,13 @@ class SchedulerEveryBatch(DigitsClassifier):
         return scale is None or steps.loss_scale(self.trainer) >= scale
 
     def record_extra(self):
-        return {"first_applied_lr": self.applied_lrs[0] if self.applied_lrs else None,
-                "first_applied_lr_is_base": bool(self.applied_lrs) and self.applied_lrs[0] == BASE_LR,
-                "skipped_steps": self.skipped, "skipped_any": self.skipped > 0,
-                "global_step_counts_skipped": self.trainer.global_step == len(self.applied_lrs) + self.skipped}
+        return {
+            "first_applied_lr": self.applied_lrs[0] if self.applied_lrs else None,
+            "first_applied_lr_is_base": bool(self.applied_lrs) and self.applied_lrs[0] == BASE_LR,
+            "skipped_steps": self.skipped,
+            "skipped_any": self.skipped > 0,
+            "global_step_counts_skipped": self.trainer.global_step == len(self.applied_lrs) + self.skipped,
+        }
 
 
 class SkipAware(SchedulerEveryBatch):
@@ -102,12 +105,21 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = SkipAware()
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20,
-                     plugins=[MixedPrecision("16-mixed", device)], logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=20,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
-print(f"skipped steps: {model.skipped} of {trainer.global_step}; "
-      f"the first applied update used lr = {model.applied_lrs[0]:g} (the schedule's first)")
+print(
+    f"skipped steps: {model.skipped} of {trainer.global_step}; "
+    f"the first applied update used lr = {model.applied_lrs[0]:g} (the schedule's first)"
+)
 
 # %%
 # ``opt.step()`` outside ``training_step``
@@ -159,30 +171,52 @@ class StepInBatchEndHook(DigitsClassifier):
 # The two ways of stepping run in fp32 from the same weights; the hook version with
 # ``Trainer(max_steps=3)``. Every run must train all the batches of its preset.
 
-recipes = {"scheduler every batch": SchedulerEveryBatch, "skip-aware": SkipAware,
-           "step in training_step": StepInTrainingStep, "step in on_train_batch_end": StepInBatchEndHook}
+recipes = {
+    "scheduler every batch": SchedulerEveryBatch,
+    "skip-aware": SkipAware,
+    "step in training_step": StepInTrainingStep,
+    "step in on_train_batch_end": StepInBatchEndHook,
+}
 RUNS = [
     # run id            recipe                   precision   options
     ("fp32", "scheduler every batch", "32-true", {"label": "fp32"}),
     ("fp16-naive", "scheduler every batch", "16-mixed", {"label": "16-mixed, scheduler every batch"}),
     ("fp16-skip-aware", "skip-aware", "16-mixed", {"label": "16-mixed, skip-aware scheduler"}),
     ("step-fp32", "step in training_step", "32-true", {"label": "fp32, opt.step() in training_step"}),
-    ("hook-fp32", "step in on_train_batch_end", "32-true",
-     {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}}),
+    (
+        "hook-fp32",
+        "step in on_train_batch_end",
+        "32-true",
+        {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}},
+    ),
 ]
 CLAIMS = [
     ("expect", "fp16-naive", "skipped_any", True, "GradScaler skips steps at the default initial scale"),
     ("expect", "fp16-naive", "first_applied_lr_is_base", False, "naive: the first real update uses a later LR"),
-    ("warns", "fp16-naive", "UserWarning", "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
-     "naive: torch warns about the scheduler"),
+    (
+        "warns",
+        "fp16-naive",
+        "UserWarning",
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
+        "naive: torch warns about the scheduler",
+    ),
     ("expect", "fp16-skip-aware", "first_applied_lr", 0.002, "skip-aware: first real update uses the first LR"),
-    ("no_warning", "fp16-skip-aware", "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
-     "skip-aware: no scheduler warning"),
+    (
+        "no_warning",
+        "fp16-skip-aware",
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
+        "skip-aware: no scheduler warning",
+    ),
     ("expect", "fp16-naive", "global_step_counts_skipped", True, "global_step counts skipped steps too"),
     ("expect", "hook-fp32", "global_step", 0, "opt.step() in on_train_batch_end: global_step stays 0"),
     ("expect", "hook-fp32", "ran_past_max_steps", True, "opt.step() in on_train_batch_end: max_steps=3 never stops it"),
-    ("same", "hook-fp32", "step-fp32", "final_weights",
-     "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise"),
+    (
+        "same",
+        "hook-fp32",
+        "step-fp32",
+        "final_weights",
+        "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise",
+    ),
 ]
 
 record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS)
@@ -195,7 +229,9 @@ record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS)
 # skip-aware run starts its schedule at the first applied update, like fp32.
 
 fig, (scale_ax, lr_ax) = plotting.figure(1, 2, 12, 5)
-plotting.describe(fig, "Skipped steps lower the loss scale; a naive per-batch scheduler decays on them, a skip-aware one does not")
+plotting.describe(
+    fig, "Skipped steps lower the loss scale; a naive per-batch scheduler decays on them, a skip-aware one does not"
+)
 colors = {"fp16-naive": "#D55E00", "fp16-skip-aware": "#009E73"}
 plotting.plot_run_series(scale_ax, record, ["fp16-naive", "fp16-skip-aware"], "loss_scale", colors, steps=True)
 plotting.plot_run_series(lr_ax, record, ["fp32", "fp16-naive", "fp16-skip-aware"], "lr", colors)
@@ -212,9 +248,11 @@ plt.show()
 
 for run_id in ("fp16-naive", "fp16-skip-aware"):
     run = plotting.run_by_id(record, run_id)
-    print(f"{run_id}: {run['extra']['skipped_steps']} skipped of {run['extra']['batches']} batches, "
-          f"trainer.global_step = {run['extra']['global_step']}, "
-          f"first applied update used lr = {run['extra']['first_applied_lr']:.6g} (schedule starts at {BASE_LR:g})")
+    print(
+        f"{run_id}: {run['extra']['skipped_steps']} skipped of {run['extra']['batches']} batches, "
+        f"trainer.global_step = {run['extra']['global_step']}, "
+        f"first applied update used lr = {run['extra']['first_applied_lr']:.6g} (schedule starts at {BASE_LR:g})"
+    )
 
 # %%
 # It counts only the calls made inside ``training_step``: the hook version stepped once per batch,
@@ -223,9 +261,11 @@ for run_id in ("fp16-naive", "fp16-skip-aware"):
 
 for run_id in ("step-fp32", "hook-fp32"):
     run = plotting.run_by_id(record, run_id)
-    print(f"{run_id}: {run['extra']['batches']} batches, trainer.global_step = {run['extra']['global_step']}, "
-          f"max_steps = {run['trainer_kwargs'].get('max_steps', -1)}, "
-          f"final weights {run['extra']['final_weights'][:12]}")
+    print(
+        f"{run_id}: {run['extra']['batches']} batches, trainer.global_step = {run['extra']['global_step']}, "
+        f"max_steps = {run['trainer_kwargs'].get('max_steps', -1)}, "
+        f"final weights {run['extra']['final_weights'][:12]}"
+    )
 
 # %%
 # Verdicts

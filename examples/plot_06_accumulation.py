@@ -33,9 +33,9 @@ import functools
 
 import matplotlib.pyplot as plt
 
-from mpguide.verify import plotting, report, runner
 from mpguide import steps
 from mpguide.models import DigitsClassifier
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -72,11 +72,13 @@ class ManualAccumulation(DigitsClassifier):
         return loss.detach()
 
     def record_extra(self):
-        windows = [self.scales[i:i + N] for i in range(0, len(self.scales), N)]
-        return {"window_moved": self.window_moved,
-                "scale_constant_in_windows": all(len(set(w)) == 1 for w in windows),
-                "overflow_window_skipped": not self.window_moved[OVERFLOW_BATCH // N] if self.window_moved else None,
-                "other_windows_moved": all(m for i, m in enumerate(self.window_moved) if i != OVERFLOW_BATCH // N)}
+        windows = [self.scales[i : i + N] for i in range(0, len(self.scales), N)]
+        return {
+            "window_moved": self.window_moved,
+            "scale_constant_in_windows": all(len(set(w)) == 1 for w in windows),
+            "overflow_window_skipped": not self.window_moved[OVERFLOW_BATCH // N] if self.window_moved else None,
+            "other_windows_moved": all(m for i, m in enumerate(self.window_moved) if i != OVERFLOW_BATCH // N),
+        }
 
 
 class NoDivision(ManualAccumulation):
@@ -113,8 +115,12 @@ recipes = {
 RUNS = [
     # run id           recipe                   precision     options
     ("auto-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"}),
-    ("auto-bf16", "automatic", "bf16-mixed",
-     {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"}),
+    (
+        "auto-bf16",
+        "automatic",
+        "bf16-mixed",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"},
+    ),
     ("auto-fp16", "automatic", "16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"}),
     ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
@@ -125,8 +131,12 @@ RUNS = [
     ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
     ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
-    ("trainer-flag", "manual", "32-true",
-     {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),
+    (
+        "trainer-flag",
+        "manual",
+        "32-true",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"},
+    ),
 ]
 CLAIMS = [
     ("match", "manual-fp32", "auto-fp32", "same-precision", "manual accumulation = automatic (fp32)"),
@@ -139,9 +149,13 @@ CLAIMS = [
     ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
-    ("raises", "trainer-flag", "MisconfigurationException",
-     "Automatic gradient accumulation is not supported for manual optimization",
-     "Trainer(accumulate_grad_batches) is rejected in manual optimization"),
+    (
+        "raises",
+        "trainer-flag",
+        "MisconfigurationException",
+        "Automatic gradient accumulation is not supported for manual optimization",
+        "Trainer(accumulate_grad_batches) is rejected in manual optimization",
+    ),
 ]
 
 record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS)
@@ -157,15 +171,26 @@ record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS)
 # gradient and trains slower.
 
 fig, (left, right) = plotting.figure(1, 2, 12, 5.6, sharey=True)
-plotting.describe(fig, "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
-                  "learning rate (lower loss at lr 0.05); zero_grad every batch trains slower")
+plotting.describe(
+    fig,
+    "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
+    "learning rate (lower loss at lr 0.05); zero_grad every batch trains slower",
+)
 acc_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
 plotting.plot_loss_curves(left, record, acc_ids, "Automatic vs manual accumulation, N = 4")
-plotting.plot_loss_curves(right, record, ["manual-fp32", "no-division", "manual-lr-x4", "zero-grad"],
-                          "Accumulation mistakes, SGD lr 0.05, fp32",
-                          {"no-division": "#D55E00", "zero-grad": "#CC79A7"},
-                          {"manual-fp32": "divided by 4", "no-division": "not divided",
-                           "manual-lr-x4": "divided, lr x 4", "zero-grad": "zero_grad every batch"})
+plotting.plot_loss_curves(
+    right,
+    record,
+    ["manual-fp32", "no-division", "manual-lr-x4", "zero-grad"],
+    "Accumulation mistakes, SGD lr 0.05, fp32",
+    {"no-division": "#D55E00", "zero-grad": "#CC79A7"},
+    {
+        "manual-fp32": "divided by 4",
+        "no-division": "not divided",
+        "manual-lr-x4": "divided, lr x 4",
+        "zero-grad": "zero_grad every batch",
+    },
+)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
@@ -179,9 +204,14 @@ plt.show()
 
 fig, ax = plotting.figure(1, 1, 9, 5.2)
 plotting.describe(fig, "At lr 0.5 the divided recipe trains and the undivided one diverges")
-plotting.plot_loss_curves(ax, record, ["manual-lr-0.5", "no-division-lr-0.5"], "SGD lr 0.5, fp32",
-                          {"no-division-lr-0.5": "#D55E00"},
-                          {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"})
+plotting.plot_loss_curves(
+    ax,
+    record,
+    ["manual-lr-0.5", "no-division-lr-0.5"],
+    "SGD lr 0.5, fp32",
+    {"no-division-lr-0.5": "#D55E00"},
+    {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"},
+)
 ax.set_yscale("log")
 plotting.save_figure(fig, record["example"], "larger_lr")
 plt.show()
@@ -201,8 +231,12 @@ ax.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", 
 for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
     ax.axvspan(w * N, (w + 1) * N, color="#D55E00" if not moved else "#999999", alpha=0.25 if not moved else 0.06)
 ax.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
-ax.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale", title="Windows of 4 micro-batches (red: skipped)")
-ax.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # right of the data
+ax.set(
+    yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale", title="Windows of 4 micro-batches (red: skipped)"
+)
+ax.legend(
+    fontsize=plotting.LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+)  # right of the data
 plotting.save_figure(fig, record["example"], "windows")
 plt.show()
 
@@ -218,5 +252,6 @@ print(report.summary(record))
 # Divide the loss by N, call ``manual_backward`` on every micro-batch, and call ``opt.step()`` and
 # ``opt.zero_grad()`` only at the end of the window. Forgetting the division multiplies SGD's
 # learning rate by N (bitwise the same run), which may look better or diverge depending on the
-# learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed nothing else is needed: the
+# learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed
+# nothing else is needed: the
 # scale cannot change inside a window, and an overflow anywhere in it skips the window as a whole.

@@ -30,8 +30,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import torch
 
-from mpguide.verify import runner
 from mpguide.models import DigitsClassifier
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -71,12 +71,21 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = Manual(optimizer="sgd", lr=0.05)
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20,
-                     plugins=[MixedPrecision("16-mixed", device)], logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=20,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
-print(f"Trainer.precision = {trainer.precision!r}, GradScaler: {trainer.precision_plugin.scaler is not None}, "
-      f"optimizer steps: {trainer.global_step}")
+print(
+    f"Trainer.precision = {trainer.precision!r}, GradScaler: {trainer.precision_plugin.scaler is not None}, "
+    f"optimizer steps: {trainer.global_step}"
+)
 
 # %%
 # How this page is verified
@@ -101,15 +110,37 @@ RUNS = [
     ("flag-16-mixed", "manual_backward", "16-mixed", {"plain_flag": True, "label": 'Trainer(precision="16-mixed")'}),
 ]
 CLAIMS = [
-    ("raises", "fp16-loss-backward", "AssertionError", "Attempted unscale_ but _scale is None",
-     "16-mixed: loss.backward() fails at the first step"),
-    ("match", "bf16-loss-backward", "bf16-manual-backward", "same-precision",
-     "bf16-mixed: loss.backward() silently equals manual_backward"),
+    (
+        "raises",
+        "fp16-loss-backward",
+        "AssertionError",
+        "Attempted unscale_ but _scale is None",
+        "16-mixed: loss.backward() fails at the first step",
+    ),
+    (
+        "match",
+        "bf16-loss-backward",
+        "bf16-manual-backward",
+        "same-precision",
+        "bf16-mixed: loss.backward() silently equals manual_backward",
+    ),
     ("expect", "fp16-manual-backward", "has_scaler", True, "16-mixed as this site runs it has a GradScaler"),
-    ("warns", "flag-16-mixed", "UserWarning", "AMP with fp16 is not supported on CPU",
-     "CPU: the plain flag warns and falls back", {"only_on": "cpu"}),
-    ("expect", "flag-16-mixed", "trainer_precision", "bf16-mixed", "CPU: the plain flag trains in bf16-mixed",
-     {"only_on": "cpu"}),
+    (
+        "warns",
+        "flag-16-mixed",
+        "UserWarning",
+        "AMP with fp16 is not supported on CPU",
+        "CPU: the plain flag warns and falls back",
+        {"only_on": "cpu"},
+    ),
+    (
+        "expect",
+        "flag-16-mixed",
+        "trainer_precision",
+        "bf16-mixed",
+        "CPU: the plain flag trains in bf16-mixed",
+        {"only_on": "cpu"},
+    ),
     ("expect", "flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all", {"only_on": "cpu"}),
     ("expect", "flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler", {"only_on": "cuda"}),
 ]
@@ -121,9 +152,12 @@ record = runner.run_example("plot_07_backward_and_flags", recipes, RUNS, CLAIMS)
 # -------------
 
 for run in record["runs"]:
-    outcome = (f"{run['error']['type']}: {run['error']['message'].splitlines()[0]}" if run["error"] else
-               f"trained {len(run['loss'])} steps, Trainer.precision = {run['extra']['trainer_precision']!r}, "
-               f"GradScaler: {'yes' if run['extra']['has_scaler'] else 'no'}")
+    outcome = (
+        f"{run['error']['type']}: {run['error']['message'].splitlines()[0]}"
+        if run["error"]
+        else f"trained {len(run['loss'])} steps, Trainer.precision = {run['extra']['trainer_precision']!r}, "
+        f"GradScaler: {'yes' if run['extra']['has_scaler'] else 'no'}"
+    )
     print(f"{run['label']:<32} {run['precision_plugin']:<15} {outcome}")
 
 # %%
@@ -149,8 +183,9 @@ from mpguide.verify import plotting, report
 fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]
 fig, ax = plotting.figure(1, 1, 8, 5)
 plotting.describe(fig, "loss.backward() equals manual_backward under bf16-mixed; the CPU 16-mixed flag trains in bf16")
-plotting.plot_loss_curves(ax, record, fig_runs, "Runs that trained", {"bf16-loss-backward": "#D55E00",
-                                                                      "flag-16-mixed": "#CC79A7"})
+plotting.plot_loss_curves(
+    ax, record, fig_runs, "Runs that trained", {"bf16-loss-backward": "#D55E00", "flag-16-mixed": "#CC79A7"}
+)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 

@@ -38,8 +38,8 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from mpguide.verify import plotting, report, runner
 from mpguide.models import DigitsClassifier
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -99,8 +99,16 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = SelfDistillation(optimizer="adamw", lr=3e-3)
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20, precision="bf16-mixed", logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=20,
+    precision="bf16-mixed",
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
 print(f"a forward right after opt.step() saw the old weights: {model.stale_after_step}")
 
@@ -109,8 +117,10 @@ print(f"a forward right after opt.step() saw the old weights: {model.stale_after
 # ---------------
 
 adamw = {"optimizer": "adamw", "lr": 3e-3}
-recipes = {"Lightning's autocast only": functools.partial(SelfDistillation, **adamw),
-           "own caching autocast": functools.partial(CachingAutocast, **adamw)}
+recipes = {
+    "Lightning's autocast only": functools.partial(SelfDistillation, **adamw),
+    "own caching autocast": functools.partial(CachingAutocast, **adamw),
+}
 RUNS = [
     # run id            recipe                        precision     options
     ("lightning-bf16", "Lightning's autocast only", "bf16-mixed", {"label": "bf16-mixed, Lightning's autocast"}),
@@ -118,8 +128,13 @@ RUNS = [
     ("fp32", "Lightning's autocast only", "32-true", {"label": "fp32"}),
 ]
 CLAIMS = [
-    ("match", "caching-bf16", "lightning-bf16", "same-precision",
-     "no_grad then graded forward in a caching autocast trains normally (installed torch)"),
+    (
+        "match",
+        "caching-bf16",
+        "lightning-bf16",
+        "same-precision",
+        "no_grad then graded forward in a caching autocast trains normally (installed torch)",
+    ),
     ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
     ("expect", "caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
@@ -129,8 +144,9 @@ record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS)
 
 fig, ax = plotting.figure(1, 1, 8, 5)
 plotting.describe(fig, "A no_grad forward before a graded one no longer breaks training in a caching autocast")
-plotting.plot_loss_curves(ax, record, ["fp32", "lightning-bf16", "caching-bf16"], "Self-distillation",
-                          {"caching-bf16": "#D55E00"})
+plotting.plot_loss_curves(
+    ax, record, ["fp32", "lightning-bf16", "caching-bf16"], "Self-distillation", {"caching-bf16": "#D55E00"}
+)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 

@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.verify import plotting, report, runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -55,8 +55,9 @@ class MuonMLP(pl.LightningModule):
     def __init__(self, manual: bool = False):
         super().__init__()
         self.automatic_optimization = not manual
-        self.net = nn.Sequential(nn.Linear(NUM_FEATURES, 64, bias=False), nn.Tanh(),
-                                 nn.Linear(64, NUM_CLASSES, bias=False))
+        self.net = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 64, bias=False), nn.Tanh(), nn.Linear(64, NUM_CLASSES, bias=False)
+        )
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
@@ -112,19 +113,43 @@ RUNS = [
     # run id               recipe       precision   options (each automatic run trains before its manual twin)
     ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
-    ("auto-fp16-plugin", "automatic", "16-mixed",
-     {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"}),
-    ("manual-fp16-plugin", "manual", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"}),
+    (
+        "auto-fp16-plugin",
+        "automatic",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"},
+    ),
+    (
+        "manual-fp16-plugin",
+        "manual",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"},
+    ),
     ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
 ]
 CLAIMS = [
-    ("expect", "manual-fp16", "identical_to_automatic", False,
-     "stock 16-mixed: the manual port of Muon differs from automatic"),
-    ("same", "manual-fp16-plugin", "auto-fp16-plugin", "weights_digest",
-     "with ManualMixedPrecision: manual = automatic, bitwise"),
-    ("same", "auto-fp16-plugin", "auto-fp16", "weights_digest",
-     "the plugin leaves automatic optimization unchanged, bitwise"),
+    (
+        "expect",
+        "manual-fp16",
+        "identical_to_automatic",
+        False,
+        "stock 16-mixed: the manual port of Muon differs from automatic",
+    ),
+    (
+        "same",
+        "manual-fp16-plugin",
+        "auto-fp16-plugin",
+        "weights_digest",
+        "with ManualMixedPrecision: manual = automatic, bitwise",
+    ),
+    (
+        "same",
+        "auto-fp16-plugin",
+        "auto-fp16",
+        "weights_digest",
+        "the plugin leaves automatic optimization unchanged, bitwise",
+    ),
     ("same", "manual-bf16", "auto-bf16", "weights_digest", "bf16-mixed: manual = automatic, bitwise"),
     ("match", "manual-fp16", "auto-fp16", "mixed-vs-fp32", "the drift does not show in the loss curve"),
 ]
@@ -143,9 +168,14 @@ record = runner.run_example("plot_09_optimizer_under_autocast", recipes, RUNS, C
 
 fig, ax = plotting.figure(1, 1, 8, 4.8)
 plotting.describe(fig, "Muon: the manual port drifts from automatic under stock 16-mixed, not with the plugin")
-plotting.plot_extra_series(ax, record, ["manual-fp16", "manual-fp16-plugin", "manual-bf16"],
-                           "max_abs_diff_vs_automatic", "Manual port vs automatic optimization (Muon)",
-                           "max |W_manual - W_automatic|")  # series that are exactly 0 are drawn once
+plotting.plot_extra_series(
+    ax,
+    record,
+    ["manual-fp16", "manual-fp16-plugin", "manual-bf16"],
+    "max_abs_diff_vs_automatic",
+    "Manual port vs automatic optimization (Muon)",
+    "max |W_manual - W_automatic|",
+)  # series that are exactly 0 are drawn once
 plotting.save_figure(fig, record["example"], "drift")
 plt.show()
 
@@ -171,9 +201,16 @@ final = {}
 for manual in (False, True):
     pl.seed_everything(0)
     model = MuonMLP(manual=manual)
-    trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20,
-                         plugins=[ManualMixedPrecision("16-mixed", device)], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator=device,
+        devices=1,
+        max_steps=20,
+        plugins=[ManualMixedPrecision("16-mixed", device)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, digits_loader(batch_size=64))
     final[manual] = torch.cat([p.detach().flatten() for p in model.parameters()])
 print(f"largest weight difference, manual port vs automatic: {(final[True] - final[False]).abs().max():g}")

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.verify import runner
 from mpguide.data import NUM_FEATURES
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -52,10 +52,10 @@ class R1GAN(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES),
-                                       nn.Sigmoid())
-        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 128),
-                                           nn.LeakyReLU(0.2), nn.Linear(128, 1))
+        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
+        self.discriminator = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 128), nn.LeakyReLU(0.2), nn.Linear(128, 1)
+        )
 
     def input_grad(self, scores, images):
         (grad,) = torch.autograd.grad(scores.sum(), images, create_graph=True)  # unscaled under 16-mixed
@@ -64,8 +64,9 @@ class R1GAN(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         real, _ = batch
         opt_d, opt_g = self.optimizers()
-        noise = torch.randn(len(real), LATENT, generator=torch.Generator().manual_seed(batch_idx + 1000 *
-                                                                                        self.current_epoch))
+        noise = torch.randn(
+            len(real), LATENT, generator=torch.Generator().manual_seed(batch_idx + 1000 * self.current_epoch)
+        )
         fake = self.generator(noise.to(self.device))
         with self.toggled_optimizer(opt_d):
             real = real.detach().requires_grad_(True)
@@ -86,8 +87,10 @@ class R1GAN(pl.LightningModule):
 
     def configure_optimizers(self):
         betas = (0.5, 0.99)
-        return (torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=betas),
-                torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=betas))
+        return (
+            torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=betas),
+            torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=betas),
+        )
 
 
 # %%
@@ -150,10 +153,18 @@ import matplotlib.pyplot as plt
 from mpguide.verify import plotting, report
 
 fig, ax = plotting.figure(1, 1, 9, 5.6)
-plotting.describe(fig, "R1 GAN: the naive penalty under bf16-mixed and 16-mixed and the scaled penalty under "
-                  "16-mixed all follow fp32 on this model")
-plotting.plot_loss_curves(ax, record, ["naive-fp32", "naive-bf16", "naive-fp16", "scaled-fp16"],
-                          "R1 GAN on the digits: adversarial losses", {"scaled-fp16": "#D55E00"})
+plotting.describe(
+    fig,
+    "R1 GAN: the naive penalty under bf16-mixed and 16-mixed and the scaled penalty under "
+    "16-mixed all follow fp32 on this model",
+)
+plotting.plot_loss_curves(
+    ax,
+    record,
+    ["naive-fp32", "naive-bf16", "naive-fp16", "scaled-fp16"],
+    "R1 GAN on the digits: adversarial losses",
+    {"scaled-fp16": "#D55E00"},
+)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
@@ -170,8 +181,10 @@ import math
 for run_id in ("naive-fp32", "naive-fp16", "scaled-fp16"):
     run = plotting.run_by_id(record, run_id)
     sizes = [v for v in run["extra"]["logged"]["input_grad_abs_mean"] if math.isfinite(v)]
-    print(f"{run_id}: mean |input gradient| between {min(sizes):.2g} and {max(sizes):.2g}, "
-          f"final loss scale {run['extra']['final_loss_scale']}")
+    print(
+        f"{run_id}: mean |input gradient| between {min(sizes):.2g} and {max(sizes):.2g}, "
+        f"final loss scale {run['extra']['final_loss_scale']}"
+    )
 
 # %%
 # When does the naive penalty break?
@@ -199,12 +212,18 @@ from mpguide.data import digits_loader
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=40, plugins=[MixedPrecision("16-mixed", device)],
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=40,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(ScaledR1GAN(), digits_loader(batch_size=64))
-print(f"optimizer steps: {trainer.global_step}, "
-      f"loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
+print(f"optimizer steps: {trainer.global_step}, loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
 
 # %%
 # Conclusion

@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.verify import runner
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -90,9 +90,16 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = BodyAndAdapter(half_adapter=False)
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20, plugins=[MixedPrecision("16-mixed", device)],
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=20,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
 print(f"adapter weight dtype: {model.adapter.weight.dtype}, optimizer steps: {trainer.global_step}")
 
@@ -113,19 +120,38 @@ RUNS = [
     # run id              recipe                       precision     options
     ("half-fp16", "half adapter", "16-mixed", {"label": "fp16 adapter, 16-mixed"}),
     ("half-bf16", "half adapter", "bf16-mixed", {"label": "fp16 adapter, bf16-mixed, clipping"}),
-    ("half-bf16-noclip", "half adapter, no clipping", "bf16-mixed",
-     {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}}),
+    (
+        "half-bf16-noclip",
+        "half adapter, no clipping",
+        "bf16-mixed",
+        {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}},
+    ),
     ("fp32", "fp32 adapter", "32-true", {"label": "fp32 adapter, fp32"}),
     ("fixed-bf16", "fp32 adapter", "bf16-mixed", {"label": "fp32 adapter, bf16-mixed"}),
     ("fixed-fp16", "fp32 adapter", "16-mixed", {"label": "fp32 adapter, 16-mixed"}),
 ]
 CLAIMS = [
-    ("raises", "half-fp16", "ValueError", "Attempting to unscale FP16 gradients.",
-     "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients"),
-    ("raises", "half-bf16", "RuntimeError", "Unexpected floating ScalarType in at::autocast::prioritize",
-     "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails"),
-    ("raises", "half-bf16-noclip", "RuntimeError", "returned nan values",
-     "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN"),
+    (
+        "raises",
+        "half-fp16",
+        "ValueError",
+        "Attempting to unscale FP16 gradients.",
+        "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients",
+    ),
+    (
+        "raises",
+        "half-bf16",
+        "RuntimeError",
+        "Unexpected floating ScalarType in at::autocast::prioritize",
+        "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails",
+    ),
+    (
+        "raises",
+        "half-bf16-noclip",
+        "RuntimeError",
+        "returned nan values",
+        "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN",
+    ),
     ("match", "fixed-bf16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, bf16-mixed = fp32"),
     ("match", "fixed-fp16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, 16-mixed = fp32"),
 ]
@@ -176,8 +202,9 @@ print(f"{run['error']['type']}: {run['error']['message']}")
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(9, 4))
-plotting.plot_loss_curves(ax, record, ["fp32", "fixed-bf16", "fixed-fp16", "half-fp16", "half-bf16",
-                                       "half-bf16-noclip"], "Cross-entropy")
+plotting.plot_loss_curves(
+    ax, record, ["fp32", "fixed-bf16", "fixed-fp16", "half-fp16", "half-bf16", "half-bf16-noclip"], "Cross-entropy"
+)
 ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
 fig.tight_layout()
 plotting.save_figure(fig, record["example"], "curves")

@@ -36,8 +36,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import torch
 
-from mpguide.verify import runner
 from mpguide.models import DigitsClassifier
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -75,9 +75,17 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = SkipIfNotFinite()
 initial_weights = model.weights()
-trainer = pl.Trainer(accelerator=device, devices=1, max_epochs=1, limit_train_batches=16,
-                     plugins=[MixedPrecision("16-mixed", device)], logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_epochs=1,
+    limit_train_batches=16,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
 print(f"batches: 16, optimizer steps taken (trainer.global_step): {trainer.global_step}")
 print(f"weights changed: {not torch.equal(initial_weights, model.weights())}")
@@ -151,12 +159,16 @@ import matplotlib.pyplot as plt
 from mpguide.verify import plotting, report
 
 fig, (loss_ax, scale_ax) = plt.subplots(1, 2, figsize=(11, 4))
-plotting.plot_loss_curves(loss_ax, record, ["habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"],
-                          "Summed cross-entropy", {"habit-fp16": "#D55E00", "detect-fp16": "#009E73"})
+plotting.plot_loss_curves(
+    loss_ax,
+    record,
+    ["habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"],
+    "Summed cross-entropy",
+    {"habit-fp16": "#D55E00", "detect-fp16": "#009E73"},
+)
 for run_id, color in (("habit-fp16", "#D55E00"), ("detect-fp16", "#009E73")):
     run = plotting.run_by_id(record, run_id)
-    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color,
-                  label=run["label"])
+    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color, label=run["label"])
 scale_ax.set(yscale="log", xlabel="batch", ylabel="loss scale at batch start", title="GradScaler's loss scale")
 scale_ax.grid(alpha=0.3)
 scale_ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
@@ -170,8 +182,10 @@ plt.show()
 
 for run_id in ("habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"):
     extra = plotting.run_by_id(record, run_id)["extra"]
-    print(f"{run_id:12s} updates applied: {extra['updates_applied']:3d} of {extra['batches']} batches, "
-          f"final loss scale: {extra['final_loss_scale']}")
+    print(
+        f"{run_id:12s} updates applied: {extra['updates_applied']:3d} of {extra['batches']} batches, "
+        f"final loss scale: {extra['final_loss_scale']}"
+    )
 
 # %%
 # Verdicts

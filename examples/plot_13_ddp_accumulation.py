@@ -35,9 +35,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import matplotlib.pyplot as plt
 
-from mpguide.verify import distributed, plotting, report, runner
 from mpguide import steps
 from mpguide.models import DigitsClassifier
+from mpguide.verify import distributed, plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -95,8 +95,12 @@ def overflow_on_rank_zero(recipe):
             return super().training_step(batch, batch_idx)
 
         def maybe_overflow(self, grad):  # global_step counts optimizer steps: the window index
-            if (self.global_rank == 0 and self.micro_batch == 0 and self.global_step in OVERFLOW_WINDOWS
-                    and steps.loss_scale(self.trainer) is not None):
+            if (
+                self.global_rank == 0
+                and self.micro_batch == 0
+                and self.global_step in OVERFLOW_WINDOWS
+                and steps.loss_scale(self.trainer) is not None
+            ):
                 return grad * float("inf")
             return grad
 
@@ -120,29 +124,59 @@ recipes = {
 RUNS = [
     # run id        recipe                      precision   options
     ("single-fp32", "sync at window end", "32-true", {"label": "1 process, global batch 64, fp32"}),
-    ("ddp-fp32-every", "sync every micro-batch", "32-true",
-     {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"}),
-    ("ddp-fp32-window-end", "sync at window end", "32-true",
-     {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"}),
-    ("ddp-16-window-end", "sync at window end, overflow on rank 0", "16-mixed",
-     {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"}),
-    ("ddp-16-never", "never sync, overflow on rank 0", "16-mixed",
-     {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"}),
+    (
+        "ddp-fp32-every",
+        "sync every micro-batch",
+        "32-true",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"},
+    ),
+    (
+        "ddp-fp32-window-end",
+        "sync at window end",
+        "32-true",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"},
+    ),
+    (
+        "ddp-16-window-end",
+        "sync at window end, overflow on rank 0",
+        "16-mixed",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"},
+    ),
+    (
+        "ddp-16-never",
+        "never sync, overflow on rank 0",
+        "16-mixed",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"},
+    ),
 ]
 CLAIMS = [
-    ("match", "ddp-fp32-window-end", "ddp-fp32-every", "same-precision",
-     "sync at window end = sync every micro-batch (fp32)"),
+    (
+        "match",
+        "ddp-fp32-window-end",
+        "ddp-fp32-every",
+        "same-precision",
+        "sync at window end = sync every micro-batch (fp32)",
+    ),
     ("match", "ddp-fp32-window-end", "single-fp32", "same-precision", "DDP x2 = 1 process, same global batch"),
     ("expect", "ddp-fp32-every", "allreduces_per_optimizer_step", 4.0, "sync every micro-batch: 4 all-reduces/step"),
     ("expect", "ddp-fp32-window-end", "allreduces_per_optimizer_step", 1.0, "sync at window end: 1 all-reduce/step"),
-    ("expect", "ddp-fp32-window-end", "allreduce_bytes_per_optimizer_step", 19240,
-     "one all-reduce = 4810 fp32 gradients"),
+    (
+        "expect",
+        "ddp-fp32-window-end",
+        "allreduce_bytes_per_optimizer_step",
+        19240,
+        "one all-reduce = 4810 fp32 gradients",
+    ),
     ("expect", "ddp-fp32-window-end", "weights_agree_across_ranks", True, "replicas stay bitwise equal"),
-    ("expect", "ddp-16-window-end", "skipped_batches_per_rank", [[3, 43], [3, 43]],
-     "16-mixed: overflow on rank 0 alone skips the window on both ranks"),
+    (
+        "expect",
+        "ddp-16-window-end",
+        "skipped_batches_per_rank",
+        [[3, 43], [3, 43]],
+        "16-mixed: overflow on rank 0 alone skips the window on both ranks",
+    ),
     ("expect", "ddp-16-window-end", "weights_agree_across_ranks", True, "16-mixed: replicas stay bitwise equal"),
-    ("expect", "ddp-16-never", "skipped_batches_per_rank", [[3, 43], []],
-     "never syncing: only rank 0 skips"),
+    ("expect", "ddp-16-never", "skipped_batches_per_rank", [[3, 43], []], "never syncing: only rank 0 skips"),
     ("expect", "ddp-16-never", "weights_agree_across_ranks", False, "never syncing: the replicas drift apart"),
 ]
 
@@ -157,18 +191,35 @@ record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, t
 # all-reduced per rank.
 
 fig, (curves, traffic) = plotting.figure(1, 2, 12, 5.6)
-plotting.describe(fig, "DDP with manual accumulation: syncing only at the window end gives the single-process "
-                  "curve with a quarter of the all-reduces")
-plotting.plot_loss_curves(curves, record, ["single-fp32", "ddp-fp32-every", "ddp-fp32-window-end"],
-                          "Loss of the global batch", colors={"ddp-fp32-every": "#E69F00", "ddp-fp32-window-end": "#009E73"},
-                          labels={"single-fp32": "1 process", "ddp-fp32-every": "DDP x2, sync every micro-batch",
-                                  "ddp-fp32-window-end": "DDP x2, sync at window end"})
+plotting.describe(
+    fig,
+    "DDP with manual accumulation: syncing only at the window end gives the single-process "
+    "curve with a quarter of the all-reduces",
+)
+plotting.plot_loss_curves(
+    curves,
+    record,
+    ["single-fp32", "ddp-fp32-every", "ddp-fp32-window-end"],
+    "Loss of the global batch",
+    colors={"ddp-fp32-every": "#E69F00", "ddp-fp32-window-end": "#009E73"},
+    labels={
+        "single-fp32": "1 process",
+        "ddp-fp32-every": "DDP x2, sync every micro-batch",
+        "ddp-fp32-window-end": "DDP x2, sync at window end",
+    },
+)
 ids = ["ddp-fp32-every", "ddp-fp32-window-end", "ddp-16-window-end", "ddp-16-never"]
 runs = [plotting.run_by_id(record, i) for i in ids]
 traffic.barh([r["label"] for r in runs], [r["extra"]["allreduce_bytes"] / 1e6 for r in runs], color="#56B4E9")
 for y, r in enumerate(runs):
-    traffic.annotate(f"{r['extra']['allreduce_calls']} all-reduces", (0, y), xytext=(4, 0),
-                     textcoords="offset points", va="center", fontsize=plotting.LEGEND_SIZE)
+    traffic.annotate(
+        f"{r['extra']['allreduce_calls']} all-reduces",
+        (0, y),
+        xytext=(4, 0),
+        textcoords="offset points",
+        va="center",
+        fontsize=plotting.LEGEND_SIZE,
+    )
 traffic.set(xlabel="gradient bytes all-reduced per rank (MB)", title="Communication per run")
 traffic.invert_yaxis()
 plotting.save_figure(fig, record["example"], "traffic")
@@ -180,12 +231,18 @@ plt.show()
 every, window_end = plotting.run_by_id(record, "ddp-fp32-every"), plotting.run_by_id(record, "ddp-fp32-window-end")
 saved_calls = every["extra"]["allreduce_calls"] - window_end["extra"]["allreduce_calls"]
 saved_bytes = every["extra"]["allreduce_bytes"] - window_end["extra"]["allreduce_bytes"]
-print(f"sync every micro-batch: {every['extra']['allreduce_calls']} all-reduces, "
-      f"{every['extra']['allreduce_bytes'] / 1e6:.2f} MB per rank")
-print(f"sync at window end:     {window_end['extra']['allreduce_calls']} all-reduces, "
-      f"{window_end['extra']['allreduce_bytes'] / 1e6:.2f} MB per rank")
-print(f"saved: {saved_calls} all-reduces and {saved_bytes / 1e6:.2f} MB per rank "
-      f"({saved_bytes / every['extra']['allreduce_bytes']:.0%}), over {window_end['extra']['global_step']} steps")
+print(
+    f"sync every micro-batch: {every['extra']['allreduce_calls']} all-reduces, "
+    f"{every['extra']['allreduce_bytes'] / 1e6:.2f} MB per rank"
+)
+print(
+    f"sync at window end:     {window_end['extra']['allreduce_calls']} all-reduces, "
+    f"{window_end['extra']['allreduce_bytes'] / 1e6:.2f} MB per rank"
+)
+print(
+    f"saved: {saved_calls} all-reduces and {saved_bytes / 1e6:.2f} MB per rank "
+    f"({saved_bytes / every['extra']['allreduce_bytes']:.0%}), over {window_end['extra']['global_step']} steps"
+)
 
 # %%
 # Skip decisions under 16-mixed
@@ -196,18 +253,24 @@ print(f"saved: {saved_calls} all-reduces and {saved_bytes / 1e6:.2f} MB per rank
 # scale. Never synchronising, rank 0 skips alone and the two processes now hold different models.
 
 fig, ax = plotting.figure(1, 1, 10, 3.8)
-plotting.describe(fig, "Synced at the window end, both ranks skip the same 16-mixed steps; never synced, "
-                  "rank 0 skips alone")
+plotting.describe(
+    fig, "Synced at the window end, both ranks skip the same 16-mixed steps; never synced, rank 0 skips alone"
+)
 for row, run_id in enumerate(["ddp-16-window-end", "ddp-16-never"]):
     run = plotting.run_by_id(record, run_id)
     for rank, skipped in enumerate(run["extra"]["skipped_batches_per_rank"]):
         y = 2 * row + rank
         ax.plot(skipped, [y] * len(skipped), "x", color="#D55E00", markersize=9)
         ax.axhline(y, color="#999999", linewidth=0.5)
-ax.set_yticks(range(4), ["sync at window end, rank 0", "sync at window end, rank 1",
-                         "never sync, rank 0", "never sync, rank 1"])
-ax.set(xlabel="micro-batch (x = GradScaler skipped the step ending here)", xlim=(-2, 60), ylim=(-0.7, 3.7),
-       title="Skipped optimizer steps per rank, 16-mixed")
+ax.set_yticks(
+    range(4), ["sync at window end, rank 0", "sync at window end, rank 1", "never sync, rank 0", "never sync, rank 1"]
+)
+ax.set(
+    xlabel="micro-batch (x = GradScaler skipped the step ending here)",
+    xlim=(-2, 60),
+    ylim=(-0.7, 3.7),
+    title="Skipped optimizer steps per rank, 16-mixed",
+)
 plotting.save_figure(fig, record["example"], "skips")
 plt.show()
 

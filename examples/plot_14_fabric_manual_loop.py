@@ -92,8 +92,11 @@ class BodyAndHead(FabricRecipe):
         return grad
 
     def record_extra(self):
-        return {"head_update_factor": self.factors, "predicted_factor": self.predicted,
-                "predicted_first_three": self.predicted[:3]}
+        return {
+            "head_update_factor": self.factors,
+            "predicted_factor": self.predicted,
+            "predicted_first_three": self.predicted[:3],
+        }
 
 
 # %%
@@ -141,6 +144,7 @@ from lightning.fabric import Fabric, seed_everything
 
 from mpguide.data import digits_loader
 from mpguide.fabric import FabricManualMixedPrecision
+
 # sphinx_gallery_start_ignore
 from mpguide.verify import runner
 
@@ -166,48 +170,99 @@ print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in re
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
 from mpguide import fabric
-from mpguide.verify import fabric_runs
-from mpguide.verify import plotting, report, runner
+from mpguide.verify import fabric_runs, plotting, report, runner
 
 recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer}
-PLUGINS = {"FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
-           "Trainer's MixedPrecision": TrainerMixedPrecision}
+PLUGINS = {
+    "FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
+    "Trainer's MixedPrecision": TrainerMixedPrecision,
+}
 RUNS = [
     # run id                recipe              precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Fabric's MixedPrecision"}),
-    ("fp16-fixed", "body+head", "16-mixed",
-     {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"}),
+    (
+        "fp16-fixed",
+        "body+head",
+        "16-mixed",
+        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"},
+    ),
     ("unused-fp32", "unused optimizer", "32-true", {"label": "fp32, optimizer without gradients"}),
     ("unused-fp16-stock", "unused optimizer", "16-mixed", {"label": "16-mixed, optimizer without gradients"}),
-    ("unused-fp16-fixed", "unused optimizer", "16-mixed",
-     {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"}),
-    ("manual-plugin-in-fabric", "body+head", "16-mixed",
-     {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"}),
-    ("trainer-plugin-in-fabric", "body+head", "16-mixed",
-     {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"}),
+    (
+        "unused-fp16-fixed",
+        "unused optimizer",
+        "16-mixed",
+        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"},
+    ),
+    (
+        "manual-plugin-in-fabric",
+        "body+head",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"},
+    ),
+    (
+        "trainer-plugin-in-fabric",
+        "body+head",
+        "16-mixed",
+        {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"},
+    ),
 ]
 CLAIMS = [
-    ("expect", "fp16-stock", "predicted_first_three", [1.0, 2.0, 1.0], "stock: head update x1, x2, x1 around an overflow"),
-    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio",
-     "stock: head update = fp32 update x predicted factor"),
+    (
+        "expect",
+        "fp16-stock",
+        "predicted_first_three",
+        [1.0, 2.0, 1.0],
+        "stock: head update x1, x2, x1 around an overflow",
+    ),
+    (
+        "ratio",
+        "fp16-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock: head update = fp32 update x predicted factor",
+    ),
     ("expect", "fp16-fixed", "predicted_first_three", [1.0, 1.0, 1.0], "fixed: the scale never changes mid-iteration"),
     ("ratio", "fp16-fixed", "fp32", "head_update_factor", 1.0, "update-ratio", "fixed: head update = fp32 update"),
     ("match", "fp16-fixed", "fp32", "mixed-vs-fp32", "fixed: 16-mixed loss = fp32 loss"),
     ("expect", "unused-fp32", "unused_model_moved", False, "fp32: the empty step silently does nothing"),
-    ("raises", "unused-fp16-stock", "AssertionError", "No inf checks were recorded for this optimizer",
-     "stock 16-mixed: the empty step raises"),
-    ("warns", "unused-fp16-fixed", "NoGradientStepWarning", "none of its parameters has a gradient",
-     "fixed: the empty step warns"),
+    (
+        "raises",
+        "unused-fp16-stock",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "stock 16-mixed: the empty step raises",
+    ),
+    (
+        "warns",
+        "unused-fp16-fixed",
+        "NoGradientStepWarning",
+        "none of its parameters has a gradient",
+        "fixed: the empty step warns",
+    ),
     ("expect", "unused-fp16-fixed", "unused_model_moved", False, "fixed: the empty step does nothing, as in fp32"),
-    ("raises", "manual-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'",
-     "ManualMixedPrecision cannot be passed to Fabric"),
-    ("raises", "trainer-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'",
-     "nor can the Trainer's own MixedPrecision"),
+    (
+        "raises",
+        "manual-plugin-in-fabric",
+        "AttributeError",
+        "'NoneType' object has no attribute 'trainer'",
+        "ManualMixedPrecision cannot be passed to Fabric",
+    ),
+    (
+        "raises",
+        "trainer-plugin-in-fabric",
+        "AttributeError",
+        "'NoneType' object has no attribute 'trainer'",
+        "nor can the Trainer's own MixedPrecision",
+    ),
 ]
 
-record = runner.run_example("plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS,
-                            train=fabric_runs.train_run)
+record = runner.run_example(
+    "plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS, train=fabric_runs.train_run
+)
 
 # %%
 # The update factor, iteration by iteration
@@ -220,11 +275,21 @@ record = runner.run_example("plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS,
 import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 9, 5.4)
-plotting.describe(fig, "Fabric, one backward and two optimizers: the head's update doubles after each "
-                  "overflow with Fabric's plugin, and stays at 1 (like fp32) with FabricManualMixedPrecision")
-plotting.plot_extra_series(ax, record, ["fp32", "fp16-fixed", "fp16-stock"], "head_update_factor",
-                           "Head update relative to the fp32-equivalent update", "applied / expected update",
-                           {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"}, log_base=2)
+plotting.describe(
+    fig,
+    "Fabric, one backward and two optimizers: the head's update doubles after each "
+    "overflow with Fabric's plugin, and stays at 1 (like fp32) with FabricManualMixedPrecision",
+)
+plotting.plot_extra_series(
+    ax,
+    record,
+    ["fp32", "fp16-fixed", "fp16-stock"],
+    "head_update_factor",
+    "Head update relative to the fp32-equivalent update",
+    "applied / expected update",
+    {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"},
+    log_base=2,
+)
 plotting.save_figure(fig, record["example"], "factor")
 plt.show()
 for run_id in ("fp16-stock", "fp16-fixed"):

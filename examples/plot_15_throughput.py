@@ -42,8 +42,8 @@ import time
 
 import matplotlib.pyplot as plt
 
-from mpguide.verify import hardware, plotting, report, runner, throughput
 from mpguide.models import DigitsClassifier
+from mpguide.verify import hardware, plotting, report, runner, throughput
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -51,8 +51,10 @@ runner.quiet_lightning()
 
 accelerator, preset = hardware.select_accelerator(), hardware.select_preset()
 size = throughput.SIZES[(accelerator, preset.name)]
-print(f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} to {size.max_rounds} rounds per "
-      f"variant and precision, on {hardware.device_name(accelerator)}")
+print(
+    f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} to {size.max_rounds} rounds per "
+    f"variant and precision, on {hardware.device_name(accelerator)}"
+)
 
 # %%
 # Runs and claims
@@ -83,8 +85,12 @@ class TimedManual(DigitsClassifier):
         timing = timings[self.trainer.precision_plugin.precision]
         out = timing.rates()  # <variant>_steps_per_s and <variant>_samples_per_s, what the claims divide
         out["fp32_automatic_steps_per_s"] = timings["32-true"].steps_per_s("automatic")
-        out.update(benchmark=timing.summary(), size=dataclasses.asdict(size), device_wait_s=timing.device_wait_s,
-                   injected_slowdown=timing.injected_slowdown)
+        out.update(
+            benchmark=timing.summary(),
+            size=dataclasses.asdict(size),
+            device_wait_s=timing.device_wait_s,
+            injected_slowdown=timing.injected_slowdown,
+        )
         if peak is not None:
             out["peak_bf16_tflops"] = peak
             out["automatic_tflops"] = timing.tflops("automatic")
@@ -101,40 +107,115 @@ RUNS = [
 CLAIMS = [
     # On CPU: manual vs automatic in every precision; manual vs the plain loop where a step is long
     # enough (fp32, 16-mixed) for Lightning's fixed per-step cost to stay small (see the tolerance).
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu",
-     "CPU fp32: manual as fast as automatic", {"only_on": "cpu"}),
-    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu",
-     "CPU bf16-mixed: manual as fast as automatic", {"only_on": "cpu"}),
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu",
-     "CPU 16-mixed: manual as fast as automatic", {"only_on": "cpu"}),
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu",
-     "CPU fp32: manual as fast as a plain loop", {"only_on": "cpu"}),
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu",
-     "CPU 16-mixed: manual as fast as a plain loop", {"only_on": "cpu"}),
+    (
+        "rate_ratio",
+        "bench-fp32",
+        "manual_round_steps_per_s/automatic_round_steps_per_s",
+        "throughput-parity-cpu",
+        "CPU fp32: manual as fast as automatic",
+        {"only_on": "cpu"},
+    ),
+    (
+        "rate_ratio",
+        "bench-bf16",
+        "manual_round_steps_per_s/automatic_round_steps_per_s",
+        "throughput-parity-cpu",
+        "CPU bf16-mixed: manual as fast as automatic",
+        {"only_on": "cpu"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp16",
+        "manual_round_steps_per_s/automatic_round_steps_per_s",
+        "throughput-parity-cpu",
+        "CPU 16-mixed: manual as fast as automatic",
+        {"only_on": "cpu"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp32",
+        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+        "throughput-parity-cpu",
+        "CPU fp32: manual as fast as a plain loop",
+        {"only_on": "cpu"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp16",
+        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+        "throughput-parity-cpu",
+        "CPU 16-mixed: manual as fast as a plain loop",
+        {"only_on": "cpu"},
+    ),
     # On CUDA: every pair within a few percent, and bf16-mixed faster than fp32.
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity",
-     "GPU fp32: manual as fast as automatic", {"only_on": "cuda"}),
-    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity",
-     "GPU bf16-mixed: manual as fast as automatic", {"only_on": "cuda"}),
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity",
-     "GPU 16-mixed: manual as fast as automatic", {"only_on": "cuda"}),
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity",
-     "GPU fp32: manual as fast as a plain loop", {"only_on": "cuda"}),
-    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity",
-     "GPU bf16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity",
-     "GPU 16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),
-    ("rate_ratio", "bench-bf16", "automatic_steps_per_s/fp32_automatic_steps_per_s", "bf16-speedup",
-     "GPU: bf16-mixed faster than fp32", {"only_on": "cuda"}),
+    (
+        "rate_ratio",
+        "bench-fp32",
+        "manual_round_steps_per_s/automatic_round_steps_per_s",
+        "throughput-parity",
+        "GPU fp32: manual as fast as automatic",
+        {"only_on": "cuda"},
+    ),
+    (
+        "rate_ratio",
+        "bench-bf16",
+        "manual_round_steps_per_s/automatic_round_steps_per_s",
+        "throughput-parity",
+        "GPU bf16-mixed: manual as fast as automatic",
+        {"only_on": "cuda"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp16",
+        "manual_round_steps_per_s/automatic_round_steps_per_s",
+        "throughput-parity",
+        "GPU 16-mixed: manual as fast as automatic",
+        {"only_on": "cuda"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp32",
+        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+        "throughput-parity",
+        "GPU fp32: manual as fast as a plain loop",
+        {"only_on": "cuda"},
+    ),
+    (
+        "rate_ratio",
+        "bench-bf16",
+        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+        "throughput-parity",
+        "GPU bf16-mixed: manual as fast as a plain loop",
+        {"only_on": "cuda"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp16",
+        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+        "throughput-parity",
+        "GPU 16-mixed: manual as fast as a plain loop",
+        {"only_on": "cuda"},
+    ),
+    (
+        "rate_ratio",
+        "bench-bf16",
+        "automatic_steps_per_s/fp32_automatic_steps_per_s",
+        "bf16-speedup",
+        "GPU: bf16-mixed faster than fp32",
+        {"only_on": "cuda"},
+    ),
 ]
 
 # Time rounds until every parity claim of this accelerator is decided (or the cap), then train and judge.
 started = time.perf_counter()
-timings = throughput.interleaved(hardware.PRECISIONS, size, accelerator,
-                                 until=throughput.claims_decided(RUNS, CLAIMS, accelerator))
-print(f"benchmark: {time.perf_counter() - started:.1f} s wall time, {len(timings['32-true'].seconds['manual'])} "
-      f"rounds; timed steps per window: "
-      + ", ".join(f"{hardware.PRECISION_LABELS[p]} {t.size.steps}" for p, t in timings.items()))
+timings = throughput.interleaved(
+    hardware.PRECISIONS, size, accelerator, until=throughput.claims_decided(RUNS, CLAIMS, accelerator)
+)
+print(
+    f"benchmark: {time.perf_counter() - started:.1f} s wall time, {len(timings['32-true'].seconds['manual'])} "
+    f"rounds; timed steps per window: "
+    + ", ".join(f"{hardware.PRECISION_LABELS[p]} {t.size.steps}" for p, t in timings.items())
+)
 peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
 record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS)
 
@@ -146,25 +227,39 @@ record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS)
 # the noise the medians and the interleaving absorb.
 
 fig, ax = plotting.figure(1, 1, 9, 4.6)
-plotting.describe(fig, "Automatic and manual optimization run at the same speed; a plain loop wins where "
-                       "steps are very short")
-colors = dict(zip([*throughput.VARIANTS, *(v for tuned in throughput.TUNED.values() for v in tuned)],
-                  ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999999"]))
+plotting.describe(
+    fig, "Automatic and manual optimization run at the same speed; a plain loop wins where steps are very short"
+)
+colors = dict(
+    zip(
+        [*throughput.VARIANTS, *(v for tuned in throughput.TUNED.values() for v in tuned)],
+        ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999999"],
+    )
+)
 labelled = set()
-for i, precision in enumerate(hardware.PRECISIONS):
+for i, _precision in enumerate(hardware.PRECISIONS):
     bench = plotting.run_by_id(record, RUNS[i][0])["extra"]["benchmark"]  # the variants timed here
     width = 0.8 / len(bench)
     for j, (variant, timed) in enumerate(bench.items()):
         rates = timed["round_steps_per_s"]
         median = timed["steps_per_s"]
-        ax.bar(i + (j - (len(bench) - 1) / 2) * width, median, width=width * 0.92, color=colors[variant],
-               label=None if variant in labelled else variant, capsize=3,
-               yerr=[[median - min(rates)], [max(rates) - median]])
+        ax.bar(
+            i + (j - (len(bench) - 1) / 2) * width,
+            median,
+            width=width * 0.92,
+            color=colors[variant],
+            label=None if variant in labelled else variant,
+            capsize=3,
+            yerr=[[median - min(rates)], [max(rates) - median]],
+        )
         labelled.add(variant)
 ax.set_xticks(range(3), [hardware.PRECISION_LABELS[p] for p in hardware.PRECISIONS])
 clock = "GPU wall time" if accelerator == "cuda" else "CPU time, 1 thread"
-ax.set(yscale="log", ylabel=f"training steps per second\n(median; {clock})",
-       title=f"{size.layers} x Linear({size.width}), batch {size.batch}, {hardware.device_name(accelerator)}")
+ax.set(
+    yscale="log",
+    ylabel=f"training steps per second\n(median; {clock})",
+    title=f"{size.layers} x Linear({size.width}), batch {size.batch}, {hardware.device_name(accelerator)}",
+)
 ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # constrained layout keeps it in view
 plotting.save_figure(fig, record["example"], "steps_per_s")
 plt.show()
@@ -175,13 +270,20 @@ plt.show()
 
 for run_id, _, precision, _ in RUNS:
     extra = plotting.run_by_id(record, run_id)["extra"]
-    print(f"{hardware.PRECISION_LABELS[precision]:>10}: " + ", ".join(
-        f"{v} {extra['benchmark'][v]['steps_per_s']:.1f} steps/s ({extra['benchmark'][v]['samples_per_s']:.0f} "
-        f"samples/s)" for v in throughput.VARIANTS))
+    print(
+        f"{hardware.PRECISION_LABELS[precision]:>10}: "
+        + ", ".join(
+            f"{v} {extra['benchmark'][v]['steps_per_s']:.1f} steps/s ({extra['benchmark'][v]['samples_per_s']:.0f} "
+            f"samples/s)"
+            for v in throughput.VARIANTS
+        )
+    )
 if peak is not None:
     bf16 = plotting.run_by_id(record, "bench-bf16")["extra"]
-    print(f"bf16-mixed automatic: {bf16['automatic_tflops']:.0f} TFLOP/s of a measured {peak:.0f} TFLOP/s bf16 "
-          f"matmul peak ({bf16['automatic_tflops'] / peak:.0%})")
+    print(
+        f"bf16-mixed automatic: {bf16['automatic_tflops']:.0f} TFLOP/s of a measured {peak:.0f} TFLOP/s bf16 "
+        f"matmul peak ({bf16['automatic_tflops'] / peak:.0%})"
+    )
 
 # %%
 # Standard speed-ups
@@ -197,8 +299,10 @@ for run_id, _, precision, _ in RUNS:
         if variant in bench:
             gain = bench[variant]["steps_per_s"] / bench["manual"]["steps_per_s"]
             share = f", {bench[variant]['tflops'] / peak:.0%} of the bf16 peak" if peak else ""
-            print(f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
-                  f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}")
+            print(
+                f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
+                f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}"
+            )
 if not size.tuned:
     print(f"not timed on {hardware.device_name(accelerator)}: the speed-ups are measured on a GPU only")
 

@@ -91,18 +91,27 @@ class StudentTeacher(pl.LightningModule):
 
     def record_extra(self):
         def moved(prefix):
-            return torch.cat([(p.detach().float() != self.start[name]).flatten()
-                              for name, p in self.named_parameters() if name.startswith(prefix)])
+            return torch.cat(
+                [
+                    (p.detach().float() != self.start[name]).flatten()
+                    for name, p in self.named_parameters()
+                    if name.startswith(prefix)
+                ]
+            )
 
         student, teacher = moved("student."), moved("teacher.")
         weights = torch.cat([p.detach().float().flatten() for p in self.student.parameters()])
-        return {"student_moved": int(student.sum()), "teacher_moved": int(teacher.sum()),
-                "teacher_elements": teacher.numel(), "teacher_unchanged": int((~teacher).sum()),
-                "teacher_followed": int((student & teacher).sum()),
-                "teacher_frozen": int((student & ~teacher).sum()),
-                "weight_dtype": str(self.student[0].weight.dtype).replace("torch.", ""),
-                "teacher_dtype": str(self.teacher[0].weight.dtype).replace("torch.", ""),
-                "nonfinite_weights": int((~torch.isfinite(weights)).sum())}
+        return {
+            "student_moved": int(student.sum()),
+            "teacher_moved": int(teacher.sum()),
+            "teacher_elements": teacher.numel(),
+            "teacher_unchanged": int((~teacher).sum()),
+            "teacher_followed": int((student & teacher).sum()),
+            "teacher_frozen": int((student & ~teacher).sum()),
+            "weight_dtype": str(self.student[0].weight.dtype).replace("torch.", ""),
+            "teacher_dtype": str(self.teacher[0].weight.dtype).replace("torch.", ""),
+            "nonfinite_weights": int((~torch.isfinite(weights)).sum()),
+        }
 
 
 # %%
@@ -116,11 +125,21 @@ from mpguide.data import digits_loader
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = StudentTeacher()
-trainer = pl.Trainer(accelerator=device, devices=1, max_steps=20, precision="bf16-mixed", logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=20,
+    precision="bf16-mixed",
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(model, digits_loader(batch_size=64))
-print(f"student weights: {model.student[0].weight.dtype}, teacher weights: {model.teacher[0].weight.dtype}, "
-      f"optimizer steps: {trainer.global_step}")
+print(
+    f"student weights: {model.student[0].weight.dtype}, teacher weights: {model.teacher[0].weight.dtype}, "
+    f"optimizer steps: {trainer.global_step}"
+)
 
 # %%
 # Two ways to keep a teacher in fp32 next to bf16 weights
@@ -167,31 +186,65 @@ RUNS = [
     ("bf16-mixed", "teacher in the module's dtype", "bf16-mixed", {"label": "SGD, bf16-mixed"}),
     ("bf16-true", "teacher in the module's dtype", "bf16-true", {"label": "SGD, bf16-true (bf16 teacher)"}),
     ("fp32-teacher", "fp32 teacher from bf16 weights", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher"}),
-    ("fp32-teacher-cast", "fp32 teacher from weights cast to fp32", "bf16-true",
-     {"label": "SGD, bf16-true, fp32 teacher from cast weights"}),
+    (
+        "fp32-teacher-cast",
+        "fp32 teacher from weights cast to fp32",
+        "bf16-true",
+        {"label": "SGD, bf16-true, fp32 teacher from cast weights"},
+    ),
     ("adamw-fp32", "AdamW", "32-true", {"label": "AdamW, fp32"}),
     ("adamw-16-mixed", "AdamW", "16-mixed", {"label": "AdamW, 16-mixed"}),
     ("adamw-16-true", "AdamW", "16-true", {"label": "AdamW, 16-true", "trainer": {"detect_anomaly": True}}),
     ("adamw-16-true-eps", "AdamW with eps 1e-4", "16-true", {"label": "AdamW eps=1e-4, 16-true"}),
 ]
 CLAIMS = [
-    ("rate_ratio", "bf16-true", "updates_lost/updates_with_gradient", "pitfall-majority",
-     "bf16-true: most SGD updates round away"),
+    (
+        "rate_ratio",
+        "bf16-true",
+        "updates_lost/updates_with_gradient",
+        "pitfall-majority",
+        "bf16-true: most SGD updates round away",
+    ),
     ("rate_ratio", "fp32", "updates_kept/updates_with_gradient", "updates-kept", "fp32: every update is kept"),
-    ("rate_ratio", "bf16-mixed", "updates_kept/updates_with_gradient", "updates-kept",
-     "bf16-mixed (fp32 weights): every update is kept"),
+    (
+        "rate_ratio",
+        "bf16-mixed",
+        "updates_kept/updates_with_gradient",
+        "updates-kept",
+        "bf16-mixed (fp32 weights): every update is kept",
+    ),
     ("match", "bf16-mixed", "fp32", "mixed-vs-fp32", "bf16-mixed = fp32"),
-    ("rate_ratio", "bf16-true", "teacher_frozen/student_moved", "pitfall-majority",
-     "bf16 teacher: most weights never follow the student"),
+    (
+        "rate_ratio",
+        "bf16-true",
+        "teacher_frozen/student_moved",
+        "pitfall-majority",
+        "bf16 teacher: most weights never follow the student",
+    ),
     ("rate_ratio", "fp32", "teacher_followed/student_moved", "updates-kept", "fp32 teacher follows the student"),
-    ("raises", "fp32-teacher", "RuntimeError", "expected dtype float for `end`",
-     "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes"),
-    ("rate_ratio", "fp32-teacher-cast", "teacher_followed/student_moved", "updates-kept",
-     "fix: fp32 teacher from weights cast to fp32 follows the student"),
+    (
+        "raises",
+        "fp32-teacher",
+        "RuntimeError",
+        "expected dtype float for `end`",
+        "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes",
+    ),
+    (
+        "rate_ratio",
+        "fp32-teacher-cast",
+        "teacher_followed/student_moved",
+        "updates-kept",
+        "fix: fp32 teacher from weights cast to fp32 follows the student",
+    ),
     ("raises", "adamw-16-true", "RuntimeError", "returned nan values", "16-true, AdamW eps=1e-8: NaN"),
     ("expect", "adamw-16-true", "batches", 1, "16-true, AdamW eps=1e-8: NaN weights after the first step"),
-    ("diverge", "adamw-16-true-eps", "adamw-fp32", "pitfall-gap",
-     "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW"),
+    (
+        "diverge",
+        "adamw-16-true-eps",
+        "adamw-fp32",
+        "pitfall-gap",
+        "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW",
+    ),
     ("match", "adamw-16-mixed", "adamw-fp32", "mixed-vs-fp32", "fix: AdamW under 16-mixed = fp32"),
 ]
 
@@ -221,8 +274,10 @@ def trained(run_id):
 for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-fp32", "adamw-16-true-eps"):
     if (extra := trained(run_id)) is None:
         continue
-    print(f"{run_id:18s} weights {extra['weight_dtype']:9s} updates lost: {extra['updates_lost']:7d} of "
-          f"{extra['updates_with_gradient']:7d} ({extra['updates_lost'] / extra['updates_with_gradient']:.1%})")
+    print(
+        f"{run_id:18s} weights {extra['weight_dtype']:9s} updates lost: {extra['updates_lost']:7d} of "
+        f"{extra['updates_with_gradient']:7d} ({extra['updates_lost'] / extra['updates_with_gradient']:.1%})"
+    )
 
 # %%
 # The lost updates are the small ones, so on this model the bf16-true student still learns, at about
@@ -249,9 +304,11 @@ for run_id in ("fp32", "bf16-mixed", "bf16-true"):
 for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast"):
     if (extra := trained(run_id)) is None:
         continue
-    print(f"{run_id:18s} teacher {extra['teacher_dtype']:9s} unchanged: {extra['teacher_unchanged']:5d} of "
-          f"{extra['teacher_elements']} weights; of the {extra['student_moved']} weights the student changed, "
-          f"the teacher followed {extra['teacher_followed']}")
+    print(
+        f"{run_id:18s} teacher {extra['teacher_dtype']:9s} unchanged: {extra['teacher_unchanged']:5d} of "
+        f"{extra['teacher_elements']} weights; of the {extra['student_moved']} weights the student changed, "
+        f"the teacher followed {extra['teacher_followed']}"
+    )
 
 # %%
 # The two errors
@@ -270,8 +327,10 @@ print(f"{(run['error'] or {}).get('type')}: {(run['error'] or {}).get('message')
 # gradient), the next forward gives a NaN loss, and ``detect_anomaly`` stops the run in its backward.
 
 run = plotting.run_by_id(record, "adamw-16-true")
-print(f"losses recorded before the error: {run['loss']}; "
-      f"non-finite student weights: {run['extra'].get('nonfinite_weights')} of {run['extra'].get('teacher_elements')}")
+print(
+    f"losses recorded before the error: {run['loss']}; "
+    f"non-finite student weights: {run['extra'].get('nonfinite_weights')} of {run['extra'].get('teacher_elements')}"
+)
 print(f"{(run['error'] or {}).get('type')}: {(run['error'] or {}).get('message')}")
 
 # %%
@@ -290,8 +349,9 @@ from mpguide.verify import report
 fig, (sgd_ax, adam_ax) = plotting.figure(1, 2, 12, 4.6)
 plotting.describe(fig, "Students trained in fp32, mixed and true half precision: SGD (left) and AdamW (right)")
 plotting.plot_loss_curves(sgd_ax, record, ["fp32", "bf16-mixed", "bf16-true", "fp32-teacher"], "SGD, lr=0.01")
-plotting.plot_loss_curves(adam_ax, record, ["adamw-fp32", "adamw-16-mixed", "adamw-16-true", "adamw-16-true-eps"],
-                          "AdamW, lr=1e-3")
+plotting.plot_loss_curves(
+    adam_ax, record, ["adamw-fp32", "adamw-16-mixed", "adamw-16-true", "adamw-16-true-eps"], "AdamW, lr=1e-3"
+)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
@@ -300,11 +360,15 @@ plt.show()
 # ----------------------------------------------
 
 fig, ax = plotting.figure(1, 1, 9, 4)
-plotting.plot_extra_series(ax, record, ["fp32", "bf16-mixed", "bf16-true", "adamw-16-true-eps"],
-                           "lost_fraction_per_step", "Updates lost per step",
-                           "lost / elements with a gradient",
-                           {"fp32": "#0072B2", "bf16-mixed": "#E69F00", "bf16-true": "#D55E00",
-                            "adamw-16-true-eps": "#CC79A7"})
+plotting.plot_extra_series(
+    ax,
+    record,
+    ["fp32", "bf16-mixed", "bf16-true", "adamw-16-true-eps"],
+    "lost_fraction_per_step",
+    "Updates lost per step",
+    "lost / elements with a gradient",
+    {"fp32": "#0072B2", "bf16-mixed": "#E69F00", "bf16-true": "#D55E00", "adamw-16-true-eps": "#CC79A7"},
+)
 plotting.save_figure(fig, record["example"], "lost_updates")
 plt.show()
 

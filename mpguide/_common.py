@@ -119,8 +119,7 @@ class HeldGradientScales:
         """The current loss scale as a 0-dim tensor, one object per scale value (no device sync)."""
         if self._scale_cache is None:
             scale = self.scaler._get_scale_async()
-            self._scale_cache = (torch.tensor(self.scaler.get_scale()) if scale is None
-                                 else scale.detach().clone())
+            self._scale_cache = torch.tensor(self.scaler.get_scale()) if scale is None else scale.detach().clone()
         return self._scale_cache
 
     def _stage(self, record: OptimizerRecord) -> OptState:
@@ -198,8 +197,10 @@ class HeldGradientScales:
                 states.pop(id(record.optimizer), None)
             elif record.carried_inf:
                 carried = sum(record.carried_inf[1:], record.carried_inf[0].clone())
-                states[("carried", record.index)] = {"stage": OptState.STEPPED,
-                                                     "found_inf_per_device": {carried.device: carried}}
+                states[("carried", record.index)] = {
+                    "stage": OptState.STEPPED,
+                    "found_inf_per_device": {carried.device: carried},
+                }
             record.stepped, record.carried_inf = False, []
         self.scaler.update()
         self._scale_cache = None

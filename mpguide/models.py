@@ -32,8 +32,15 @@ class DigitsClassifier(pl.LightningModule):
         ValueError: unknown optimizer or reduction.
     """
 
-    def __init__(self, optimizer: str = "sgd", lr: float = 0.05, hidden: int = 64, reduction: str = "mean",
-                 manual: bool = True, scheduler_gamma: float | None = None) -> None:
+    def __init__(
+        self,
+        optimizer: str = "sgd",
+        lr: float = 0.05,
+        hidden: int = 64,
+        reduction: str = "mean",
+        manual: bool = True,
+        scheduler_gamma: float | None = None,
+    ) -> None:
         super().__init__()
         if optimizer not in ("sgd", "adamw", "adamw-fused"):
             raise ValueError(f"unknown optimizer {optimizer!r}; use sgd, adamw or adamw-fused")

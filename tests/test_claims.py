@@ -1,8 +1,8 @@
 import math
 
 import pytest
-
 from conftest import curve, make_record, run
+
 from mpguide.verify import claims
 from mpguide.verify.claims import ClaimSpecError, evaluate_record
 
@@ -28,10 +28,12 @@ def test_diverged_curve_fails_match(good_record):
 def test_match_threshold_is_inclusive_and_tight():
     ref = curve()
     tol = claims.TOLERANCES["mixed-vs-fp32"].value
-    just_in = make_record([run("a", [v * (1 + 0.99 * tol) for v in ref]), run("b", ref)],
-                          [claims.match("a", "b", "mixed-vs-fp32")])
-    just_out = make_record([run("a", [v * (1 + 1.01 * tol) for v in ref]), run("b", ref)],
-                           [claims.match("a", "b", "mixed-vs-fp32")])
+    just_in = make_record(
+        [run("a", [v * (1 + 0.99 * tol) for v in ref]), run("b", ref)], [claims.match("a", "b", "mixed-vs-fp32")]
+    )
+    just_out = make_record(
+        [run("a", [v * (1 + 1.01 * tol) for v in ref]), run("b", ref)], [claims.match("a", "b", "mixed-vs-fp32")]
+    )
     assert evaluate_record(just_in)[0].passed
     assert not evaluate_record(just_out)[0].passed
 
@@ -57,9 +59,15 @@ def test_warmup_is_ignored():
     rec = make_record([run("a", early), run("b", ref)], [claims.match("a", "b", "mixed-vs-fp32")])
     # the EMA still carries the early difference for a while, so only the first steps are free
     assert claims.warmup_steps(60) == 6
-    assert evaluate_record(rec)[0].value < evaluate_record(make_record(
-        [run("a", [v * 3 if i < 10 else v for i, v in enumerate(ref)]), run("b", ref)],
-        [claims.match("a", "b", "mixed-vs-fp32")]))[0].value
+    assert (
+        evaluate_record(rec)[0].value
+        < evaluate_record(
+            make_record(
+                [run("a", [v * 3 if i < 10 else v for i, v in enumerate(ref)]), run("b", ref)],
+                [claims.match("a", "b", "mixed-vs-fp32")],
+            )
+        )[0].value
+    )
 
 
 def test_nan_fails_finite_and_match(good_record):
@@ -94,8 +102,10 @@ def test_unexpected_exception_fails(good_record):
 
 def test_raises_claim():
     err = {"type": "AssertionError", "message": "No inf checks were recorded for this optimizer.", "traceback": ""}
-    rec = make_record([run("fp16", curve()[:3], "16-mixed", error=err)],
-                      [claims.raises("fp16", "AssertionError", "No inf checks were recorded")])
+    rec = make_record(
+        [run("fp16", curve()[:3], "16-mixed", error=err)],
+        [claims.raises("fp16", "AssertionError", "No inf checks were recorded")],
+    )
     verdicts = evaluate_record(rec)
     assert [v.passed for v in verdicts] == [True]  # expected error: no implicit checks on that run
     rec["runs"][0]["error"] = None
@@ -133,8 +143,15 @@ def test_declaration_errors():
 def test_message_names_everything(good_record):
     good_record["runs"][1]["loss"] = curve(scale=3)
     msg = evaluate_record(good_record, "/x/plot_99_fake.json")[0].message()
-    for part in ("plot_99_fake", "match(manual, auto)", "FAILED", "max rel. diff", "<= 0.001",
-                 "/x/plot_99_fake.json", "CPU (2 cores)"):
+    for part in (
+        "plot_99_fake",
+        "match(manual, auto)",
+        "FAILED",
+        "max rel. diff",
+        "<= 0.001",
+        "/x/plot_99_fake.json",
+        "CPU (2 cores)",
+    ):
         assert part in msg
 
 
@@ -147,8 +164,13 @@ def test_smooth_and_gap_shapes():
 
 
 def test_warns_and_no_warning():
-    rec = make_record([run("a", curve())], [claims.warns("a", "NoGradientStepWarning", "none of its parameters"),
-                                            claims.no_warning("a", "lr_scheduler.step()")])
+    rec = make_record(
+        [run("a", curve())],
+        [
+            claims.warns("a", "NoGradientStepWarning", "none of its parameters"),
+            claims.no_warning("a", "lr_scheduler.step()"),
+        ],
+    )
     rec["runs"][0]["warnings"] = ["NoGradientStepWarning: SGD optimizer ... none of its parameters has a gradient"]
     assert [v.passed for v in evaluate_record(rec)[:2]] == [True, True]
     rec["runs"][0]["warnings"] = ["UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`"]
@@ -160,8 +182,10 @@ def test_warns_and_no_warning():
 
 
 def test_expect_and_same():
-    rec = make_record([run("a", curve()), run("b", curve())],
-                      [claims.expect("a", "generator_changed", False), claims.same("a", "b", "weights")])
+    rec = make_record(
+        [run("a", curve()), run("b", curve())],
+        [claims.expect("a", "generator_changed", False), claims.same("a", "b", "weights")],
+    )
     rec["runs"][0]["extra"] = {"generator_changed": False, "weights": "abc"}
     rec["runs"][1]["extra"] = {"weights": "abc"}
     assert [v.passed for v in evaluate_record(rec)[:2]] == [True, True]
@@ -212,8 +236,14 @@ def test_share_of_lost_updates_must_reach_a_majority(lost, passes):
     # plot_16: rate_ratio on two counts, "updates_lost/updates_with_gradient" >= pitfall-majority (0.5)
     cand = run("bf16-true", curve(8), precision="bf16-true")
     cand["extra"] = {"updates_lost": lost, "updates_with_gradient": 1000}
-    rec = make_record([cand], [claims.rate_ratio("bf16-true", "updates_lost/updates_with_gradient",
-                                                 "pitfall-majority", "most updates round away")])
+    rec = make_record(
+        [cand],
+        [
+            claims.rate_ratio(
+                "bf16-true", "updates_lost/updates_with_gradient", "pitfall-majority", "most updates round away"
+            )
+        ],
+    )
     verdict = evaluate_record(rec)[0]
     assert verdict.passed is passes
     assert verdict.value == pytest.approx(lost / 1000) and verdict.threshold == ">= 0.5"

@@ -46,8 +46,11 @@ class Clipped(pl.LightningModule):
             self.clip_gradients(opt, gradient_clip_val=CLIP, gradient_clip_algorithm="norm")
         before = [p.detach().clone() for p in self.parameters()]
         opt.step()
-        self.update_norms.append(float(torch.cat([(p.detach() - b).flatten()
-                                                  for p, b in zip(self.parameters(), before, strict=True)]).norm()))
+        self.update_norms.append(
+            float(
+                torch.cat([(p.detach() - b).flatten() for p, b in zip(self.parameters(), before, strict=True)]).norm()
+            )
+        )
         return loss.detach()
 
     def on_before_optimizer_step(self, optimizer):
@@ -59,12 +62,28 @@ class Clipped(pl.LightningModule):
 
 
 def update_norms(where: str, plugin: str) -> list[float]:
-    kwargs = {"precision": "32-true"} if plugin == "fp32" else {"plugins": [
-        {"stock": MixedPrecision, "ours": ManualMixedPrecision}[plugin](
-            "16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=10**6))]}
+    kwargs = (
+        {"precision": "32-true"}
+        if plugin == "fp32"
+        else {
+            "plugins": [
+                {"stock": MixedPrecision, "ours": ManualMixedPrecision}[plugin](
+                    "16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=10**6)
+                )
+            ]
+        }
+    )
     module = Clipped(where)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, **kwargs)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        **kwargs,
+    )
     gen = torch.Generator().manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -121,11 +140,22 @@ def test_the_skip_is_decided_on_the_gradients_the_step_sees(plugin):
     """Why the plugin does not unscale right after each backward (which would fix direct clips): the inf
     check would see the gradients before the repair. A prototype doing that gave [True, True, False, True]
     and scale 128: a step fp32 applies was skipped."""
-    kwargs = {"precision": "32-true"} if plugin == "fp32" else {
-        "plugins": [ManualMixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=256.0))]}
+    kwargs = (
+        {"precision": "32-true"}
+        if plugin == "fp32"
+        else {"plugins": [ManualMixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=256.0))]}
+    )
     module = Repaired()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, **kwargs)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        **kwargs,
+    )
     gen = torch.Generator().manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -6,12 +6,12 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT
-from mpguide.verify import distributed, gate, hardware, records
+
 from mpguide.data import digits_loader
-from mpguide.verify.declarations import RunDecl
 from mpguide.models import DigitsClassifier
+from mpguide.verify import distributed, gate, hardware, records
+from mpguide.verify.declarations import RunDecl
 
 DDP = {"strategy": "ddp_fork", "devices": 2}
 
@@ -80,12 +80,21 @@ def test_master_address_and_port_are_restored(monkeypatch):
 @pytest.mark.slow
 def test_ddp_example_runs_in_process_like_sphinx_gallery(tmp_path):
     """The example executed in-process from a process whose sys.argv[0] is not the example (as in sphinx-build)."""
-    code = ("import runpy, sys; sys.argv = ['sphinx-build', '-b', 'html']; "
-            f"runpy.run_path({str(ROOT / 'examples' / 'plot_13_ddp_accumulation.py')!r}, run_name='__main__')")
-    env = dict(os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(tmp_path),
-               MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+    code = (
+        "import runpy, sys; sys.argv = ['sphinx-build', '-b', 'html']; "
+        f"runpy.run_path({str(ROOT / 'examples' / 'plot_13_ddp_accumulation.py')!r}, run_name='__main__')"
+    )
+    env = dict(
+        os.environ,
+        MPGUIDE_PRESET="test",
+        MPGUIDE_DEVICE="cpu",
+        MPGUIDE_RESULTS_DIR=str(tmp_path),
+        MPLBACKEND="Agg",
+        PYTHONPATH=str(ROOT),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("plot_13_ddp_accumulation: 5 runs") == 1  # no rank re-ran the example
     assert "checks passed, 0 failed" in proc.stdout
@@ -96,11 +105,23 @@ def test_ddp_example_runs_in_process_like_sphinx_gallery(tmp_path):
 @pytest.mark.slow
 def test_the_gate_fails_when_the_window_end_run_synchronises_every_micro_batch(tmp_path):
     """If toggle_model(sync_grad=False) stopped blocking the all-reduce, the claims would catch it."""
-    env = dict(os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(tmp_path),
-               MPLBACKEND="Agg", PYTHONPATH=str(ROOT),
-               MPGUIDE_SWAP_RECIPE="plot_13_ddp_accumulation:ddp-fp32-window-end=sync every micro-batch")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "plot_13_ddp_accumulation.py")], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        MPGUIDE_PRESET="test",
+        MPGUIDE_DEVICE="cpu",
+        MPGUIDE_RESULTS_DIR=str(tmp_path),
+        MPLBACKEND="Agg",
+        PYTHONPATH=str(ROOT),
+        MPGUIDE_SWAP_RECIPE="plot_13_ddp_accumulation:ddp-fp32-window-end=sync every micro-batch",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "plot_13_ddp_accumulation.py")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = {v.title for v in gate.judge([tmp_path / "plot_13_ddp_accumulation.json"]).failures}
     assert "sync at window end: 1 all-reduce/step" in failed

@@ -4,7 +4,6 @@ through a real divergence (a correct run swapped for a broken recipe)."""
 import json
 
 import pytest
-
 from conftest import copy_site, sphinx_build
 
 pytestmark = pytest.mark.slow
@@ -25,7 +24,8 @@ def test_strict_build_passes_and_renders_this_builds_results(built_site):
         assert (out / "html" / "auto_examples" / f"{example}.html").is_file()
     # reader-facing text without build jargon; the first screen says what "verified" means
     import re
-    text = re.sub(r"<[^>]+>", " ", page.split('<article', 1)[1].split("</article>", 1)[0])
+
+    text = re.sub(r"<[^>]+>", " ", page.split("<article", 1)[1].split("</article>", 1)[0])
     for word in ("preset", "record written", "claim gate", "source digest", "the gate"):
         assert word not in text, f"the guide's text says {word!r}"
     assert not re.search(r"\b(?:commit|at) [0-9a-f]{7}\b", text), "a commit hash in the guide's text"
@@ -38,12 +38,15 @@ def test_strict_build_passes_and_renders_this_builds_results(built_site):
 def test_strict_build_fails_when_a_match_claim_diverges(tmp_path):
     (tmp_path / "site").mkdir()
     site = copy_site(tmp_path / "site")
-    proc = sphinx_build(site, tmp_path / "out",
-                        MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch")
+    proc = sphinx_build(
+        site, tmp_path / "out", MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch"
+    )
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "claim gate: 2 failed claim(s)" in out, out[-4000:]
     assert "run 'manual-bf16' trained recipe 'scheduler every batch' instead of the declared 'manual port'" in out
-    assert ("plot_01_porting_to_manual: match(manual-bf16, auto-bf16) FAILED "
-            "[manual port = automatic (bf16)]: max rel. diff =") in out
+    assert (
+        "plot_01_porting_to_manual: match(manual-bf16, auto-bf16) FAILED "
+        "[manual port = automatic (bf16)]: max rel. diff ="
+    ) in out
     assert "threshold <= 0.001" in out

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from mpguide.verify import gate, records
 
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("plot_*.py"))
@@ -15,10 +15,22 @@ pytestmark = pytest.mark.slow
 
 
 def run_example(name, tmp_path, **env):
-    full_env = dict(os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu",
-                    MPGUIDE_RESULTS_DIR=str(tmp_path), MPLBACKEND="Agg", **env)
-    return subprocess.run([sys.executable, str(ROOT / "examples" / name)], env=full_env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    full_env = dict(
+        os.environ,
+        MPGUIDE_PRESET="test",
+        MPGUIDE_DEVICE="cpu",
+        MPGUIDE_RESULTS_DIR=str(tmp_path),
+        MPLBACKEND="Agg",
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
+        env=full_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -37,8 +49,11 @@ def test_example_runs_and_its_claims_hold(name, tmp_path):
 
 
 def test_swapping_in_a_broken_recipe_fails_the_gate(tmp_path):
-    proc = run_example("plot_01_porting_to_manual.py", tmp_path,
-                       MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch")
+    proc = run_example(
+        "plot_01_porting_to_manual.py",
+        tmp_path,
+        MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trains run 'manual-bf16' with recipe 'scheduler every batch'" in proc.stdout
     report = gate.judge([tmp_path / "plot_01_porting_to_manual.json"])
@@ -48,8 +63,9 @@ def test_swapping_in_a_broken_recipe_fails_the_gate(tmp_path):
 
 
 def test_unknown_recipe_in_swap_is_a_clear_error(tmp_path):
-    proc = run_example("plot_01_porting_to_manual.py", tmp_path,
-                       MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=nonsense")
+    proc = run_example(
+        "plot_01_porting_to_manual.py", tmp_path, MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=nonsense"
+    )
     assert proc.returncode != 0
     assert "run 'manual-bf16' names unknown recipe 'nonsense'" in proc.stderr
     assert not (tmp_path / "plot_01_porting_to_manual.json").exists()
@@ -63,17 +79,26 @@ def test_a_30_percent_slower_manual_loop_fails_the_parity_claims(tmp_path):
     assert "TEST HOOK: injected slowdown {'manual': 0.3}" in proc.stdout
     report = gate.judge([tmp_path / "plot_15_throughput.json"])
     failed = sorted(v.title for v in report.failures if v.kind == "rate_ratio")
-    assert failed == sorted(["CPU fp32: manual as fast as automatic", "CPU bf16-mixed: manual as fast as automatic",
-                             "CPU 16-mixed: manual as fast as automatic", "CPU fp32: manual as fast as a plain loop",
-                             "CPU 16-mixed: manual as fast as a plain loop"]), report.summary()
+    assert failed == sorted(
+        [
+            "CPU fp32: manual as fast as automatic",
+            "CPU bf16-mixed: manual as fast as automatic",
+            "CPU 16-mixed: manual as fast as automatic",
+            "CPU fp32: manual as fast as a plain loop",
+            "CPU 16-mixed: manual as fast as a plain loop",
+        ]
+    ), report.summary()
     assert not report.inconclusive
 
 
 def test_opt_step_outside_training_step_claims_fail_once_such_steps_count(tmp_path):
     # plot_05's hook-fp32 run trained as the training_step version (whose steps Lightning counts): the
     # claims about opt.step() in on_train_batch_end must fail, as they would if Lightning started to count them
-    proc = run_example("plot_05_skipped_steps.py", tmp_path,
-                       MPGUIDE_SWAP_RECIPE="plot_05_skipped_steps:hook-fp32=step in training_step")
+    proc = run_example(
+        "plot_05_skipped_steps.py",
+        tmp_path,
+        MPGUIDE_SWAP_RECIPE="plot_05_skipped_steps:hook-fp32=step in training_step",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = gate.judge([tmp_path / "plot_05_skipped_steps.json"])
     failed = {v.title for v in report.failures}
@@ -85,10 +110,18 @@ def test_opt_step_outside_training_step_claims_fail_once_such_steps_count(tmp_pa
 def test_true_half_precision_claims_fail_when_the_errors_are_fixed(tmp_path):
     # plot_16's two erroring runs trained with their fixes: the claims that the errors (and the NaN right
     # after the first step) reproduce must fail, and the swap is reported
-    proc = run_example("plot_16_true_half_precision.py", tmp_path, MPGUIDE_SWAP_RECIPE=(
-        "plot_16_true_half_precision:fp32-teacher=fp32 teacher from weights cast to fp32,"
-        "plot_16_true_half_precision:adamw-16-true=AdamW with eps 1e-4"))
+    proc = run_example(
+        "plot_16_true_half_precision.py",
+        tmp_path,
+        MPGUIDE_SWAP_RECIPE=(
+            "plot_16_true_half_precision:fp32-teacher=fp32 teacher from weights cast to fp32,"
+            "plot_16_true_half_precision:adamw-16-true=AdamW with eps 1e-4"
+        ),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = {v.title for v in gate.judge([tmp_path / "plot_16_true_half_precision.json"]).failures}
-    assert {"fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes", "16-true, AdamW eps=1e-8: NaN",
-            "16-true, AdamW eps=1e-8: NaN weights after the first step"} <= failed
+    assert {
+        "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes",
+        "16-true, AdamW eps=1e-8: NaN",
+        "16-true, AdamW eps=1e-8: NaN weights after the first step",
+    } <= failed

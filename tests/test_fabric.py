@@ -208,4 +208,4 @@ def test_a_held_gradient_keeps_its_scale_across_an_update(growth_interval, poiso
     ref = head_updates_every_second_batch(None, poison_batch)
     factors = [float((got * exp).sum() / (exp * exp).sum()) for got, exp in zip(ours, ref, strict=True)]
     assert factors == pytest.approx([1.0] * 4, abs=5e-3)
-    assert scaler.get_scale() == (512.0 if poison_batch == 0 else 1024.0 * 2 ** 7)  # updated once per batch
+    assert scaler.get_scale() == (512.0 if poison_batch == 0 else 1024.0 * 2**7)  # updated once per batch

@@ -102,7 +102,7 @@ def cells_of(table, columns):
     rows = []
     for line in lines[2:]:
         for start in starts[1:]:  # the gap before every column is blank on every line: nothing spills over
-            assert line[start - 2:start].strip() == "", (start, line)
+            assert line[start - 2 : start].strip() == "", (start, line)
         cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
         if cells[0]:
             rows.append([[c] if c else [] for c in cells])
@@ -114,12 +114,14 @@ def cells_of(table, columns):
 
 def test_verdict_table_stays_aligned_with_very_long_run_ids(tmp_path, fake_examples, capsys):
     from conftest import curve, make_record, run
+
     from mpguide.verify import claims
 
     (fake_examples / "plot_97_long.py").write_text(
         f'RUNS = [("auto", "auto", "32-true"), ("{LONG}", "manual", "32-true")]\n'
         f'CLAIMS = [("match", "{LONG}", "auto", "same-precision", "port with a long run id"),\n'
-        f'          ("match", "auto", "{LONG}", "same-precision")]\n')
+        f'          ("match", "auto", "{LONG}", "same-precision")]\n'
+    )
     declared = list(declarations.read(fake_examples / "plot_97_long.py").claims)
     runs = [run("auto", curve()), dict(run(LONG, curve(scale=1.5)), recipe="manual")]
     write(tmp_path, make_record(runs, declared, example="plot_97_long"))

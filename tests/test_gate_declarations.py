@@ -4,8 +4,8 @@ own message, an untouched record passes, stale references are labelled, and mess
 import json
 
 import pytest
-
 from conftest import FAKE_EXAMPLE, curve, reseal
+
 from mpguide.verify import declarations, gate, records
 
 
@@ -28,11 +28,16 @@ def test_untouched_record_passes(tmp_path, good_record, capsys):
 
 def test_corrupt_curve_and_delete_its_claim(tmp_path, good_record, capsys):
     good_record["runs"][1]["loss"] = curve(scale=3.0)  # manual no longer matches auto ...
-    good_record["claims"] = [c for c in good_record["claims"] if c["runs"] != ["manual", "auto"]]  # ... and no claim says so
+    good_record["claims"] = [
+        c for c in good_record["claims"] if c["runs"] != ["manual", "auto"]
+    ]  # ... and no claim says so
     write(tmp_path, good_record)
     status, out = gate_run(tmp_path, capsys)
     assert status == 1
-    assert "claim 'port' (match of manual, auto) is declared in examples/plot_99_fake.py but missing from the record" in out
+    assert (
+        "claim 'port' (match of manual, auto) is declared in examples/plot_99_fake.py but missing from the record"
+        in out
+    )
     assert "match(manual, auto) FAILED [port]: max rel. diff" in out  # the declared claim is judged anyway
 
 
@@ -42,7 +47,7 @@ def test_looser_tolerance_name(tmp_path, good_record, capsys):
     write(tmp_path, good_record)
     status, out = gate_run(tmp_path, capsys)
     assert status == 1
-    assert ("tolerance is 'mixed-vs-fp32' in the record, 'same-precision' in examples/plot_99_fake.py" in out)
+    assert "tolerance is 'mixed-vs-fp32' in the record, 'same-precision' in examples/plot_99_fake.py" in out
     assert "threshold <= 0.001" in out
 
 
@@ -183,8 +188,9 @@ def test_no_arguments_fails_when_an_example_left_no_record(tmp_path, good_record
     assert "plot_98_second.json: results record not found" in capsys.readouterr().err
 
 
-def test_without_any_examples_folder_the_records_own_claims_are_judged_and_said_so(tmp_path, good_record,
-                                                                                    monkeypatch, capsys):
+def test_without_any_examples_folder_the_records_own_claims_are_judged_and_said_so(
+    tmp_path, good_record, monkeypatch, capsys
+):
     """A reader who downloaded one example has no examples/ folder: the gate judges, and says it compared nothing."""
     write(tmp_path, good_record)
     monkeypatch.setenv("MPGUIDE_EXAMPLES_DIR", str(tmp_path / "no-checkout"))

@@ -6,8 +6,8 @@ import json
 import shutil
 
 import pytest
-
 from conftest import FAKE_EXAMPLE, ROOT
+
 from mpguide.verify import declarations, gate, records
 
 COMMITTED = ROOT / "results" / "reference"
@@ -51,6 +51,7 @@ def real_examples(monkeypatch):
 
 # --- 1. runs and claims as written ------------------------------------------------------------------
 
+
 def test_honest_stale_reference_passes(tmp_path, good_record, fake_examples, capsys):
     folder, record = stale_gpu_reference(tmp_path, good_record, fake_examples)
     write(folder, record)
@@ -64,11 +65,14 @@ def test_claim_deleted_from_a_stale_reference_fails(tmp_path, good_record, fake_
     del record["claims"][1]  # the bf16 claim, deleted after the record was written
     path = write(folder, record)
     line = one_failure(capsys, "--reference", tmp_path / "reference")
-    assert line.startswith("  - plot_99_fake: record FAILED [runs and claims as written]: its 4 run(s) and "
-                           "3 claim(s) hash to ")
-    assert "the record was written with: a run or claim was deleted, added or edited since; restore the " \
-           f"committed file (git checkout -- {path}) or refresh the references on that GPU " \
-           "(nox -s docs_gpu -- --update-reference)" in line
+    assert line.startswith(
+        "  - plot_99_fake: record FAILED [runs and claims as written]: its 4 run(s) and 3 claim(s) hash to "
+    )
+    assert (
+        "the record was written with: a run or claim was deleted, added or edited since; restore the "
+        f"committed file (git checkout -- {path}) or refresh the references on that GPU "
+        "(nox -s docs_gpu -- --update-reference)" in line
+    )
     assert f"(record: {path}; hardware: NVIDIA H200" in line
 
 
@@ -94,13 +98,16 @@ def test_record_without_a_declaration_digest_fails(tmp_path, good_record, capsys
     good_record["source"]["declaration_sha256"] = None
     path = write(tmp_path, good_record)
     line = one_failure(capsys, tmp_path)
-    assert ("record FAILED [runs and claims as written]: source.declaration_sha256 is None, so a run or claim "
-            "deleted from the record could not be noticed; rerun the example (python examples/plot_99_fake.py, "
-            "or rebuild the docs)") in line and str(path) in line
+    assert (
+        "record FAILED [runs and claims as written]: source.declaration_sha256 is None, so a run or claim "
+        "deleted from the record could not be noticed; rerun the example (python examples/plot_99_fake.py, "
+        "or rebuild the docs)"
+    ) in line and str(path) in line
 
 
-def test_claim_deleted_from_a_downloaded_record_fails_without_an_examples_folder(tmp_path, good_record,
-                                                                                 monkeypatch, capsys):
+def test_claim_deleted_from_a_downloaded_record_fails_without_an_examples_folder(
+    tmp_path, good_record, monkeypatch, capsys
+):
     """A reader's record is judged on its own claims: deleting one is noticed all the same."""
     monkeypatch.setenv(declarations.EXAMPLES_ENV, str(tmp_path / "no-checkout"))
     del good_record["claims"][0]
@@ -112,9 +119,11 @@ def test_claim_deleted_from_a_downloaded_record_fails_without_an_examples_folder
 def test_digest_is_of_what_the_record_holds_for_its_accelerator():
     """What run_example stores equals what the gate recomputes, also with claims of the other accelerator
     (not in a CPU record) and a run trained with a swapped recipe (counted with its declared recipe)."""
-    decl = declarations.from_tables("plot_99_x", [("a", "ra", "32-true"), ("b", "rb", "16-mixed")],
-                                    [("match", "a", "b", "mixed-vs-fp32", "t"),
-                                     ("expect", "b", "k", 1, "gpu only", {"only_on": "cuda"})])
+    decl = declarations.from_tables(
+        "plot_99_x",
+        [("a", "ra", "32-true"), ("b", "rb", "16-mixed")],
+        [("match", "a", "b", "mixed-vs-fp32", "t"), ("expect", "b", "k", 1, "gpu only", {"only_on": "cuda"})],
+    )
     runs = [dict(spec.spec(), mode="manual", loss=[1.0], steps=1, label=spec.id) for spec in decl.runs]
     runs[1].update(recipe="broken", swapped_from="rb")
     claims = [dict(c, value=0.0, verdict="pass") for c in decl.claims_for("cpu")]
@@ -153,27 +162,49 @@ def test_claim_deleted_from_a_committed_reference_fails(tmp_path, real_examples,
     del record["claims"][0]  # a judged claim: it would otherwise just become "not judged"
     write(folder, record)
     line = one_failure(capsys, "--reference", tmp_path / "reference")
-    assert f"plot_02_two_optimizers: record FAILED [runs and claims as written]: its {len(record['runs'])} run(s) " \
-           f"and {held - 1} claim(s) hash to" in line
+    assert (
+        f"plot_02_two_optimizers: record FAILED [runs and claims as written]: its {len(record['runs'])} run(s) "
+        f"and {held - 1} claim(s) hash to" in line
+    )
 
 
 # --- 3. hardware fields --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("env, run_env, preset, message", [
-    ({"accelerator": "cuda"}, {}, None,
-     "env.accelerator is 'cuda' but env.device is 'CPU (2 cores)', a CPU label; env.accelerator is 'cuda' but "
-     "env.cuda is 'cpu'"),
-    ({"device": "NVIDIA H200"}, {}, None,
-     "env.accelerator is 'cpu' but env.device is 'NVIDIA H200', not a CPU label ('CPU (<n> cores)')"),
-    ({"cuda": "13.0"}, {}, None, "env.accelerator is 'cpu' but env.cuda is '13.0', not 'cpu'"),
-    ({"accelerator": "tpu"}, {}, None, "env.accelerator is 'tpu', not 'cpu' or 'cuda'"),
-    ({}, {"MPGUIDE_DEVICE": "cuda"}, None, "source.run_env.MPGUIDE_DEVICE is 'cuda' but env.accelerator is 'cpu'"),
-    ({}, {"MPGUIDE_PRESET": "full"}, None, "source.run_env.MPGUIDE_PRESET is 'full' but preset is 'test'"),
-    ({"accelerator": "cuda", "device": "NVIDIA H200", "cuda": "13.0", "torch": "2.11.0+cpu"}, {}, None,
-     "env.accelerator is 'cuda' but env.torch is '2.11.0+cpu', a CPU build"),
-    ({"accelerator": "cuda", "device": "NVIDIA H200", "cuda": "12.1", "torch": "2.11.0+cu130"}, {}, None,
-     "env.torch '2.11.0+cu130' is a cu130 build but env.cuda is '12.1'"),
-])
+
+@pytest.mark.parametrize(
+    "env, run_env, preset, message",
+    [
+        (
+            {"accelerator": "cuda"},
+            {},
+            None,
+            "env.accelerator is 'cuda' but env.device is 'CPU (2 cores)', a CPU label; env.accelerator is 'cuda' but "
+            "env.cuda is 'cpu'",
+        ),
+        (
+            {"device": "NVIDIA H200"},
+            {},
+            None,
+            "env.accelerator is 'cpu' but env.device is 'NVIDIA H200', not a CPU label ('CPU (<n> cores)')",
+        ),
+        ({"cuda": "13.0"}, {}, None, "env.accelerator is 'cpu' but env.cuda is '13.0', not 'cpu'"),
+        ({"accelerator": "tpu"}, {}, None, "env.accelerator is 'tpu', not 'cpu' or 'cuda'"),
+        ({}, {"MPGUIDE_DEVICE": "cuda"}, None, "source.run_env.MPGUIDE_DEVICE is 'cuda' but env.accelerator is 'cpu'"),
+        ({}, {"MPGUIDE_PRESET": "full"}, None, "source.run_env.MPGUIDE_PRESET is 'full' but preset is 'test'"),
+        (
+            {"accelerator": "cuda", "device": "NVIDIA H200", "cuda": "13.0", "torch": "2.11.0+cpu"},
+            {},
+            None,
+            "env.accelerator is 'cuda' but env.torch is '2.11.0+cpu', a CPU build",
+        ),
+        (
+            {"accelerator": "cuda", "device": "NVIDIA H200", "cuda": "12.1", "torch": "2.11.0+cu130"},
+            {},
+            None,
+            "env.torch '2.11.0+cu130' is a cu130 build but env.cuda is '12.1'",
+        ),
+    ],
+)
 def test_hardware_fields_that_disagree_fail(tmp_path, good_record, capsys, env, run_env, preset, message):
     good_record["env"].update(env)
     good_record["source"]["run_env"].update(run_env)
@@ -181,8 +212,10 @@ def test_hardware_fields_that_disagree_fail(tmp_path, good_record, capsys, env, 
     status, out = gate_run(capsys, tmp_path)
     assert status == 1, out
     (line,) = [ln for ln in failure_lines(out) if "[hardware fields agree]" in ln]
-    assert f"record FAILED [hardware fields agree]: {message}: the fields were edited or come from two records; " \
-           "rerun the example (python examples/plot_99_fake.py, or rebuild the docs)" in line
+    assert (
+        f"record FAILED [hardware fields agree]: {message}: the fields were edited or come from two records; "
+        "rerun the example (python examples/plot_99_fake.py, or rebuild the docs)" in line
+    )
     assert f"(record: {path};" in line
 
 
@@ -190,15 +223,19 @@ def test_reference_in_another_devices_folder_fails(tmp_path, good_record, fake_e
     folder, record = stale_gpu_reference(tmp_path, good_record, fake_examples)
     path = write(folder.parent / "nvidia-h100-80gb-hbm3", record)
     line = one_failure(capsys, "--reference", tmp_path / "reference")
-    assert ("record FAILED [reference in its device's folder]: it lies in reference folder 'nvidia-h100-80gb-hbm3' "
-            "but env.device is 'NVIDIA H200' (device slug 'nvidia-h200'); move it to results/reference/nvidia-h200/, "
-            "or refresh the references on that GPU (nox -s docs_gpu -- --update-reference)") in line
+    assert (
+        "record FAILED [reference in its device's folder]: it lies in reference folder 'nvidia-h100-80gb-hbm3' "
+        "but env.device is 'NVIDIA H200' (device slug 'nvidia-h200'); move it to results/reference/nvidia-h200/, "
+        "or refresh the references on that GPU (nox -s docs_gpu -- --update-reference)"
+    ) in line
     assert str(path) in line
 
 
 def test_cpu_record_among_the_references_fails(tmp_path, good_record, capsys):
     write(tmp_path / "reference" / "nvidia-h200", good_record)  # a CPU build's record copied by hand
     line = one_failure(capsys, "--reference", tmp_path / "reference")
-    assert ("record FAILED [reference made on a GPU]: a committed GPU reference has env.accelerator 'cpu' "
-            "('CPU (2 cores)'); references come from nox -s docs_gpu -- --update-reference on a CUDA machine: "
-            "delete it or refresh the folder there") in line
+    assert (
+        "record FAILED [reference made on a GPU]: a committed GPU reference has env.accelerator 'cpu' "
+        "('CPU (2 cores)'); references come from nox -s docs_gpu -- --update-reference on a CUDA machine: "
+        "delete it or refresh the folder there"
+    ) in line

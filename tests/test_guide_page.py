@@ -33,17 +33,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 GUIDE = ROOT / "docs" / "model" / "manual_optimization.md"
 PAGES = [GUIDE, ROOT / "docs" / "releases.md"]
-_FENCE = re.compile(r"^(?:% snippet: (?P<key>\S+)\n)?(?P<indent>[ ]*)```python\n(?P<code>.*?)^(?P=indent)```[ ]*$",
-                    re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(
+    r"^(?:% snippet: (?P<key>\S+)\n)?(?P<indent>[ ]*)```python\n(?P<code>.*?)^(?P=indent)```[ ]*$",
+    re.MULTILINE | re.DOTALL,
+)
 _HOOK = re.compile(r"^\s*def (training_step|on_\w+|configure_\w+|optimizer_step|lr_scheduler_step)\(", re.MULTILINE)
 #: Snippets that are no hook: where they run instead (documented, not executed here).
-RUN_ELSEWHERE = {"gradient_penalty": "examples/plot_10_gradient_penalty.py",
-                 "fabric": "examples/plot_14_fabric_manual_loop.py"}
+RUN_ELSEWHERE = {
+    "gradient_penalty": "examples/plot_10_gradient_penalty.py",
+    "fabric": "examples/plot_14_fabric_manual_loop.py",
+}
 
 
 @dataclass
@@ -62,8 +65,10 @@ class Snippet:
 def snippets(path: Path, text: str | None = None) -> list[Snippet]:
     """The Python code blocks of a page (executed cells are ``{code-cell}``, not these)."""
     text = path.read_text() if text is None else text
-    return [Snippet(m["key"] or "", textwrap.dedent(m["code"]), text[: m.start("code")].count("\n") + 1, path)
-            for m in _FENCE.finditer(text)]
+    return [
+        Snippet(m["key"] or "", textwrap.dedent(m["code"]), text[: m.start("code")].count("\n") + 1, path)
+        for m in _FENCE.finditer(text)
+    ]
 
 
 def compile_errors(snips: list[Snippet]) -> list[str]:
@@ -77,8 +82,11 @@ def compile_errors(snips: list[Snippet]) -> list[str]:
 
 
 def unmapped_hooks(snips: list[Snippet]) -> list[str]:
-    return [f"{s.where}: a training_step or hook snippet without a '% snippet: <key>' line that this test runs"
-            for s in snips if _HOOK.search(s.code) and s.key not in RUNS]
+    return [
+        f"{s.where}: a training_step or hook snippet without a '% snippet: <key>' line that this test runs"
+        for s in snips
+        if _HOOK.search(s.code) and s.key not in RUNS
+    ]
 
 
 def test_every_snippet_of_the_guide_compiles():
@@ -94,8 +102,10 @@ def test_every_snippet_of_the_guide_compiles():
 
 def test_the_checks_fail_on_a_broken_or_unmapped_snippet(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("x\n\n% snippet: recipe\n```python\ndef training_step(self, batch):\n    return (\n```\n\n"
-                    "```python\ndef on_before_optimizer_step(self, optimizer):\n    pass\n```\n")
+    page.write_text(
+        "x\n\n% snippet: recipe\n```python\ndef training_step(self, batch):\n    return (\n```\n\n"
+        "```python\ndef on_before_optimizer_step(self, optimizer):\n    pass\n```\n"
+    )
     snips = snippets(page)
     assert [s.key for s in snips] == ["recipe", ""]
     (err,) = compile_errors(snips)
@@ -112,8 +122,17 @@ def _trainer(precision: str):
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     kw = dict(plugins=[MixedPrecision("16-mixed", "cpu")]) if precision == "16-mixed" else dict(precision=precision)
-    return L.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=8, logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        limit_train_batches=8,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kw,
+    )
 
 
 def _harness(optimizers: str = "one", reaches: bool = True):
@@ -196,7 +215,7 @@ def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool = True)
     import torch
 
     namespace = {"torch": torch, "L": L}
-    exec(compile(snippet.code, snippet.where, "exec"), namespace)  # noqa: S102 - the page's own code
+    exec(compile(snippet.code, snippet.where, "exec"), namespace)
     if optimizers is None:
         return namespace["Model"]()
     hooks = {k: v for k, v in namespace.items() if callable(v) and _HOOK.search(f"def {k}(")}
@@ -237,8 +256,9 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
     after = _weights(module)
     assert not bool((before["net.weight"] == after["net.weight"]).all())  # the critic trained
     assert bool((before["other.weight"] == after["other.weight"]).all())  # the generator had nothing to step
-    unguarded = Snippet(snippet.key, snippet.code.replace("if has_gradients(opt):", "if True:"), snippet.line,
-                        snippet.path)
+    unguarded = Snippet(
+        snippet.key, snippet.code.replace("if has_gradients(opt):", "if True:"), snippet.line, snippet.path
+    )
     assert unguarded.code != snippet.code
     with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
         _trainer("16-mixed").fit(_module_from(unguarded, "two", reaches=False), digits_loader(batch_size=64))
@@ -246,8 +266,11 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
 
 # ----------------------------------------------------------------------------- reused figures
 
-_FIGURE = re.compile(r"^```\{figure\} \.\./auto_examples/images/sphx_glr_(?P<example>plot_\d+_\w+?)_(?P<n>\d{3})\.png\n"
-                     r":name: fig-(?P<short>plot_\d+)-(?P<name>\w+)$", re.MULTILINE)
+_FIGURE = re.compile(
+    r"^```\{figure\} \.\./auto_examples/images/sphx_glr_(?P<example>plot_\d+_\w+?)_(?P<n>\d{3})\.png\n"
+    r":name: fig-(?P<short>plot_\d+)-(?P<name>\w+)$",
+    re.MULTILINE,
+)
 
 
 def test_each_reused_figure_is_the_one_its_name_says():
@@ -261,7 +284,8 @@ def test_each_reused_figure_is_the_one_its_name_says():
         assert m["example"].startswith(m["short"])
         assert n <= len(drawn) and drawn[n - 1] == m["name"], (
             f"{GUIDE.name}: figure {n} of {m['example']} is {drawn[n - 1] if n <= len(drawn) else 'missing'!r}, "
-            f"the page says {m['name']!r} (the example's figures changed: update the number)")
+            f"the page says {m['name']!r} (the example's figures changed: update the number)"
+        )
 
 
 def test_footer_and_numbers_fail_clearly_on_bad_input(monkeypatch):

@@ -50,10 +50,15 @@ def test_parse_swaps():
             runner.parse_swaps(bad)
 
 
-@pytest.mark.parametrize("name, slug", [("NVIDIA H200", "nvidia-h200"),
-                                        ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
-                                        ("  Tesla V100-SXM2-16GB ", "tesla-v100-sxm2-16gb"),
-                                        ("NVIDIA GeForce RTX 4090 (Laptop)", "nvidia-geforce-rtx-4090-laptop")])
+@pytest.mark.parametrize(
+    "name, slug",
+    [
+        ("NVIDIA H200", "nvidia-h200"),
+        ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+        ("  Tesla V100-SXM2-16GB ", "tesla-v100-sxm2-16gb"),
+        ("NVIDIA GeForce RTX 4090 (Laptop)", "nvidia-geforce-rtx-4090-laptop"),
+    ],
+)
 def test_device_slug(name, slug):
     assert hardware.device_slug(name) == slug
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -23,8 +22,14 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess:
     if not LINT_IMPORTS.is_file():
         pytest.skip("import-linter is not installed in this environment (it is in the site environment)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "docs" / "_ext")])}
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(tree / "pyproject.toml"), "--no-cache"],
-                          capture_output=True, text=True, cwd=tree, env=env, timeout=300)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(tree / "pyproject.toml"), "--no-cache"],
+        capture_output=True,
+        text=True,
+        cwd=tree,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -42,17 +47,20 @@ def test_the_repository_keeps_its_contracts(tree):
     assert "0 broken" in proc.stdout
 
 
-@pytest.mark.parametrize(("module", "line", "contract"), [
-    ("mpguide/precision.py", "from mpguide.verify import runner", "The reader API needs torch and Lightning only"),
-    ("mpguide/steps.py", "import sphinx", "The reader API needs torch and Lightning only"),
-    ("mpguide/verify/records.py", "from mpguide_build import matrix", "The harness never imports the build code"),
-    ("mpguide/verify/claims.py", "import docutils", "The harness never imports Sphinx"),
-    ("mpguide/verify/probes.py", "from . import runner", "No import cycle inside the harness"),
-])
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("mpguide/precision.py", "from mpguide.verify import runner", "The reader API needs torch and Lightning only"),
+        ("mpguide/steps.py", "import sphinx", "The reader API needs torch and Lightning only"),
+        ("mpguide/verify/records.py", "from mpguide_build import matrix", "The harness never imports the build code"),
+        ("mpguide/verify/claims.py", "import docutils", "The harness never imports Sphinx"),
+        ("mpguide/verify/probes.py", "from . import runner", "No import cycle inside the harness"),
+    ],
+)
 def test_a_forbidden_import_breaks_its_contract(tree, module, line, contract):
     path = tree / module
     path.write_text(path.read_text() + f"\n{line}  # injected by the test\n")
     proc = lint_imports(tree)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    broken = proc.stdout[proc.stdout.index("Broken contracts"):]
+    broken = proc.stdout[proc.stdout.index("Broken contracts") :]
     assert contract in broken, broken

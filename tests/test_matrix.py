@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import curve, make_record, run
+
 from mpguide.verify import claims, records
 from mpguide_build import matrix
 
@@ -14,25 +14,52 @@ def summary(version, verdicts, status="ran", examples_dir=None):
     out = matrix.new_summary(version, status, None if status == "ran" else {"stage": "install", "message": "boom"})
     out["examples"]["plot_99_fake"] = {
         "example_sha256": records.file_digest(examples_dir / "plot_99_fake.py") if examples_dir else None,
-        "status": "ran", "error": None, "seconds": 1.0,
-        "claims": [{"id": cid, "kind": "match", "runs": ["a", "b"], "title": f"title of {cid}", "verdict": v,
-                    "observed": "x", "message": f"message of {cid} on {version}"} for cid, v in verdicts.items()]}
+        "status": "ran",
+        "error": None,
+        "seconds": 1.0,
+        "claims": [
+            {
+                "id": cid,
+                "kind": "match",
+                "runs": ["a", "b"],
+                "title": f"title of {cid}",
+                "verdict": v,
+                "observed": "x",
+                "message": f"message of {cid} on {version}",
+            }
+            for cid, v in verdicts.items()
+        ],
+    }
     return out
 
 
 def test_summarize_example_keeps_the_gates_verdicts(fake_examples, tmp_path):
-    declared = [claims.match("manual", "auto", "same-precision", "port"),
-                claims.match("bf16", "auto", "mixed-vs-fp32", "bf16"),
-                claims.diverge("broken", "auto", "pitfall-gap", "pitfall"),
-                claims.expect("broken", "stalled", True, "the broken recipe stalls")]
-    rec = make_record([run("auto", curve()), run("manual", curve(scale=1.5)), run("bf16", curve(), "bf16-mixed"),
-                       run("broken", curve(scale=3.0))], declared)
+    declared = [
+        claims.match("manual", "auto", "same-precision", "port"),
+        claims.match("bf16", "auto", "mixed-vs-fp32", "bf16"),
+        claims.diverge("broken", "auto", "pitfall-gap", "pitfall"),
+        claims.expect("broken", "stalled", True, "the broken recipe stalls"),
+    ]
+    rec = make_record(
+        [
+            run("auto", curve()),
+            run("manual", curve(scale=1.5)),
+            run("bf16", curve(), "bf16-mixed"),
+            run("broken", curve(scale=3.0)),
+        ],
+        declared,
+    )
     rec["runs"][3]["extra"]["stalled"] = True
     records.write_record(rec, tmp_path / "plot_99_fake.json")
     entry = matrix.summarize_example("plot_99_fake", tmp_path, "2.4.0", examples=fake_examples)
     verdicts = {c["id"]: c["verdict"] for c in entry["claims"]}
-    assert verdicts == {"match(manual, auto)": "fail", "match(bf16, auto)": "pass",
-                        "diverge(broken, auto)": "pass", "expect(broken) [stalled]": "pass", matrix.RUNS_ROW: "pass"}
+    assert verdicts == {
+        "match(manual, auto)": "fail",
+        "match(bf16, auto)": "pass",
+        "diverge(broken, auto)": "pass",
+        "expect(broken) [stalled]": "pass",
+        matrix.RUNS_ROW: "pass",
+    }
     assert entry["runs"]["bf16"] == {"precision": "bf16-mixed", "plugin": None, "error": None}  # what outcome() reads
     port = next(c for c in entry["claims"] if c["id"] == "match(manual, auto)")
     assert "lightning-2.4.0/plot_99_fake.json" in port["message"] and str(tmp_path) not in port["message"]
@@ -47,8 +74,9 @@ def test_staleness_names_changed_new_and_removed_examples_and_the_library(fake_e
     good = summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples)
     assert matrix.staleness(good, fake_examples) == []
     (fake_examples / "plot_99_fake.py").write_text((fake_examples / "plot_99_fake.py").read_text() + "\n# edit\n")
-    assert matrix.staleness(good, fake_examples) == ["Lightning 2.6.6: examples/plot_99_fake.py changed since the "
-                                                     "matrix was produced"]
+    assert matrix.staleness(good, fake_examples) == [
+        "Lightning 2.6.6: examples/plot_99_fake.py changed since the matrix was produced"
+    ]
     (fake_examples / "plot_98_new.py").write_text("")
     good["examples"]["plot_97_gone"] = good["examples"]["plot_99_fake"]
     good["library_sha256"] = "0" * 64
@@ -82,8 +110,11 @@ def test_corrupt_or_foreign_summary_is_refused(tmp_path):
 
 
 def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
-    sums = [summary("2.6.6", {"c1": "pass", "c2": "pass"}), summary("2.2.5", {"c1": "fail", "c2": "pass"}),
-            summary("2.3.3", {}, status="could not run")]
+    sums = [
+        summary("2.6.6", {"c1": "pass", "c2": "pass"}),
+        summary("2.2.5", {"c1": "fail", "c2": "pass"}),
+        summary("2.3.3", {}, status="could not run"),
+    ]
     text = matrix.render_table(sums)
     header = next(line for line in text.splitlines() if line.startswith("| claim"))
     assert header.index("2.2.5") < header.index("2.3.3") < header.index("2.6.6")
@@ -98,14 +129,19 @@ def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
 
 def test_applies_sentence_is_drawn_from_the_table():
     sums = [summary(v, {"c": w}) for v, w in (("2.2.5", "fail"), ("2.4.0", "pass"), ("2.6.6", "pass"))]
-    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "Holds on Lightning 2.4.0 and 2.6.6. Does not hold on 2.2.5: the behaviour differs there."
+    assert (
+        matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+        == "Holds on Lightning 2.4.0 and 2.6.6. Does not hold on 2.2.5: the behaviour differs there."
+    )
     sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"
-    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "Holds on Lightning 2.2.5, 2.4.0 and 2.6.6 (every release tested)."
+    assert (
+        matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+        == "Holds on Lightning 2.2.5, 2.4.0 and 2.6.6 (every release tested)."
+    )
     sums[1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "fail"
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]).startswith(
-        "Holds on Lightning 2.2.5 and 2.6.6. Does not hold on 2.4.0")
+        "Holds on Lightning 2.2.5 and 2.6.6. Does not hold on 2.4.0"
+    )
     with pytest.raises(matrix.MatrixError, match="no release of the matrix has claim"):
         matrix.applies_sentence(sums, [("plot_99_fake", "typo")])
 
@@ -127,39 +163,101 @@ def _r(precision, error=None, plugin=None):
     return {"precision": precision, "plugin": plugin, "error": error}
 
 
-@pytest.mark.parametrize("case, expected", [
-    # the example ran, both runs trained, the claim did not hold: a real difference
-    (dict(version="2.5.4", message="expect(a) FAILED: stale_after_step = True",
-          runs={"a": _r("bf16-mixed"), "b": _r("32-true")}), matrix.DOES_NOT_HOLD),
-    # a run of the claim raised AttributeError: an API is missing on that release
-    (dict(version="2.4.0", message="run a raised AttributeError, so there is no curve to compare",
-          runs={"a": _r("32-true", "AttributeError: 'DigitsGAN' object has no attribute 'toggled_optimizer'"),
-                "b": _r("32-true")}), matrix.CANNOT_RUN),
-    # the plugin's run raised UnsupportedVersionError
-    (dict(version="2.5.5", message="run a raised UnsupportedVersionError, so there is no curve to compare",
-          runs={"a": _r("16-mixed", "UnsupportedVersionError: ManualMixedPrecision was tested with Lightning 2.6.x",
-                        "ManualMixedPrecision"), "b": _r("32-true")}), matrix.PLUGIN_REFUSES),
-    # a raises claim whose run raised the refusal instead of the expected error
-    (dict(version="2.5.5", message="raises(a) FAILED", observed="UnsupportedVersionError: ManualMixedPrecision was",
-          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.PLUGIN_REFUSES),
-    # 16-mixed on a CPU on 2.3: the GradScaler is disabled there
-    (dict(version="2.3.3", message="raises(a) FAILED: got no exception",
-          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.CPU_ARTIFACT),
-    # the same failure of a 16-mixed run on 2.4.0 is a real difference (its CPU GradScaler works)
-    (dict(version="2.4.0", message="raises(a) FAILED: got no exception",
-          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.DOES_NOT_HOLD),
-    # ... and on 2.3.3 on a GPU it is a real difference too
-    (dict(version="2.3.3", message="raises(a) FAILED: got no exception", device="NVIDIA H200",
-          runs={"a": _r("16-mixed"), "b": _r("32-true")}), matrix.DOES_NOT_HOLD),
-    # a bf16-mixed claim failing on 2.3.3 on a CPU is no CPU artifact
-    (dict(version="2.3.3", message="match(a, b) FAILED", runs={"a": _r("bf16-mixed"), "b": _r("32-true")}),
-     matrix.DOES_NOT_HOLD),
-    # summaries written before runs were stored: the error is read from the implicit checks' message
-    (dict(version="2.2.5", message="expect(a) FAILED: generator_changed = False",
-          stored_runs="plot_99_fake: completes(a) FAILED [a trains to the end]: exception = AttributeError: "
-                      "'DigitsGAN' object has no attribute 'toggled_optimizer', threshold none. unexpected"),
-     matrix.CANNOT_RUN),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        # the example ran, both runs trained, the claim did not hold: a real difference
+        (
+            dict(
+                version="2.5.4",
+                message="expect(a) FAILED: stale_after_step = True",
+                runs={"a": _r("bf16-mixed"), "b": _r("32-true")},
+            ),
+            matrix.DOES_NOT_HOLD,
+        ),
+        # a run of the claim raised AttributeError: an API is missing on that release
+        (
+            dict(
+                version="2.4.0",
+                message="run a raised AttributeError, so there is no curve to compare",
+                runs={
+                    "a": _r("32-true", "AttributeError: 'DigitsGAN' object has no attribute 'toggled_optimizer'"),
+                    "b": _r("32-true"),
+                },
+            ),
+            matrix.CANNOT_RUN,
+        ),
+        # the plugin's run raised UnsupportedVersionError
+        (
+            dict(
+                version="2.5.5",
+                message="run a raised UnsupportedVersionError, so there is no curve to compare",
+                runs={
+                    "a": _r(
+                        "16-mixed",
+                        "UnsupportedVersionError: ManualMixedPrecision was tested with Lightning 2.6.x",
+                        "ManualMixedPrecision",
+                    ),
+                    "b": _r("32-true"),
+                },
+            ),
+            matrix.PLUGIN_REFUSES,
+        ),
+        # a raises claim whose run raised the refusal instead of the expected error
+        (
+            dict(
+                version="2.5.5",
+                message="raises(a) FAILED",
+                observed="UnsupportedVersionError: ManualMixedPrecision was",
+                runs={"a": _r("16-mixed"), "b": _r("32-true")},
+            ),
+            matrix.PLUGIN_REFUSES,
+        ),
+        # 16-mixed on a CPU on 2.3: the GradScaler is disabled there
+        (
+            dict(
+                version="2.3.3",
+                message="raises(a) FAILED: got no exception",
+                runs={"a": _r("16-mixed"), "b": _r("32-true")},
+            ),
+            matrix.CPU_ARTIFACT,
+        ),
+        # the same failure of a 16-mixed run on 2.4.0 is a real difference (its CPU GradScaler works)
+        (
+            dict(
+                version="2.4.0",
+                message="raises(a) FAILED: got no exception",
+                runs={"a": _r("16-mixed"), "b": _r("32-true")},
+            ),
+            matrix.DOES_NOT_HOLD,
+        ),
+        # ... and on 2.3.3 on a GPU it is a real difference too
+        (
+            dict(
+                version="2.3.3",
+                message="raises(a) FAILED: got no exception",
+                device="NVIDIA H200",
+                runs={"a": _r("16-mixed"), "b": _r("32-true")},
+            ),
+            matrix.DOES_NOT_HOLD,
+        ),
+        # a bf16-mixed claim failing on 2.3.3 on a CPU is no CPU artifact
+        (
+            dict(version="2.3.3", message="match(a, b) FAILED", runs={"a": _r("bf16-mixed"), "b": _r("32-true")}),
+            matrix.DOES_NOT_HOLD,
+        ),
+        # summaries written before runs were stored: the error is read from the implicit checks' message
+        (
+            dict(
+                version="2.2.5",
+                message="expect(a) FAILED: generator_changed = False",
+                stored_runs="plot_99_fake: completes(a) FAILED [a trains to the end]: exception = AttributeError: "
+                "'DigitsGAN' object has no attribute 'toggled_optimizer', threshold none. unexpected",
+            ),
+            matrix.CANNOT_RUN,
+        ),
+    ],
+)
 def test_outcome_classes_from_stored_summaries(case, expected):
     s = _failing(**case)
     got, why = matrix.outcome(s, "plot_99_fake", "c")
@@ -170,19 +268,32 @@ def test_outcome_classes_from_stored_summaries(case, expected):
 
 
 def test_applies_sentence_gives_each_outcome_its_words_and_never_says_not_affected():
-    cpu = lambda v: _failing(v, "raises(a) FAILED: got no exception", runs={"a": _r("16-mixed"), "b": _r("32-true")})
-    api = _failing("2.4.0", "run a raised AttributeError", runs={
-        "a": _r("32-true", "AttributeError: 'M' object has no attribute 'toggled_optimizer'"), "b": _r("32-true")})
-    refused = _failing("2.5.5", "run a raised UnsupportedVersionError", runs={
-        "a": _r("16-mixed", "UnsupportedVersionError: no", "ManualMixedPrecision"), "b": _r("32-true")})
+    def cpu(v):
+        return _failing(v, "raises(a) FAILED: got no exception", runs={"a": _r("16-mixed"), "b": _r("32-true")})
+
+    api = _failing(
+        "2.4.0",
+        "run a raised AttributeError",
+        runs={
+            "a": _r("32-true", "AttributeError: 'M' object has no attribute 'toggled_optimizer'"),
+            "b": _r("32-true"),
+        },
+    )
+    refused = _failing(
+        "2.5.5",
+        "run a raised UnsupportedVersionError",
+        runs={"a": _r("16-mixed", "UnsupportedVersionError: no", "ManualMixedPrecision"), "b": _r("32-true")},
+    )
     differs = _failing("2.5.4", "expect(a) FAILED", runs={"a": _r("bf16-mixed"), "b": _r("32-true")})
     sums = [cpu("2.2.5"), cpu("2.3.3"), api, differs, refused, summary("2.6.6", {"c": "pass", matrix.RUNS_ROW: "pass"})]
     text = matrix.applies_sentence(sums, [("plot_99_fake", "c")])
-    assert text == ("Holds on Lightning 2.6.6. Does not hold on 2.5.4: the behaviour differs there. "
-                    "The example cannot run on 2.4.0 (`toggled_optimizer` is missing). "
-                    "ManualMixedPrecision refuses 2.5.5 (it supports Lightning 2.6.x). "
-                    "Untested on 2.2.5 and 2.3.3: their CPU GradScaler is disabled (a CPU-only artifact, not a sign "
-                    "they are unaffected).")
+    assert text == (
+        "Holds on Lightning 2.6.6. Does not hold on 2.5.4: the behaviour differs there. "
+        "The example cannot run on 2.4.0 (`toggled_optimizer` is missing). "
+        "ManualMixedPrecision refuses 2.5.5 (it supports Lightning 2.6.x). "
+        "Untested on 2.2.5 and 2.3.3: their CPU GradScaler is disabled (a CPU-only artifact, not a sign "
+        "they are unaffected)."
+    )
     assert "not on" not in text and "(fail)" not in text
     table = matrix.render_table(sums)
     row = next(line for line in table.splitlines() if "title of c" in line and "title of c1" not in line)
@@ -192,8 +303,13 @@ def test_applies_sentence_gives_each_outcome_its_words_and_never_says_not_affect
 
 def test_rate_ratio_claim_parity_and_speedup():
     def judge(extra, key, tolerance):
-        rec = {"example": "x", "env": {}, "preset": "test", "runs": [dict(run("r", curve()), extra=extra)],
-               "claims": [claims.rate_ratio("r", key, tolerance, "t")]}
+        rec = {
+            "example": "x",
+            "env": {},
+            "preset": "test",
+            "runs": [dict(run("r", curve()), extra=extra)],
+            "claims": [claims.rate_ratio("r", key, tolerance, "t")],
+        }
         return claims.evaluate_record(rec)[0]
 
     assert judge({"a": 100.0, "b": 98.0}, "a/b", "throughput-parity").passed
@@ -208,8 +324,13 @@ def test_rate_ratio_claim_parity_and_speedup():
 
 
 def _judge_rates(extra, key="m/a", tolerance="throughput-parity-cpu"):
-    rec = {"example": "x", "env": {}, "preset": "test", "runs": [dict(run("r", curve()), extra=extra)],
-           "claims": [claims.rate_ratio("r", key, tolerance, "t")]}
+    rec = {
+        "example": "x",
+        "env": {},
+        "preset": "test",
+        "runs": [dict(run("r", curve()), extra=extra)],
+        "claims": [claims.rate_ratio("r", key, tolerance, "t")],
+    }
     return claims.evaluate_record(rec)[0]
 
 
@@ -237,13 +358,16 @@ def test_rate_ratio_pairs_per_round_rates():
     assert slow.failed and slow.value == pytest.approx(0.5, abs=0.01)
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"m": [1.0, 2.0], "a": [1.0]}, "recorded 2 rounds of 'm' but 1 of 'a'; a paired ratio needs the same rounds"),
-    ({"m": [1.0, 2.0], "a": 1.0}, "did not record a non-empty list of positive numbers 'a'"),
-    ({"m": [], "a": []}, "did not record a non-empty list of positive numbers 'm'"),
-    ({"m": [1.0, float("nan")], "a": [1.0, 1.0]}, "did not record a non-empty list of positive numbers 'm'"),
-    ({"m": [1.0, 1.0], "a": [1.0, 0.0]}, "did not record a non-empty list of positive numbers 'a'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"m": [1.0, 2.0], "a": [1.0]}, "recorded 2 rounds of 'm' but 1 of 'a'; a paired ratio needs the same rounds"),
+        ({"m": [1.0, 2.0], "a": 1.0}, "did not record a non-empty list of positive numbers 'a'"),
+        ({"m": [], "a": []}, "did not record a non-empty list of positive numbers 'm'"),
+        ({"m": [1.0, float("nan")], "a": [1.0, 1.0]}, "did not record a non-empty list of positive numbers 'm'"),
+        ({"m": [1.0, 1.0], "a": [1.0, 0.0]}, "did not record a non-empty list of positive numbers 'a'"),
+    ],
+)
 def test_rate_ratio_refuses_lists_it_cannot_pair(extra, message):
     verdict = _judge_rates(extra)
     assert not verdict.passed and verdict.value is None and message in verdict.detail
@@ -254,11 +378,14 @@ def test_committed_matrix_is_current():
     matrix.check_current()
 
 
-@pytest.mark.parametrize("bodies, status", [
-    (["pass"], "pass"),
-    (["raise UnsupportedVersionError('found 2.2.5')", "raise UnsupportedVersionError('found 2.2.5')"], "refused"),
-    (["raise UnsupportedVersionError('found 2.2.5')", "assert 1 == 2"], "fail"),  # a refusal hides nothing else
-])
+@pytest.mark.parametrize(
+    "bodies, status",
+    [
+        (["pass"], "pass"),
+        (["raise UnsupportedVersionError('found 2.2.5')", "raise UnsupportedVersionError('found 2.2.5')"], "refused"),
+        (["raise UnsupportedVersionError('found 2.2.5')", "assert 1 == 2"], "fail"),  # a refusal hides nothing else
+    ],
+)
 def test_plugin_tests_are_classified(tmp_path, bodies, status):
     """``refused`` only when every failing test is the plugin's version refusal."""
     import sys
@@ -294,8 +421,13 @@ def test_a_partial_rerun_keeps_the_other_examples_of_the_same_library(tmp_path):
 
 # --------------------------------------------------- the unreleased branch column and the older-torch columns
 
-GIT = {"kind": "git", "repository": "Lightning-AI/pytorch-lightning", "branch": "master",
-       "commit": "7f0c3436cd3f6ad3753125672024fc415cbcb414", "date": "2026-07-20T13:18:29+01:00"}
+GIT = {
+    "kind": "git",
+    "repository": "Lightning-AI/pytorch-lightning",
+    "branch": "master",
+    "commit": "7f0c3436cd3f6ad3753125672024fc415cbcb414",
+    "date": "2026-07-20T13:18:29+01:00",
+}
 
 
 def branch_summary(verdicts, examples_dir=None):
@@ -324,17 +456,23 @@ def test_the_unreleased_column_is_last_named_by_its_commit_and_kept_out_of_the_r
     assert "**Lightning master (unreleased)** (commit 7f0c3436cd of 2026-07-20 on branch master" in text
     assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == (
         "Holds on Lightning 2.5.5 and 2.6.6 (every release tested). On Lightning's unreleased master branch "
-        "(commit 7f0c3436cd, 2026-07-20) it does not hold (fail).")
+        "(commit 7f0c3436cd, 2026-07-20) it does not hold (fail)."
+    )
     sums[-1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"  # same as the newest release: no clause
-    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == \
-        "Holds on Lightning 2.5.5 and 2.6.6 (every release tested)."
+    assert (
+        matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+        == "Holds on Lightning 2.5.5 and 2.6.6 (every release tested)."
+    )
     assert matrix.passing_releases(sums, [("plot_99_fake", "c")]) == ["2.5.5", "2.6.6"]
 
 
-@pytest.mark.parametrize("source, message", [
-    ({"kind": "git", "commit": "abc"}, "must name its git 'commit' and 'date'"),
-    ({"kind": "svn"}, "field 'source' must be"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ({"kind": "git", "commit": "abc"}, "must name its git 'commit' and 'date'"),
+        ({"kind": "svn"}, "field 'source' must be"),
+    ],
+)
 def test_a_branch_column_without_commit_and_date_is_refused(tmp_path, source, message):
     bad = branch_summary({"c": "pass"})
     bad["source"] = source
@@ -367,7 +505,8 @@ def test_a_torch_column_expects_only_its_examples(fake_examples):
     assert matrix.staleness(pinned, fake_examples) == []
     pinned["scope"].append("plot_98_other")  # in scope but absent from the summary: missing
     assert matrix.staleness(pinned, fake_examples) == [
-        "Lightning 2.6.6, torch 2.9.1: examples/plot_98_other.py is not in the matrix"]
+        "Lightning 2.6.6, torch 2.9.1: examples/plot_98_other.py is not in the matrix"
+    ]
 
 
 def test_torch_columns_render_not_run_outside_their_scope_and_name_the_torch():
@@ -380,8 +519,10 @@ def test_torch_columns_render_not_run_outside_their_scope_and_name_the_torch():
     other = text.split("**plot_98_other**")[1].split("**plot")[0]
     assert other.count(">not run<") == 2 and "not part of the column Lightning 2.6.6, torch 2.9.1" in text
     site["torch"] = "2.13.0+cpu"
-    assert matrix.torch_sentence([site, old, new], [("plot_99_fake", "c")]) == \
-        "With Lightning 2.6.6 this holds on torch 2.10.0+cu128, 2.13.0+cpu; not on torch 2.9.1+cu128 (fail)."
+    assert (
+        matrix.torch_sentence([site, old, new], [("plot_99_fake", "c")])
+        == "With Lightning 2.6.6 this holds on torch 2.10.0+cu128, 2.13.0+cpu; not on torch 2.9.1+cu128 (fail)."
+    )
     with pytest.raises(matrix.MatrixError, match="no column of the matrix has claim"):
         matrix.torch_sentence([old], [("plot_99_fake", "typo")])
 
@@ -401,10 +542,15 @@ def test_the_autocast_cache_probe_reports_a_lost_gradient():
 
 
 def test_cache_bug_sentence_names_the_affected_torch_releases():
-    sums = [torch_summary("2.9.1", {}, lost=True), torch_summary("2.10.0", {}, lost=False),
-            dict(summary("2.6.6", {}), autocast_cache_probe={"torch": "2.13.0+cpu", "gradient_lost": False})]
-    assert matrix.cache_bug_sentence(sums) == \
-        "Measured: torch 2.9.1+cu128 loses the gradient; torch 2.10.0+cu128, 2.13.0+cpu do not."
+    sums = [
+        torch_summary("2.9.1", {}, lost=True),
+        torch_summary("2.10.0", {}, lost=False),
+        dict(summary("2.6.6", {}), autocast_cache_probe={"torch": "2.13.0+cpu", "gradient_lost": False}),
+    ]
+    assert (
+        matrix.cache_bug_sentence(sums)
+        == "Measured: torch 2.9.1+cu128 loses the gradient; torch 2.10.0+cu128, 2.13.0+cpu do not."
+    )
     with pytest.raises(matrix.MatrixError, match="autocast_cache_probe"):
         matrix.cache_bug_sentence([summary("2.6.6", {})])
 

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from docutils import nodes
 from docutils.utils import new_document
 
-from conftest import ROOT
 from mpguide_build import pagecheck
 
 PAGE_HEAD = """\
@@ -42,13 +42,16 @@ def write_page(tmp_path: Path, body: str) -> Path:
 
 
 def test_read_cells_finds_expectations_lines_and_glue_keys(tmp_path):
-    path = write_page(tmp_path, cell("import matplotlib.pyplot as plt", "remove-cell")
-                      + "Loss {glue:text}`loss:.3f`, {glue}`other` and {glue:text}`page2::x:.1f`.\n\n"
-                      + cell("fig, ax = plt.subplots()\nplt.show()", "remove-input")
-                      + cell("display(verdict_table('x'))")
-                      + cell("print(1)", "mpguide-figure, mpguide-table")
-                      + cell("plt.subplots()", "mpguide-no-check")
-                      + cell("# plt.show() in a comment only\nx = 1"))
+    path = write_page(
+        tmp_path,
+        cell("import matplotlib.pyplot as plt", "remove-cell")
+        + "Loss {glue:text}`loss:.3f`, {glue}`other` and {glue:text}`page2::x:.1f`.\n\n"
+        + cell("fig, ax = plt.subplots()\nplt.show()", "remove-input")
+        + cell("display(verdict_table('x'))")
+        + cell("print(1)", "mpguide-figure, mpguide-table")
+        + cell("plt.subplots()", "mpguide-no-check")
+        + cell("# plt.show() in a comment only\nx = 1"),
+    )
     cells, refs = pagecheck.read_cells(path)
     assert [c.number for c in cells] == [1, 2, 3, 4, 5, 6]
     assert [c.expects() for c in cells] == [[], ["figure"], ["table"], ["figure", "table"], [], []]
@@ -74,13 +77,12 @@ def test_notebook_check_names_the_cell_and_the_fix_for_each_missing_element():
     figure_cell = pagecheck.Cell(index=2, number=1, line=12, source="fig, ax = plt.subplots()\nplt.show()")
     table_cell = pagecheck.Cell(index=3, number=2, line=20, source="display(verdict_table('x'))")
     empty = _doc_with_cell(2, nodes.literal_block("", "<Figure size 640x480 with 1 Axes>"))
-    problems = pagecheck.check_notebook_page("docs/p.md", empty, [figure_cell, table_cell],
-                                             [("text", "gap", 30), ("text", "loss", 31)], {"loss"})
-    assert problems[0].startswith("docs/p.md:12, code cell 1 (`fig, ax = plt.subplots()`) "
-                                  "should show a figure")
+    problems = pagecheck.check_notebook_page(
+        "docs/p.md", empty, [figure_cell, table_cell], [("text", "gap", 30), ("text", "loss", 31)], {"loss"}
+    )
+    assert problems[0].startswith("docs/p.md:12, code cell 1 (`fig, ax = plt.subplots()`) should show a figure")
     assert "%matplotlib inline" in problems[0]
-    assert problems[1].startswith("docs/p.md:20, code cell 2 (`display(verdict_table('x'))`) "
-                                  "should show a table")
+    assert problems[1].startswith("docs/p.md:20, code cell 2 (`display(verdict_table('x'))`) should show a table")
     assert "docs/p.md:30: {glue:text} names key 'gap', which no cell of the page glued" in problems[2]
     assert "1 of 1 {glue:text} values rendered nothing" in problems[3]
     assert len(problems) == 4
@@ -124,18 +126,32 @@ def tiny_build(tmp_path: Path, body: str, strict: bool = True) -> subprocess.Com
     (src / "index.md").write_text(PAGE_HEAD + body)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
     env.update(MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", str(src), str(tmp_path / "html"),
-           "-d", str(tmp_path / "doctrees")] + (["-W", "--keep-going"] if strict else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-b",
+        "html",
+        str(src),
+        str(tmp_path / "html"),
+        "-d",
+        str(tmp_path / "doctrees"),
+    ] + (["-W", "--keep-going"] if strict else [])
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_tiny_build_under_agg_shows_the_figure_with_the_inline_backend(tmp_path):
-    body = (cell("%matplotlib inline\nimport matplotlib.pyplot as plt\nfrom myst_nb import glue\n"
-                 "from IPython.display import Markdown, display\nglue('loss', 0.25, display=False)",
-                 "remove-cell")
-            + "Loss {glue:text}`loss:.2f`.\n\n" + cell(FIGURE_BODY, "remove-input")
-            + cell("display(Markdown('| a | b |\\n|---|---|\\n| 1 | 2 |'))", "remove-input, mpguide-table"))
+    body = (
+        cell(
+            "%matplotlib inline\nimport matplotlib.pyplot as plt\nfrom myst_nb import glue\n"
+            "from IPython.display import Markdown, display\nglue('loss', 0.25, display=False)",
+            "remove-cell",
+        )
+        + "Loss {glue:text}`loss:.2f`.\n\n"
+        + cell(FIGURE_BODY, "remove-input")
+        + cell("display(Markdown('| a | b |\\n|---|---|\\n| 1 | 2 |'))", "remove-input, mpguide-table")
+    )
     proc = tiny_build(tmp_path, body)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "[mpguide] page check: every figure, table and glued value is shown" in proc.stdout
@@ -149,15 +165,21 @@ def test_tiny_build_fails_naming_the_cell_without_figure_the_table_and_the_glue_
 
     Built without -W so that the page check, not MyST-NB's glue warning, is what fails the build.
     """
-    body = (cell("import matplotlib.pyplot as plt\nfrom myst_nb import glue", "remove-cell")
-            + "Gap {glue:text}`gap:.2f`.\n\n" + cell(FIGURE_BODY, "remove-input")
-            + cell("print('no table here')", "mpguide-table"))
+    body = (
+        cell("import matplotlib.pyplot as plt\nfrom myst_nb import glue", "remove-cell")
+        + "Gap {glue:text}`gap:.2f`.\n\n"
+        + cell(FIGURE_BODY, "remove-input")
+        + cell("print('no table here')", "mpguide-table")
+    )
     proc = tiny_build(tmp_path, body, strict=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "[mpguide] page check: 3 page element(s) missing" in out, out[-3000:]
-    assert re.search(r"index\.md:\d+, code cell 2 \(`fig, ax = plt.subplots\(figsize=\(2, 2\)\)`\) "
-                     r"should show a figure but its output has no image; fix: .*%matplotlib inline", out)
+    assert re.search(
+        r"index\.md:\d+, code cell 2 \(`fig, ax = plt.subplots\(figsize=\(2, 2\)\)`\) "
+        r"should show a figure but its output has no image; fix: .*%matplotlib inline",
+        out,
+    )
     assert re.search(r"index\.md:\d+, code cell 3 \(`print\('no table here'\)`\) should show a table", out)
     assert re.search(r"index\.md:\d+: \{glue:text\} names key 'gap', which no cell of the page glued", out)
 
@@ -167,8 +189,10 @@ def test_site_build_under_agg_renders_every_figure(built_site):
     """The shared strict build of the site (conftest runs it with MPLBACKEND=Agg) shows every figure."""
     out, proc = built_site
     assert "[mpguide] page check: every figure, table and glued value is shown" in proc.stdout
-    for page, source in [("model/manual_optimization", ROOT / "docs/model/manual_optimization.md"),
-                         ("index", ROOT / "docs/index.md")]:
+    for page, source in [
+        ("model/manual_optimization", ROOT / "docs/model/manual_optimization.md"),
+        ("index", ROOT / "docs/index.md"),
+    ]:
         cells, _ = pagecheck.read_cells(source)
         # figure cells, and the gallery figures a page reuses with a {figure} directive
         figures = sum("figure" in c.expects() for c in cells) + source.read_text().count("```{figure}")

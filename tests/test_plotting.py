@@ -8,11 +8,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
+from conftest import curve, make_record, run
 
-from conftest import curve, make_record, run  # noqa: E402
-from mpguide.verify import plotting  # noqa: E402
+from mpguide.verify import plotting
 
 
 def _labels(ax) -> list[str]:
@@ -47,8 +47,9 @@ def test_overlap_partner_on_a_log_axis_ignores_zeros_and_judges_decades():
 
 def test_a_covered_loss_curve_gets_markers_and_names_what_covers_it():
     ref = curve()
-    rec = make_record([run("a", ref), run("b", [v * 1.0005 for v in ref], "bf16-mixed"),
-                       run("c", [v * 1.6 for v in ref])], [])
+    rec = make_record(
+        [run("a", ref), run("b", [v * 1.0005 for v in ref], "bf16-mixed"), run("c", [v * 1.6 for v in ref])], []
+    )
     fig, ax = plotting.figure(1, 1, 6, 4)
     plotting.plot_loss_curves(ax, rec, ["a", "b", "c"], "t")
     labels = _labels(ax)

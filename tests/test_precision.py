@@ -29,12 +29,19 @@ def loader(n=8):
     return DataLoader(TensorDataset(torch.randn(n * 4, 6, generator=gen)), batch_size=4)
 
 
-def fit(module, plugin=None, steps=None, ckpt_path=None, callbacks=(), precision="32-true", max_epochs=1,
-        **kw):
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=max_epochs, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=bool(callbacks),
-                         callbacks=list(callbacks), max_steps=steps or -1,
-                         **({"plugins": [plugin]} if plugin else {"precision": precision}), **kw)
+def fit(module, plugin=None, steps=None, ckpt_path=None, callbacks=(), precision="32-true", max_epochs=1, **kw):
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=max_epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=list(callbacks),
+        max_steps=steps or -1,
+        **({"plugins": [plugin]} if plugin else {"precision": precision}),
+        **kw,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(module, loader(), ckpt_path=ckpt_path)
@@ -105,8 +112,7 @@ class Pair(pl.LightningModule):
         return loss.detach()
 
     def configure_optimizers(self):
-        return (torch.optim.SGD(self.a.parameters(), lr=self.lr),
-                torch.optim.SGD(self.b.parameters(), lr=self.lr))
+        return (torch.optim.SGD(self.a.parameters(), lr=self.lr), torch.optim.SGD(self.b.parameters(), lr=self.lr))
 
 
 def test_stock_16_mixed_raises_without_gradients():
@@ -206,8 +212,7 @@ def test_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert saved["ManualMixedPrecision"]["scale"] == 512.0
 
     resumed = Pair("shared", overflow_steps=(1,))
-    fit(resumed, amp(ManualMixedPrecision, growth_interval=3), ckpt_path=str(tmp_path / "last.ckpt"),
-        max_epochs=2)
+    fit(resumed, amp(ManualMixedPrecision, growth_interval=3), ckpt_path=str(tmp_path / "last.ckpt"), max_epochs=2)
     assert len(resumed.losses) == 8 and len(whole.losses) == 16
     assert first.losses + resumed.losses == whole.losses  # bitwise the same curve
     assert parameter_digest(resumed) == parameter_digest(whole)
@@ -277,8 +282,10 @@ def test_fused_optimizer_steps_as_in_lightning_and_cannot_be_clipped():
             return loss.detach()
 
         def configure_optimizers(self):
-            return (torch.optim.AdamW(self.a.parameters(), lr=0.01, fused=True),
-                    torch.optim.SGD(self.b.parameters(), lr=0.1))
+            return (
+                torch.optim.AdamW(self.a.parameters(), lr=0.01, fused=True),
+                torch.optim.SGD(self.b.parameters(), lr=0.1),
+            )
 
     stock, fixed = Fused("plain", overflow_steps=(1,)), Fused("plain", overflow_steps=(1,))
     stock_trainer, _ = fit(stock, amp(MixedPrecision))

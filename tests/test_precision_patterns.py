@@ -39,10 +39,17 @@ def loader(batches=12, width=6, seed=0):
 
 
 def fit(module, plugin=None, device="cpu", batches=12, ckpt_path=None, callbacks=(), max_epochs=1, width=6):
-    trainer = pl.Trainer(accelerator=device, devices=1, max_epochs=max_epochs, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=bool(callbacks), callbacks=list(callbacks),
-                         **({"plugins": [plugin]} if plugin else {"precision": "32-true"}))
+    trainer = pl.Trainer(
+        accelerator=device,
+        devices=1,
+        max_epochs=max_epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=list(callbacks),
+        **({"plugins": [plugin]} if plugin else {"precision": "32-true"}),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, loader(batches, width), ckpt_path=ckpt_path)
@@ -224,8 +231,9 @@ class Heads(pl.LightningModule):
                 applied = False  # what GradScaler does with inf gradients
             else:
                 applied = ops.step(opt)
-            self.updates[(batch_idx, i)] = torch.cat([(q.detach() - b).flatten().cpu() for q, b in
-                                                       zip(self.heads[i].parameters(), before)])
+            self.updates[(batch_idx, i)] = torch.cat(
+                [(q.detach() - b).flatten().cpu() for q, b in zip(self.heads[i].parameters(), before)]
+            )
             self.applied[(batch_idx, i)] = applied
             self.stepped_batches.append(batch_idx)
             if p.zero == "after":
@@ -287,8 +295,7 @@ class FabricOps:
 
 def fabric_fit(module: Heads, plugin=None, device="cpu", batches=12, width=6):
     """The Trainer's loop of :func:`fit` written with Fabric: same batches, same body, same optimizers."""
-    fabric = Fabric(accelerator=device, devices=1,
-                    **({"plugins": [plugin]} if plugin else {"precision": "32-true"}))
+    fabric = Fabric(accelerator=device, devices=1, **({"plugins": [plugin]} if plugin else {"precision": "32-true"}))
     model, *opts = fabric.setup(module.heads, *module.configure_optimizers())
     ops = FabricOps(fabric, model, opts)
     with warnings.catch_warnings():
@@ -324,10 +331,16 @@ def random_patterns(n=8, seed=11):
     for _ in range(n):
         k = rng.randint(1, 3)
         every = tuple(rng.choice([1, 2, 3]) for _ in range(k))
-        out.append(Pattern(every, clip=rng.choice(["none", "due", "always"]),
-                           zero=rng.choice(["top", "after"]), backward=rng.choice(["shared", "separate"]),
-                           overflow=rng.choice([None, (rng.randint(0, 9), rng.randrange(k))]),
-                           not_taken=rng.choice([None, (rng.randint(0, 9), rng.randrange(k))])))
+        out.append(
+            Pattern(
+                every,
+                clip=rng.choice(["none", "due", "always"]),
+                zero=rng.choice(["top", "after"]),
+                backward=rng.choice(["shared", "separate"]),
+                overflow=rng.choice([None, (rng.randint(0, 9), rng.randrange(k))]),
+                not_taken=rng.choice([None, (rng.randint(0, 9), rng.randrange(k))]),
+            )
+        )
     return out
 
 
@@ -344,8 +357,10 @@ PATTERNS = [
 
 
 # the two loops the table runs: (fit function, this plugin, the stock plugin it replaces)
-LOOPS = {"trainer": (fit, ManualMixedPrecision, MixedPrecision),
-         "fabric": (fabric_fit, FabricManualMixedPrecision, FabricMixedPrecision)}
+LOOPS = {
+    "trainer": (fit, ManualMixedPrecision, MixedPrecision),
+    "fabric": (fabric_fit, FabricManualMixedPrecision, FabricMixedPrecision),
+}
 
 
 def check_against_fp32(pattern, device, cls=ManualMixedPrecision, loop="trainer"):
@@ -380,9 +395,18 @@ def test_stock_plugin_fails_the_same_checks(pattern, loop):
 
 
 def test_random_patterns_cover_every_dimension():
-    seen = {(f, v) for p in PATTERNS
-            for f, v in [("clip", p.clip), ("zero", p.zero), ("backward", p.backward), ("k", len(p.every)),
-                         ("overflow", p.overflow is None), ("not_taken", p.not_taken is None)]}
+    seen = {
+        (f, v)
+        for p in PATTERNS
+        for f, v in [
+            ("clip", p.clip),
+            ("zero", p.zero),
+            ("backward", p.backward),
+            ("k", len(p.every)),
+            ("overflow", p.overflow is None),
+            ("not_taken", p.not_taken is None),
+        ]
+    }
     assert len(seen) == 3 + 2 + 2 + 3 + 2 + 2, sorted(seen)
 
 
@@ -415,10 +439,15 @@ def scaler_plugin(cls):
     return cls("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=3))
 
 
-@pytest.mark.parametrize("writer,reader", [(MixedPrecision, ManualMixedPrecision),
-                                           (ManualMixedPrecision, MixedPrecision),
-                                           (ManualMixedPrecision, ManualMixedPrecision),
-                                           (MixedPrecision, MixedPrecision)])
+@pytest.mark.parametrize(
+    "writer,reader",
+    [
+        (MixedPrecision, ManualMixedPrecision),
+        (ManualMixedPrecision, MixedPrecision),
+        (ManualMixedPrecision, ManualMixedPrecision),
+        (MixedPrecision, MixedPrecision),
+    ],
+)
 def test_input3_checkpoint_keeps_the_scale_across_plugin_classes(tmp_path, writer, reader):
     first = Scaled()
     ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)
@@ -436,19 +465,21 @@ def test_input3_checkpoint_keeps_the_scale_across_plugin_classes(tmp_path, write
 
 def test_input3_the_check_fails_without_the_alias(tmp_path):
     first = Scaled()
-    fit(first, scaler_plugin(ManualMixedPrecision), callbacks=[pl.callbacks.ModelCheckpoint(
-        dirpath=tmp_path, save_last=True)], batches=8)
+    fit(
+        first,
+        scaler_plugin(ManualMixedPrecision),
+        callbacks=[pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)],
+        batches=8,
+    )
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
     del saved[MixedPrecision.__qualname__]  # what Lightning alone writes
     saved[ManualMixedPrecision.__qualname__]["scale"] = 8.0
     torch.save(saved, tmp_path / "stripped.ckpt")
     resumed = Scaled()
-    fit(resumed, scaler_plugin(MixedPrecision), ckpt_path=str(tmp_path / "stripped.ckpt"), max_epochs=2,
-        batches=8)
+    fit(resumed, scaler_plugin(MixedPrecision), ckpt_path=str(tmp_path / "stripped.ckpt"), max_epochs=2, batches=8)
     assert resumed.scales[0] == 256.0  # the stock plugin restarts at its initial scale without a word
     again = Scaled()
-    fit(again, scaler_plugin(ManualMixedPrecision), ckpt_path=str(tmp_path / "stripped.ckpt"), max_epochs=2,
-        batches=8)
+    fit(again, scaler_plugin(ManualMixedPrecision), ckpt_path=str(tmp_path / "stripped.ckpt"), max_epochs=2, batches=8)
     assert again.scales[0] == 8.0
 
 
@@ -537,8 +568,9 @@ class Critic(pl.LightningModule):
             else:
                 applied = step_skip_aware(opt_c, self.trainer)
             self.applied.append(applied)
-            self.updates.append(torch.cat([(p.detach() - b).flatten() for p, b in
-                                           zip(self.critic.parameters(), before)]).cpu())
+            self.updates.append(
+                torch.cat([(p.detach() - b).flatten() for p, b in zip(self.critic.parameters(), before)]).cpu()
+            )
         self.inner = None
         opt_g.zero_grad()
         loss_g = self.critic(self.gen(x)).float().pow(2).mean()
@@ -547,8 +579,7 @@ class Critic(pl.LightningModule):
         return loss_g.detach()
 
     def configure_optimizers(self):
-        return (torch.optim.SGD(self.critic.parameters(), lr=0.05),
-                torch.optim.SGD(self.gen.parameters(), lr=0.05))
+        return (torch.optim.SGD(self.critic.parameters(), lr=0.05), torch.optim.SGD(self.gen.parameters(), lr=0.05))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,10 +8,10 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide.verify import probes, runner
 from mpguide import steps
 from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
+from mpguide.verify import probes, runner
 
 
 class Stepping(DigitsClassifier):
@@ -33,9 +33,18 @@ class Stepping(DigitsClassifier):
 def fit(module, **kwargs):
     runner.quiet_lightning()
     callbacks = probes.callbacks()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=6, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=callbacks, **kwargs)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        **kwargs,
+    )
     trainer.fit(module, digits_loader(64))
     return probes.collect(trainer)
 

@@ -44,8 +44,11 @@ def test_pages_link_the_current_wheel():
 
 
 def test_reader_requirements_are_the_pins_of_requirements_txt():
-    pins = dict(line.split("#")[0].strip().split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
-                if "==" in line.split("#")[0])
+    pins = dict(
+        line.split("#")[0].strip().split("==")
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if "==" in line.split("#")[0]
+    )
     for requirement in download.READER_REQUIREMENTS:
         name, version = requirement.split("==")
         assert pins.get(name) == version, f"{requirement} differs from requirements.txt ({pins.get(name)})"
@@ -59,15 +62,23 @@ def test_wheel_is_a_complete_reproducible_archive(tmp_path):
     with zipfile.ZipFile(first) as archive:
         names = set(archive.namelist())
         record = archive.read(f"mpguide-{download.__version__}.dist-info/RECORD").decode()
-    sources = {f"mpguide/{p.relative_to(ROOT / 'mpguide').as_posix()}" for p in (ROOT / "mpguide").rglob("*.py")
-               if "__pycache__" not in p.parts}
+    sources = {
+        f"mpguide/{p.relative_to(ROOT / 'mpguide').as_posix()}"
+        for p in (ROOT / "mpguide").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
     assert "mpguide/verify/runner.py" in names, "the examples' harness ships with the reader API"
     python = [n for n in names if n.endswith(".py")]
     assert not [n for n in python if not n.startswith("mpguide/")], "only the package, never the build code"
     sphinx_users = [n for n in python if b"sphinx" in archive_bytes(first, n) or b"docutils" in archive_bytes(first, n)]
-    assert not [n for n in sphinx_users if b"import sphinx" in archive_bytes(first, n)
-                or b"from sphinx" in archive_bytes(first, n) or b"docutils" in archive_bytes(first, n)], sphinx_users
+    assert not [
+        n
+        for n in sphinx_users
+        if b"import sphinx" in archive_bytes(first, n)
+        or b"from sphinx" in archive_bytes(first, n)
+        or b"docutils" in archive_bytes(first, n)
+    ], sphinx_users
     listed = {line.split(",")[0] for line in record.splitlines()}
     assert listed == names, f"RECORD and archive differ: {sorted(listed ^ names)}"
 
@@ -133,9 +144,11 @@ def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_pa
     _run([python, "-m", "mpguide.verify.gate", str(folder / "results" / "local")], folder, env)
 
     _run([python, "-m", "pip", "install", "-q", "nbclient", "ipykernel"], folder, env)
-    execute = ("import nbclient, nbformat, sys; nb = nbformat.read(sys.argv[1], as_version=4); "
-               "nbclient.NotebookClient(nb, timeout=900, kernel_name='python3', "
-               "resources={'metadata': {'path': '.'}}).execute()")
+    execute = (
+        "import nbclient, nbformat, sys; nb = nbformat.read(sys.argv[1], as_version=4); "
+        "nbclient.NotebookClient(nb, timeout=900, kernel_name='python3', "
+        "resources={'metadata': {'path': '.'}}).execute()"
+    )
     _run([python, "-c", execute, notebook.name], nb_folder, env)
     _run([python, "-m", "mpguide.verify.gate", str(nb_folder / "results" / "local")], nb_folder, env)
 

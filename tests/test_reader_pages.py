@@ -6,20 +6,26 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest  # noqa: E402
+import pytest
+from conftest import curve, make_record, run
 
-from conftest import curve, make_record, run  # noqa: E402
-from mpguide.verify import plotting, report  # noqa: E402
+from mpguide.verify import plotting, report
 
 
 def _record():
     ref = curve()
-    error = {"type": "AssertionError", "message": "No inf checks were recorded for this optimizer.",
-             "traceback": 'File "/home/x/venv/lib/python3.11/site-packages/torch/amp/grad_scaler.py", line 4'}
-    runs = [run("auto-fp32", ref, mode="automatic"), run("manual-fp32", list(ref)),
-            run("auto-bf16", [v * 1.01 for v in ref], "bf16-mixed", mode="automatic"),
-            run("manual-bf16", [v * 1.01 for v in ref], "bf16-mixed"),
-            run("bug-fp16", [], "16-mixed", error=error)]
+    error = {
+        "type": "AssertionError",
+        "message": "No inf checks were recorded for this optimizer.",
+        "traceback": 'File "/home/x/venv/lib/python3.11/site-packages/torch/amp/grad_scaler.py", line 4',
+    }
+    runs = [
+        run("auto-fp32", ref, mode="automatic"),
+        run("manual-fp32", list(ref)),
+        run("auto-bf16", [v * 1.01 for v in ref], "bf16-mixed", mode="automatic"),
+        run("manual-bf16", [v * 1.01 for v in ref], "bf16-mixed"),
+        run("bug-fp16", [], "16-mixed", error=error),
+    ]
     for r in runs:
         r["label"] = f"{r['mode']}, {r['precision']}"
     runs[0]["warnings"] = ["UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`."]
@@ -29,8 +35,13 @@ def _record():
 def test_quoted_messages_pass_when_captured_and_fail_naming_the_run():
     rec = _record()
     records = {rec["example"]: rec}
-    report.check_quoted_messages(records, [(rec["example"], "bug-fp16", "No inf checks were recorded"),
-                                           (rec["example"], "auto-fp32", "Detected call of `lr_scheduler.step()`")])
+    report.check_quoted_messages(
+        records,
+        [
+            (rec["example"], "bug-fp16", "No inf checks were recorded"),
+            (rec["example"], "auto-fp32", "Detected call of `lr_scheduler.step()`"),
+        ],
+    )
     with pytest.raises(ValueError, match="run 'auto-fp32' did not capture 'Attempted unscale_'"):
         report.check_quoted_messages(records, [(rec["example"], "auto-fp32", "Attempted unscale_")])
     with pytest.raises(ValueError, match="no run 'gone'"):
@@ -51,8 +62,11 @@ def test_identical_curves_are_drawn_once_with_one_entry():
     labels = ax.get_legend_handles_labels()[1]
     # the fp32 pair lies 1 % under the bf16 pair: it carries markers and says so (tests/test_plotting.py)
     assert labels[0].startswith("automatic = manual, 32-true (identical, drawn once) (markers:\nunder automatic, bf16")
-    assert labels[1:] == ["automatic = manual, bf16-mixed (identical, drawn once)",
-                          "manual, 16-mixed (raised AssertionError, no curve)", plotting.RAW_LABEL]
+    assert labels[1:] == [
+        "automatic = manual, bf16-mixed (identical, drawn once)",
+        "manual, 16-mixed (raised AssertionError, no curve)",
+        plotting.RAW_LABEL,
+    ]
     styles = {line.get_label(): line.get_linestyle() for line in ax.get_lines() if not line.get_label().startswith("_")}
     assert len(set(list(styles.values())[:2])) == 2, "fp32 and bf16 must not share a line style"
     assert ax.get_xlabel() == plotting.BATCH_AXIS

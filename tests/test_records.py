@@ -83,17 +83,20 @@ def test_results_dir_from_env(tmp_path, monkeypatch):
     assert records.record_path("plot_x") == tmp_path / "plot_x.json"
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda r: r.update(claims=[]), "declares no claims"),
-    (lambda r: r["claims"][0].update(runs=["auto", "auto"]), "2 distinct run id"),
-    (lambda r: r["claims"][0].update(runs=["auto"]), "2 distinct run id"),
-    (lambda r: r["claims"][0].update(runs=[["auto"], "manual"]), "2 distinct run id"),
-    (lambda r: r["claims"][0].pop("tolerance"), "non-empty string 'tolerance'"),
-    (lambda r: r["runs"][0].update(error="boom"), "'error' must be null or an object"),
-    (lambda r: r["runs"][0].update(error={}), "'error' must be null or an object"),
-    (lambda r: r["runs"][0]["loss"].__setitem__(3, True), "non-numeric loss"),
-    (lambda r: r["runs"][0].update(extra=[]), "'extra' must be an object"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r: r.update(claims=[]), "declares no claims"),
+        (lambda r: r["claims"][0].update(runs=["auto", "auto"]), "2 distinct run id"),
+        (lambda r: r["claims"][0].update(runs=["auto"]), "2 distinct run id"),
+        (lambda r: r["claims"][0].update(runs=[["auto"], "manual"]), "2 distinct run id"),
+        (lambda r: r["claims"][0].pop("tolerance"), "non-empty string 'tolerance'"),
+        (lambda r: r["runs"][0].update(error="boom"), "'error' must be null or an object"),
+        (lambda r: r["runs"][0].update(error={}), "'error' must be null or an object"),
+        (lambda r: r["runs"][0]["loss"].__setitem__(3, True), "non-numeric loss"),
+        (lambda r: r["runs"][0].update(extra=[]), "'extra' must be an object"),
+    ],
+)
 def test_claim_and_run_fields_are_validated(good_record, mutate, message):
     mutate(good_record)
     with pytest.raises(RecordError, match=message):
@@ -115,19 +118,43 @@ def test_record_under_another_examples_name(tmp_path, good_record):
         load_record(path)
 
 
-@pytest.mark.parametrize("mutate, where, field, hint", [
-    (lambda r: r.update(runz=[]), "r.json", "runz", "a typo of 'runs'"),
-    (lambda r: r["env"].update(gpu="H200"), "r.json: env", "gpu", "a typo"),
-    (lambda r: r["source"].update(declaration_sha265="0" * 64), "r.json: source", "declaration_sha265",
-     "a typo of 'declaration_sha256'"),
-    (lambda r: r["source"].update(run_env={"MPGUIDE_PRESET": "test", "MPGUIDE_DEVICES": "cpu"}),
-     "r.json: source.run_env", "MPGUIDE_DEVICES", "a typo of 'MPGUIDE_DEVICE'"),
-    (lambda r: r["runs"][2].update(precison="32-true"), "r.json: runs[2] (bf16)", "precison", "a typo of 'precision'"),
-    (lambda r: r["runs"][0].update(error={"type": "E", "message": "m", "trace": ""}), "r.json: runs[0] (auto).error",
-     "trace", "a typo of 'traceback'"),
-    (lambda r: r["claims"][0].update(tolerence="mixed-vs-fp32"), "r.json: claims[0]", "tolerence",
-     "a typo of 'tolerance'"),
-])
+@pytest.mark.parametrize(
+    "mutate, where, field, hint",
+    [
+        (lambda r: r.update(runz=[]), "r.json", "runz", "a typo of 'runs'"),
+        (lambda r: r["env"].update(gpu="H200"), "r.json: env", "gpu", "a typo"),
+        (
+            lambda r: r["source"].update(declaration_sha265="0" * 64),
+            "r.json: source",
+            "declaration_sha265",
+            "a typo of 'declaration_sha256'",
+        ),
+        (
+            lambda r: r["source"].update(run_env={"MPGUIDE_PRESET": "test", "MPGUIDE_DEVICES": "cpu"}),
+            "r.json: source.run_env",
+            "MPGUIDE_DEVICES",
+            "a typo of 'MPGUIDE_DEVICE'",
+        ),
+        (
+            lambda r: r["runs"][2].update(precison="32-true"),
+            "r.json: runs[2] (bf16)",
+            "precison",
+            "a typo of 'precision'",
+        ),
+        (
+            lambda r: r["runs"][0].update(error={"type": "E", "message": "m", "trace": ""}),
+            "r.json: runs[0] (auto).error",
+            "trace",
+            "a typo of 'traceback'",
+        ),
+        (
+            lambda r: r["claims"][0].update(tolerence="mixed-vs-fp32"),
+            "r.json: claims[0]",
+            "tolerence",
+            "a typo of 'tolerance'",
+        ),
+    ],
+)
 def test_unknown_fields_are_refused_naming_file_field_and_fix(good_record, mutate, where, field, hint):
     mutate(good_record)
     with pytest.raises(RecordError) as err:
@@ -135,7 +162,8 @@ def test_unknown_fields_are_refused_naming_file_field_and_fix(good_record, mutat
     assert str(err.value) == (
         f"{where}: unknown field {field!r}, which schema 2 does not define (1 unknown field(s) in all): {hint} "
         f"(fix the name), a field of a newer mpguide (update this checkout) or a hand edit; rerun python "
-        f"examples/r.py to write a fresh record")
+        f"examples/r.py to write a fresh record"
+    )
 
 
 def test_a_runs_extra_is_free_form(good_record):
@@ -176,9 +204,12 @@ def test_captured_warnings_carry_no_machine_paths():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warnings.warn('Error detected.\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 9\n'
-                      '  File "/home/ci/repo/.nox/site/lib/python3.11/site-packages/torch/autograd/graph.py", line 8',
-                      UserWarning)
+        warnings.warn(
+            'Error detected.\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 9\n'
+            '  File "/home/ci/repo/.nox/site/lib/python3.11/site-packages/torch/autograd/graph.py", line 8',
+            UserWarning,
+            stacklevel=1,
+        )
     [text] = captured_warnings(caught)
     assert '"threading.py"' in text and '"torch/autograd/graph.py"' in text
     assert "/root" not in text and "/home" not in text and ".nox" not in text

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import curve, make_record, run
+
 from mpguide.verify import claims, report
 
 
@@ -42,8 +42,9 @@ def test_a_pitfall_that_no_longer_reproduces_and_a_broken_match_say_so(good_reco
 
 def test_tolerance_names_link_to_their_definition(good_record):
     rows = {r["check"]: r for r in _rows(good_record, tolerance_href="../verification.html")}
-    assert rows["port"]["allowed"] == ('at most 0.10 % (<a href="../verification.html#tol-same-precision">'
-                                       'same-precision</a>)')
+    assert rows["port"]["allowed"] == (
+        'at most 0.10 % (<a href="../verification.html#tol-same-precision">same-precision</a>)'
+    )
     assert "href" not in rows["the broken recipe stalls"]["allowed"]  # no tolerance, no link
     # the markdown table keeps the link intact (only | and ` are escaped)
     table = report.markdown_table(list(rows.values()), report.WORD_COLUMNS)
@@ -51,13 +52,21 @@ def test_tolerance_names_link_to_their_definition(good_record):
 
 
 def test_raised_errors_and_warnings_read_as_still_appearing():
-    err = {"type": "AssertionError", "message": "No inf checks were recorded for this optimizer.",
-           "traceback": "Traceback (most recent call last):\nAssertionError: No inf checks were recorded"}
+    err = {
+        "type": "AssertionError",
+        "message": "No inf checks were recorded for this optimizer.",
+        "traceback": "Traceback (most recent call last):\nAssertionError: No inf checks were recorded",
+    }
     runs = [run("bug", [], "16-mixed", error=err), run("ok", curve())]
     runs[1]["warnings"] = ["UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`."]
-    record = make_record(runs, [claims.raises("bug", "AssertionError", "No inf checks", "crash"),
-                                claims.warns("ok", "UserWarning", "Detected call", "warns"),
-                                claims.raises("ok", "RuntimeError", "x", "should raise")])
+    record = make_record(
+        runs,
+        [
+            claims.raises("bug", "AssertionError", "No inf checks", "crash"),
+            claims.warns("ok", "UserWarning", "Detected call", "warns"),
+            claims.raises("ok", "RuntimeError", "x", "should raise"),
+        ],
+    )
     rows = {r["check"]: r for r in _rows(record)}
     assert rows["crash"]["result"] == "the error still appears: yes"
     assert rows["crash"]["measured"].startswith("error raised: AssertionError: No inf checks")
@@ -83,14 +92,19 @@ def test_count_line_counts_the_rows_the_table_shows(good_record):
 
 
 def test_expected_error_is_introduced_as_expected():
-    err = {"type": "AssertionError", "message": "No inf checks were recorded for this optimizer.",
-           "traceback": 'File "/home/x/venv/lib/python3.11/site-packages/torch/amp/grad_scaler.py", line 4\n'
-                        "AssertionError: No inf checks were recorded for this optimizer."}
+    err = {
+        "type": "AssertionError",
+        "message": "No inf checks were recorded for this optimizer.",
+        "traceback": 'File "/home/x/venv/lib/python3.11/site-packages/torch/amp/grad_scaler.py", line 4\n'
+        "AssertionError: No inf checks were recorded for this optimizer.",
+    }
     record = make_record([run("bug-fp16", [], "16-mixed", error=err), run("ok", curve())], [])
     text = report.expected_error(record, "bug-fp16")
     first, *body = text.splitlines()
     assert first.startswith("Expected error, captured from run 'bug-fp16'")
-    assert body == ['    File "torch/amp/grad_scaler.py", line 4',
-                    "    AssertionError: No inf checks were recorded for this optimizer."]
+    assert body == [
+        '    File "torch/amp/grad_scaler.py", line 4',
+        "    AssertionError: No inf checks were recorded for this optimizer.",
+    ]
     with pytest.raises(KeyError, match="run 'ok' has no captured error"):
         report.expected_error(record, "ok")

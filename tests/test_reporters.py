@@ -21,7 +21,7 @@ def example_namespace(example: str) -> dict:
     """The example's module namespace, executed up to (not including) its ``run_example`` call."""
     source = (ROOT / "examples" / f"{example}.py").read_text()
     namespace = {"__name__": f"test_{example}"}
-    exec(compile(source[:source.index("record = runner.run_example(")], example, "exec"), namespace)
+    exec(compile(source[: source.index("record = runner.run_example(")], example, "exec"), namespace)
     return namespace
 
 
@@ -89,7 +89,9 @@ def test_20970_elements_change_no_weight_and_the_same_claim_can_fail(one):
     no_autocast = train(one, "plot_01_porting_to_manual", "rep-noautocast-bf16")
     per_epoch = train(one, "plot_01_porting_to_manual", "rep-noautocast-bf16", recipe="#20970, scheduler per epoch")
     claim = "the own autocast changes no weight"
-    assert judge(one, "plot_01_porting_to_manual", claim,
-                 {"rep-noautocast-bf16": no_autocast, "reporter-bf16": posted}).passed
-    assert not judge(one, "plot_01_porting_to_manual", claim,
-                     {"rep-noautocast-bf16": per_epoch, "reporter-bf16": posted}).passed
+    assert judge(
+        one, "plot_01_porting_to_manual", claim, {"rep-noautocast-bf16": no_autocast, "reporter-bf16": posted}
+    ).passed
+    assert not judge(
+        one, "plot_01_porting_to_manual", claim, {"rep-noautocast-bf16": per_epoch, "reporter-bf16": posted}
+    ).passed

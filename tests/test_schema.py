@@ -40,16 +40,30 @@ FRESH = "plot_05_skipped_steps"  # the quickest example at the test preset
 REFERENCES = ROOT / "results" / "reference" / "nvidia-h200"
 
 #: Paths (runs[] and claims[] generalised) where the writers store null on purpose.
-NULLABLE = {"source.example_sha256", "source.declaration_sha256", "source.commit", "source.dirty",
-            "source.run_env.MPGUIDE_PRESET", "source.run_env.MPGUIDE_DEVICE", "source.upgraded_from_schema",
-            "runs[].plugin", "runs[].swapped_from", "runs[].loss_scale", "runs[].error", "claims[].value",
-            "claims[].expected", "runs[].extra.final_loss_scale"}
+NULLABLE = {
+    "source.example_sha256",
+    "source.declaration_sha256",
+    "source.commit",
+    "source.dirty",
+    "source.run_env.MPGUIDE_PRESET",
+    "source.run_env.MPGUIDE_DEVICE",
+    "source.upgraded_from_schema",
+    "runs[].plugin",
+    "runs[].swapped_from",
+    "runs[].loss_scale",
+    "runs[].error",
+    "claims[].value",
+    "claims[].expected",
+    "runs[].extra.final_loss_scale",
+}
 #: Paths whose numbers may be NaN or Infinity (data, judged by the claims).
 NAN_OK = re.compile(r"runs\[\]\.loss\[\]|runs\[\]\.extra\.logged\..*|claims\[\]\.value")
 #: Keys the writers may leave out (schema-1 upgrades lack the run options; a claim holds its kind's keys).
-OPTIONAL = re.compile(r"source\.(commit|dirty|upgraded_from_schema)|source\.run_env\..*|runs\[\]\.(plugin|"
-                      r"trainer_kwargs|plain_flag|swapped_from)|runs\[\]\.trainer_kwargs\..*|runs\[\]\.error\."
-                      r"traceback|runs\[\]\.extra\..*|claims\[\]\.(?!kind$|runs$).*")
+OPTIONAL = re.compile(
+    r"source\.(commit|dirty|upgraded_from_schema)|source\.run_env\..*|runs\[\]\.(plugin|"
+    r"trainer_kwargs|plain_flag|swapped_from)|runs\[\]\.trainer_kwargs\..*|runs\[\]\.error\."
+    r"traceback|runs\[\]\.extra\..*|claims\[\]\.(?!kind$|runs$).*"
+)
 
 
 def _generic(path: str) -> str:
@@ -137,10 +151,17 @@ def judge_file(path: Path, reference: bool) -> tuple[int, str]:
 def fresh_record(tmp_path_factory) -> dict:
     """This build's record of :data:`FRESH`, made now by running the example at the test preset."""
     folder = tmp_path_factory.mktemp("fresh")
-    env = dict(os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(folder),
-               MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / f"{FRESH}.py")], env=env, cwd=folder,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=str(folder), MPLBACKEND="Agg"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / f"{FRESH}.py")],
+        env=env,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((folder / f"{FRESH}.json").read_text())
 
@@ -183,8 +204,14 @@ def test_real_records_pass_unchanged(fresh_record, tmp_path):
 
 def test_every_extra_key_of_the_real_records_is_typed(fresh_record):
     """Claims and pages read these keys: each must have a registered type, so no claim absorbs a wrong one."""
-    untyped = {(r["example"], key) for record, _ in _real_records(fresh_record) for r in [record]
-               for run in r["runs"] for key in run["extra"] if schema.extra_type(key) is None}
+    untyped = {
+        (r["example"], key)
+        for record, _ in _real_records(fresh_record)
+        for r in [record]
+        for run in r["runs"]
+        for key in run["extra"]
+        if schema.extra_type(key) is None
+    }
     assert not untyped, f"extra keys without a type in mpguide.verify.schema.EXTRA_KEYS: {sorted(untyped)}"
 
 
@@ -212,8 +239,12 @@ def _check(record, reference, path, how, new, tmp_path):
     return status, err
 
 
-@settings(max_examples=200, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_type_breaking_mutations_never_pass_and_never_raise(mutation_groups, tmp_path, data):
     """200 random type-breaking mutations over the real records: each exits non-zero, without a traceback."""
@@ -227,20 +258,26 @@ def test_type_breaking_mutations_never_pass_and_never_raise(mutation_groups, tmp
 def test_schema_errors_name_the_field_as_a_json_path(fresh_record, tmp_path):
     """The issue's case: a round of a rate set to a string, null, NaN or a negative number exits 2, naming it."""
     run = next(i for i, r in enumerate(fresh_record["runs"]) if r["id"] == "fp16-naive")
-    for new, expected in (("x", "a number, found string 'x'"), (None, "found null"),
-                          (math.nan, "finite number (not NaN or Infinity), found number NaN"),
-                          (-5, "a number >= 0, found number -5")):
+    for new, expected in (
+        ("x", "a number, found string 'x'"),
+        (None, "found null"),
+        (math.nan, "finite number (not NaN or Infinity), found number NaN"),
+        (-5, "a number >= 0, found number -5"),
+    ):
         mutated = apply(fresh_record, f"runs[{run}].lr[2]", "set", new)
         status, err = judge_file(_write(tmp_path, mutated, False), False)
         assert status == 2
         assert f"field 'runs[{run}] (fp16-naive).lr[2]' should be" in err and expected in err, err
     plot_15 = {"runs": [{"id": "bench-fp32", "extra": {"manual_round_steps_per_s": [80.0, 90.0, "x"]}}]}
     with pytest.raises(ValidationError) as caught:
-        schema.Record.model_validate({**fresh_record, "runs": [dict(fresh_record["runs"][0],
-                                                                      extra=plot_15["runs"][0]["extra"])]})
+        schema.Record.model_validate(
+            {**fresh_record, "runs": [dict(fresh_record["runs"][0], extra=plot_15["runs"][0]["extra"])]}
+        )
     message = schema.describe(caught.value, {"runs": plot_15["runs"]}, "plot_15_throughput.json")
-    assert message.startswith("plot_15_throughput.json: field 'runs[0] (bench-fp32).extra.manual_round_steps_per_s[2]' "
-                              "should be a number, found string 'x'")
+    assert message.startswith(
+        "plot_15_throughput.json: field 'runs[0] (bench-fp32).extra.manual_round_steps_per_s[2]' "
+        "should be a number, found string 'x'"
+    )
 
 
 def test_truncated_real_records_exit_2(fresh_record, tmp_path):
@@ -283,21 +320,30 @@ def test_the_docs_build_refuses_a_malformed_record_before_any_page_runs(fresh_re
     examples = tmp_path / "examples"
     examples.mkdir()
     shutil.copy(ROOT / "examples" / f"{FRESH}.py", examples)
-    config = SimpleNamespace(mpguide_gate=True, mpguide_results_dir=str(results), mpguide_examples_dir=str(examples),
-                             mpguide_reference_dir=str(tmp_path / "none"))
+    config = SimpleNamespace(
+        mpguide_gate=True,
+        mpguide_results_dir=str(results),
+        mpguide_examples_dir=str(examples),
+        mpguide_reference_dir=str(tmp_path / "none"),
+    )
     app = SimpleNamespace(config=config)
     with pytest.raises(ExtensionError, match=rf"{FRESH}\.json: field 'runs\[0\] \(fp32\)\.seconds' should be"):
         sphinx_ext._on_env_before_read_docs(app, None, [])
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda s: s.update(status="done"), "field 'status' should be one of 'ran' or 'could not run'"),
-    (lambda s: s["examples"][next(iter(s["examples"]))].update(seconds="7"), "seconds' should be"),
-    (lambda s: s["examples"][next(iter(s["examples"]))]["claims"][0].update(verdict=None), "verdict' should be"),
-    (lambda s: s.pop("library_sha256"), "'library_sha256' missing"),
-    (lambda s: s.update(plugin_tests={"status": "pass", "passed": -1, "failed": 0, "message": ""}),
-     "field 'plugin_tests.passed' should be a number >= 0"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda s: s.update(status="done"), "field 'status' should be one of 'ran' or 'could not run'"),
+        (lambda s: s["examples"][next(iter(s["examples"]))].update(seconds="7"), "seconds' should be"),
+        (lambda s: s["examples"][next(iter(s["examples"]))]["claims"][0].update(verdict=None), "verdict' should be"),
+        (lambda s: s.pop("library_sha256"), "'library_sha256' missing"),
+        (
+            lambda s: s.update(plugin_tests={"status": "pass", "passed": -1, "failed": 0, "message": ""}),
+            "field 'plugin_tests.passed' should be a number >= 0",
+        ),
+    ],
+)
 def test_matrix_summaries_are_typed(tmp_path, mutate, message):
     from mpguide_build import matrix
 
@@ -313,8 +359,11 @@ def test_the_readers_wheel_declares_the_schema_library():
     """A downloaded example validates its record with pydantic: the wheel's METADATA makes pip install it."""
     from mpguide_build import download
 
-    pins = dict(line.split("#")[0].strip().split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
-                if "==" in line.split("#")[0])
+    pins = dict(
+        line.split("#")[0].strip().split("==")
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if "==" in line.split("#")[0]
+    )
     metadata = download.wheel_files()[f"mpguide-{download.__version__}.dist-info/METADATA"].decode()
     declared = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
     assert declared == [f"pydantic=={pins['pydantic']}"], metadata

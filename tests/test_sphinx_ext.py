@@ -1,6 +1,6 @@
 import pytest
-
 from conftest import make_record
+
 from mpguide.verify import records
 from mpguide_build import sphinx_ext
 
@@ -23,8 +23,9 @@ def current_record(results, name):
     """A record of ``name`` made from the current example file, library and run environment."""
     record = make_record([], [], example=name)
     record["source"]["run_env"] = records.run_env({})
-    records.write_record(dict(record, claims=[{"kind": "expect", "runs": ["x"], "key": "k", "expected": 1}]),
-                         results / f"{name}.json")
+    records.write_record(
+        dict(record, claims=[{"kind": "expect", "runs": ["x"], "key": "k", "expected": 1}]), results / f"{name}.json"
+    )
 
 
 def test_first_build_reruns_everything(tmp_path, monkeypatch):
@@ -60,8 +61,9 @@ def test_changed_inputs_rerun_what_they_affect(tmp_path, monkeypatch, change):
     current_record(results, "plot_02_b")
     if change == "preset":
         monkeypatch.setenv("MPGUIDE_PRESET", "full")
-        assert sphinx_ext.examples_to_rerun(examples, results) == {n: "run_env changed"
-                                                                   for n in ("plot_01_a", "plot_02_b")}
+        assert sphinx_ext.examples_to_rerun(examples, results) == {
+            n: "run_env changed" for n in ("plot_01_a", "plot_02_b")
+        }
     elif change == "library":
         monkeypatch.setattr(records, "library_digest", lambda: "an older library")
         assert set(sphinx_ext.examples_to_rerun(examples, results)) == {"plot_01_a", "plot_02_b"}
@@ -74,8 +76,15 @@ def test_deleted_example_leftovers_are_removed(tmp_path, monkeypatch):
     examples, gallery, results = layout(tmp_path, monkeypatch)
     (examples / "plot_02_b.py").unlink()
     (gallery / "images" / "thumb").mkdir(parents=True)
-    for name in ("plot_02_b.py", "plot_02_b.ipynb", "plot_02_b.rst", "images/sphx_glr_plot_02_b_001.png",
-                 "images/thumb/sphx_glr_plot_02_b_thumb.png", "plot_01_a.py", "images/sphx_glr_plot_01_a_001.png"):
+    for name in (
+        "plot_02_b.py",
+        "plot_02_b.ipynb",
+        "plot_02_b.rst",
+        "images/sphx_glr_plot_02_b_001.png",
+        "images/thumb/sphx_glr_plot_02_b_thumb.png",
+        "plot_01_a.py",
+        "images/sphx_glr_plot_01_a_001.png",
+    ):
         (gallery / name).write_text("x")
     for name in ("plot_02_b.json", "plot_02_b_curves.png", "plot_01_a.json"):
         (results / name).write_text("{}")
@@ -92,8 +101,13 @@ def test_swap_naming_an_unknown_example_stops_the_build(tmp_path, monkeypatch):
     from sphinx.errors import ConfigError
 
     examples, gallery, results = layout(tmp_path, monkeypatch)
-    config = SimpleNamespace(mpguide_results_dir=str(results), mpguide_reference_dir="", mpguide_gate=True,
-                             mpguide_examples_dir=str(examples), mpguide_gallery_dir=str(gallery))
+    config = SimpleNamespace(
+        mpguide_results_dir=str(results),
+        mpguide_reference_dir="",
+        mpguide_gate=True,
+        mpguide_examples_dir=str(examples),
+        mpguide_gallery_dir=str(gallery),
+    )
     monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "plot_01_porting:manual-bf16=x")  # misspelled example
     with pytest.raises(ConfigError, match=r"names example\(s\) \['plot_01_porting'\]"):
         sphinx_ext._on_builder_inited(SimpleNamespace(config=config))
@@ -135,9 +149,11 @@ def test_the_extension_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, mpguide_build.sphinx_ext, mpguide.verify.gate, mpguide.verify.records\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning'))\n"
-            "print(heavy)")
+    code = (
+        "import sys, mpguide_build.sphinx_ext, mpguide.verify.gate, mpguide.verify.records\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning'))\n"
+        "print(heavy)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

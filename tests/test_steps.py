@@ -28,8 +28,9 @@ PRECISIONS = {
     # CPU: precision="16-mixed" would run bf16. Scale 256: at 65536 the fp16 backward of this model overflows
     # by itself on the first batches, and only the forced overflow should skip
     "16-mixed": lambda: {"plugins": [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", 256.0))]},
-    "16-mixed-plugin": lambda: {"plugins": [ManualMixedPrecision("16-mixed", "cpu",
-                                                                 torch.amp.GradScaler("cpu", 256.0))]},
+    "16-mixed-plugin": lambda: {
+        "plugins": [ManualMixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", 256.0))]
+    },
 }
 
 
@@ -72,9 +73,16 @@ class Plateau(pl.LightningModule):
 
 
 def fit(module, name, batches=8):
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False,
-                         **(PRECISIONS[name]() if callable(PRECISIONS[name]) else PRECISIONS[name]))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        **(PRECISIONS[name]() if callable(PRECISIONS[name]) else PRECISIONS[name]),
+    )
     gen = torch.Generator().manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -92,7 +100,8 @@ def test_plateau_gets_the_monitored_value_of_applied_steps_only(name):
     assert sched.last_epoch == len(module.passed) == 8 - len(skipped)  # one scheduler step per applied update
     # the expected learning rate: a fresh ReduceLROnPlateau fed exactly the values of the applied steps
     replay = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), mode="min", factor=0.5, patience=0)
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), mode="min", factor=0.5, patience=0
+    )
     for value in module.passed:
         replay.step(value)
     assert sched.get_last_lr() == replay.get_last_lr() and sched.best == replay.best
@@ -103,7 +112,7 @@ def test_plateau_gets_the_monitored_value_of_applied_steps_only(name):
 def test_plateau_without_metrics_is_refused_before_the_step(name):
     module = Plateau(pass_metrics=False)
     before = module.net.weight.detach().clone()
-    fix = r'metrics= is missing\. Call step_skip_aware\(opt, self\.trainer, sched, metrics=value\) with the value'
+    fix = r"metrics= is missing\. Call step_skip_aware\(opt, self\.trainer, sched, metrics=value\) with the value"
     with pytest.raises(TypeError, match=fix + r' it watches .*Lightning ignores the "monitor" key'):
         fit(module, name)
     assert module.applied == [] and torch.equal(before, module.net.weight.detach())  # at the first batch, no step

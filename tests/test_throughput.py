@@ -41,7 +41,8 @@ def test_tuned_variants_only_when_the_size_asks():
 def test_every_variant_leads_one_round(monkeypatch):
     calls: list[tuple[str, str]] = []
 
-    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning(), slowdown=0.0):
+    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=None, slowdown=0.0):
+        tuning = tuning or throughput.Tuning()
         calls.append((precision, "automatic" if not manual else repr(tuning)))
         return 1.0
 
@@ -91,8 +92,9 @@ with hardware.device_lock("cpu"):
 
 def _holder(env: dict[str, str]) -> subprocess.Popen:
     """A process that takes the shared lock like a training run; it says "asking", then "held" once it has it."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_SHARED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            bufsize=0, env=env)  # unbuffered: readline() never reads past one line
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SHARED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env
+    )  # unbuffered: readline() never reads past one line
     assert proc.stdout.readline() == b"asking\n"
     return proc
 
@@ -146,22 +148,38 @@ def test_speedup_rows_of_the_guide_table():
     from mpguide.verify import gate, report
 
     size = throughput.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
-    timing = throughput.Timing("bf16-mixed", size, {v: [0.25, 0.25] for v in throughput.variants_for("bf16-mixed", size)})
+    timing = throughput.Timing(
+        "bf16-mixed", size, {v: [0.25, 0.25] for v in throughput.variants_for("bf16-mixed", size)}
+    )
     timing.seconds["manual, compiled"] = [0.2, 0.2]  # 100 steps/s against the manual loop's 80
-    run = {"id": "bench-bf16", "precision": "bf16-mixed",
-           "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0, "size": dataclasses.asdict(size)}}
+    run = {
+        "id": "bench-bf16",
+        "precision": "bf16-mixed",
+        "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0, "size": dataclasses.asdict(size)},
+    }
     gpu_env = {"accelerator": "cuda", "device": "NVIDIA H200", "torch": "2.11.0", "lightning": "2.6.6", "cuda": "13.0"}
-    gpu = gate.PageRecord("reference: nvidia-h200", {"env": gpu_env, "runs": [run], "preset": "full",
-                                                        "created": "2026-12-01T00:00:00Z"}, [], "", Path("x.json"))
+    gpu = gate.PageRecord(
+        "reference: nvidia-h200",
+        {"env": gpu_env, "runs": [run], "preset": "full", "created": "2026-12-01T00:00:00Z"},
+        [],
+        "",
+        Path("x.json"),
+    )
     cpu = gate.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
     rows = report.speedup_rows([cpu, gpu])
     assert [r["variant"] for r in rows] == ["manual", *throughput.TUNED["bf16-mixed"]]
     compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
     tflops = 100 * size.flops_per_step() / 1e12
     assert compiled["record"].startswith("reference: NVIDIA H200") and "preset full, 2026-12-01" in compiled["record"]
-    assert compiled == {"record": compiled["record"], "precision": "bf16-mixed",
-                        "variant": "manual, compiled", "steps/s": "100.0", "vs manual": "x1.25",
-                        "TFLOP/s": f"{tflops:.0f}", "of bf16 peak": f"{tflops / 800:.0%}"}
+    assert compiled == {
+        "record": compiled["record"],
+        "precision": "bf16-mixed",
+        "variant": "manual, compiled",
+        "steps/s": "100.0",
+        "vs manual": "x1.25",
+        "TFLOP/s": f"{tflops:.0f}",
+        "of bf16 peak": f"{tflops / 800:.0%}",
+    }
     assert report.speedup_rows([cpu]) == []
 
 
@@ -211,8 +229,7 @@ def test_gallery_hook_makes_every_fit_wait_for_the_benchmark(tmp_path, monkeypat
     monkeypatch.setenv("MPGUIDE_LOCK_DIR", str(tmp_path))
     env = {**os.environ, "MPGUIDE_LOCK_DIR": str(tmp_path)}
     with hardware.device_lock("cpu", exclusive=True):
-        proc = subprocess.Popen([sys.executable, "-c", FIT_UNDER_THE_HOOK], stdout=subprocess.PIPE, bufsize=0,
-                                env=env)
+        proc = subprocess.Popen([sys.executable, "-c", FIT_UNDER_THE_HOOK], stdout=subprocess.PIPE, bufsize=0, env=env)
         assert proc.stdout.readline() == b"asking\n"
         assert not _says_within(proc, 2.0), "a Trainer.fit ran while the benchmark held the device"
     assert proc.stdout.readline() == b"fitted\n"
@@ -227,7 +244,7 @@ def test_short_windows_get_more_steps(monkeypatch):
         seen.append(size.steps)
         return 0.005 * size.steps  # 5 ms a step
 
-    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=throughput.Tuning(), slowdown=0.0):
+    def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=None, slowdown=0.0):
         seen.append(size.steps)
         return 0.005 * size.steps
 
@@ -302,9 +319,20 @@ def _record_with(manual: list[float], automatic: list[float]) -> dict:
     from conftest import curve, run
 
     extra = {"manual_round_steps_per_s": manual, "automatic_round_steps_per_s": automatic}
-    return {"example": "x", "env": {}, "preset": "test", "runs": [dict(run("r", curve()), extra=extra)],
-            "claims": [claims.rate_ratio("r", "manual_round_steps_per_s/automatic_round_steps_per_s",
-                                         "throughput-parity-cpu", "manual as fast as automatic")]}
+    return {
+        "example": "x",
+        "env": {},
+        "preset": "test",
+        "runs": [dict(run("r", curve()), extra=extra)],
+        "claims": [
+            claims.rate_ratio(
+                "r",
+                "manual_round_steps_per_s/automatic_round_steps_per_s",
+                "throughput-parity-cpu",
+                "manual as fast as automatic",
+            )
+        ],
+    }
 
 
 def test_inconclusive_is_never_reported_as_pass(capsys):
@@ -334,8 +362,9 @@ def test_the_sphinx_build_logs_inconclusive_claims_without_failing(monkeypatch):
     from mpguide_build import sphinx_ext
 
     ratios = _noisy(0.85, 8, 0.2, seed=3)
-    found = gate.GateReport(verdicts=claims.evaluate_record(_record_with([100 * q for q in ratios], [100.0] * 8)),
-                            records=[Path("x.json")])
+    found = gate.GateReport(
+        verdicts=claims.evaluate_record(_record_with([100 * q for q in ratios], [100.0] * 8)), records=[Path("x.json")]
+    )
     monkeypatch.setattr(gate, "judge", lambda *a, **k: found)
     monkeypatch.setattr(sphinx_ext, "_record_files", lambda app, references: [])
     logged: list[tuple[str, dict]] = []
@@ -408,13 +437,23 @@ def test_rounds_go_on_until_decided_or_the_cap(monkeypatch):
     until = throughput.claims_decided(*tables, "cpu")
     # quiet: every round agrees, so 6 rounds decide every claim
     _fake_windows(monkeypatch, lambda v, r: 1.0)
-    out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None,
-                                 until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}))
+    out = throughput.interleaved(
+        ("32-true",),
+        size,
+        "cpu",
+        progress=lambda line: None,
+        until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}),
+    )
     assert len(out["32-true"].seconds["manual"]) == 6
     # noisy: the manual rounds swing +-30 %, the claims stay undecided, the cap ends it
     _fake_windows(monkeypatch, lambda v, r: 1.0 if v != "manual" else (0.7, 1.3)[r % 2])
-    out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None,
-                                 until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}))
+    out = throughput.interleaved(
+        ("32-true",),
+        size,
+        "cpu",
+        progress=lambda line: None,
+        until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}),
+    )
     assert len(out["32-true"].seconds["manual"]) == 12
     # without a stopping test: exactly `rounds`
     out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None)

@@ -96,8 +96,12 @@ class Patcher:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mpguide", "mpguide: Lightning's tests with the project's precision plugins")
-    group.addoption("--mpguide-patch", choices=("none", "trainer", "fabric", "both"), default="none",
-                    help="which MixedPrecision to replace by the project's plugin (default: none, count only)")
+    group.addoption(
+        "--mpguide-patch",
+        choices=("none", "trainer", "fabric", "both"),
+        default="none",
+        help="which MixedPrecision to replace by the project's plugin (default: none, count only)",
+    )
     group.addoption("--mpguide-report", default=None, help="write per-test outcomes and constructions as JSON here")
 
 
@@ -155,8 +159,10 @@ class Harness:
         totals = patcher.totals()
         targets = {_qualname(t) for t in patcher.redirects.values()}
         state = "ACTIVE" if patcher.redirects else "off (counting only)"
-        lines = [f"lightning {lightning.__version__} from {Path(lightning.__file__).parent}",
-                 f"patch {patcher.patch}: {state}"]
+        lines = [
+            f"lightning {lightning.__version__} from {Path(lightning.__file__).parent}",
+            f"patch {patcher.patch}: {state}",
+        ]
         lines += [f"  {_qualname(base)} -> {_qualname(target)}" for base, target in patcher.redirects.items()]
         lines.append("instances constructed (tests and collection):")
         for name in sorted(totals):
@@ -173,12 +179,15 @@ class Harness:
         for nodeid, counts in patcher.per_test.items():
             if nodeid in self.outcomes:
                 self.outcomes[nodeid]["constructed"] = dict(counts)
-        return {"lightning": lightning.__version__, "lightning_path": str(Path(lightning.__file__).parent),
-                "patch": patcher.patch,
-                "replacements": {_qualname(b): _qualname(t) for b, t in patcher.redirects.items()},
-                "constructed": dict(patcher.totals()),
-                "constructed_at_collection": dict(patcher.per_test.get(COLLECTION, {})),
-                "tests": self.outcomes}
+        return {
+            "lightning": lightning.__version__,
+            "lightning_path": str(Path(lightning.__file__).parent),
+            "patch": patcher.patch,
+            "replacements": {_qualname(b): _qualname(t) for b, t in patcher.redirects.items()},
+            "constructed": dict(patcher.totals()),
+            "constructed_at_collection": dict(patcher.per_test.get(COLLECTION, {})),
+            "tests": self.outcomes,
+        }
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         terminalreporter.section("mpguide upstream harness")

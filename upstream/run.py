@@ -57,15 +57,28 @@ def run_mode(checkout: Path, mode: str, patch: str, files: list[str], extra: lis
     report.unlink(missing_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
-    cmd = [sys.executable, "-m", "pytest", "-p", "upstream.pytest_mpguide",
-           f"--mpguide-patch={patch if mode == 'patched' else 'none'}", f"--mpguide-report={report}",
-           "-q", "-rfE", "--color=no", "-p", "no:cacheprovider", *files, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "upstream.pytest_mpguide",
+        f"--mpguide-patch={patch if mode == 'patched' else 'none'}",
+        f"--mpguide-report={report}",
+        "-q",
+        "-rfE",
+        "--color=no",
+        "-p",
+        "no:cacheprovider",
+        *files,
+        *extra,
+    ]
     log = out / f"{mode}.log"
     print(f"[{mode}] {' '.join(cmd[1:])}\n[{mode}] log: {log}", flush=True)
     with open(log, "w") as stream:
         subprocess.run(cmd, cwd=checkout / "tests", env=env, stdout=stream, stderr=subprocess.STDOUT, check=False)
     text = log.read_text()
-    tail = text[text.rfind("mpguide upstream harness"):] if "mpguide upstream harness" in text else text[-3000:]
+    tail = text[text.rfind("mpguide upstream harness") :] if "mpguide upstream harness" in text else text[-3000:]
     print(tail.rstrip(), flush=True)
     if not report.is_file():
         raise SystemExit(f"[{mode}] pytest wrote no report; see {log}")
@@ -76,7 +89,10 @@ def run_mode(checkout: Path, mode: str, patch: str, files: list[str], extra: lis
 
 
 def is_cuda_only(reason: str) -> bool:
-    """A skip by Lightning's ``RunIf`` for want of a CUDA GPU (``Requires: [GPUs>=1 + ...]``, ``[CUDA device bf16]``)."""
+    """A skip by Lightning's ``RunIf`` for want of a CUDA GPU.
+
+    Its reason reads ``Requires: [GPUs>=1 + ...]`` or ``[CUDA device bf16]``.
+    """
     return "GPUs>=" in reason or "CUDA device" in reason
 
 
@@ -93,8 +109,10 @@ def file_of(nodeid: str) -> str:
 
 def counts_table(reports: dict[str, dict]) -> list[str]:
     """Markdown rows: per file and mode, passed/failed/skipped (xfailed counts as passed, errors as failed)."""
-    rows = ["| file | mode | passed | failed | skipped (CUDA-only) | built by the patch |",
-            "| --- | --- | ---: | ---: | ---: | ---: |"]
+    rows = [
+        "| file | mode | passed | failed | skipped (CUDA-only) | built by the patch |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for name in sorted({file_of(n) for r in reports.values() for n in r["tests"]}):
         for mode, report in reports.items():
             tests = {n: t for n, t in report["tests"].items() if file_of(n) == name}
@@ -102,8 +120,10 @@ def counts_table(reports: dict[str, dict]) -> list[str]:
             cuda = sum(1 for t in tests.values() if t["outcome"] == "skipped" and is_cuda_only(t.get("reason", "")))
             targets = set(report["replacements"].values())
             built = sum(1 for t in tests.values() if targets & set(t.get("constructed", {})))
-            rows.append(f"| {name} | {mode} | {c['passed'] + c['xfailed']} | {c['failed'] + c['error'] + c['xpassed']} "
-                        f"| {c['skipped']} ({cuda}) | {built if targets else '-'} |")
+            rows.append(
+                f"| {name} | {mode} | {c['passed'] + c['xfailed']} | {c['failed'] + c['error'] + c['xpassed']} "
+                f"| {c['skipped']} ({cuda}) | {built if targets else '-'} |"
+            )
     return rows
 
 
@@ -113,51 +133,78 @@ def differences(unpatched: dict, patched: dict) -> list[str]:
         before = unpatched["tests"].get(nodeid, {}).get("outcome", "absent")
         after = patched["tests"].get(nodeid, {})
         if (before in PASSING) != (after.get("outcome", "absent") in PASSING) or (before == "skipped") != (
-                after.get("outcome") == "skipped"):
-            rows.append(f"- `{nodeid}`: {before} -> {after.get('outcome', 'absent')}"
-                        + (f": {after['message']}" if after.get("message") else ""))
+            after.get("outcome") == "skipped"
+        ):
+            rows.append(
+                f"- `{nodeid}`: {before} -> {after.get('outcome', 'absent')}"
+                + (f": {after['message']}" if after.get("message") else "")
+            )
     return rows or ["- none"]
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m upstream.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lightning", default=os.environ.get(ENV_VAR),
-                        help=f"a Lightning checkout (source tree with tests/); default: ${ENV_VAR}")
+    parser.add_argument(
+        "--lightning",
+        default=os.environ.get(ENV_VAR),
+        help=f"a Lightning checkout (source tree with tests/); default: ${ENV_VAR}",
+    )
     parser.add_argument("--mode", choices=("unpatched", "patched", "both"), default="both")
-    parser.add_argument("--patch", choices=("trainer", "fabric", "both"), default="both",
-                        help="what the patched mode replaces (default both)")
+    parser.add_argument(
+        "--patch",
+        choices=("trainer", "fabric", "both"),
+        default="both",
+        help="what the patched mode replaces (default both)",
+    )
     parser.add_argument("--out", default=str(ROOT / "_build" / "upstream"), help="folder for reports and logs")
-    parser.add_argument("--deps", type=Path, default=None,
-                        help="install Lightning's extra test plugins (TEST_DEPS) into this folder when missing")
-    parser.add_argument("files", nargs="*", help="test files relative to the checkout's tests/ (default: FILES), "
-                                                 "or first the checkout itself")
+    parser.add_argument(
+        "--deps",
+        type=Path,
+        default=None,
+        help="install Lightning's extra test plugins (TEST_DEPS) into this folder when missing",
+    )
+    parser.add_argument(
+        "files",
+        nargs="*",
+        help="test files relative to the checkout's tests/ (default: FILES), or first the checkout itself",
+    )
     args = parser.parse_args(argv)
     if not args.lightning and args.files and (Path(args.files[0]) / "tests").is_dir():
         args.lightning, args.files = args.files[0], args.files[1:]  # `nox -s upstream -- /path/to/checkout`
     if not args.lightning:
-        print(f"upstream tests skipped: no Lightning checkout given (pass --lightning PATH or set {ENV_VAR}). "
-              "They need Lightning's source tree, which CI cannot fetch; run them by hand (notes/upstream_tests.md).")
+        print(
+            f"upstream tests skipped: no Lightning checkout given (pass --lightning PATH or set {ENV_VAR}). "
+            "They need Lightning's source tree, which CI cannot fetch; run them by hand (notes/upstream_tests.md)."
+        )
         return 0
     checkout = Path(args.lightning).resolve()
     if not (checkout / "tests" / "tests_pytorch").is_dir():
         print(f"{checkout} is not a Lightning checkout (no tests/tests_pytorch)", file=sys.stderr)
         return 2
     if missing_deps() and args.deps is not None:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(args.deps),
-                        *TEST_DEPS], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(args.deps), *TEST_DEPS],
+            check=True,
+        )
         sys.path.insert(0, str(args.deps))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(args.deps), os.environ.get("PYTHONPATH", "")] if p)
     if missing_deps():
-        print(f"Lightning's tests need {' '.join(missing_deps())} (its requirements/*/test.txt): pip install them, "
-              "or run `nox -s upstream -- PATH`, which installs them into .nox/upstream-deps", file=sys.stderr)
+        print(
+            f"Lightning's tests need {' '.join(missing_deps())} (its requirements/*/test.txt): pip install them, "
+            "or run `nox -s upstream -- PATH`, which installs them into .nox/upstream-deps",
+            file=sys.stderr,
+        )
         return 2
     import lightning
 
-    print(f"checkout {checkout} (src/version.info {checkout_version(checkout)}); "
-          f"installed lightning {lightning.__version__}", flush=True)
+    print(
+        f"checkout {checkout} (src/version.info {checkout_version(checkout)}); "
+        f"installed lightning {lightning.__version__}",
+        flush=True,
+    )
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     modes = ["unpatched", "patched"] if args.mode == "both" else [args.mode]

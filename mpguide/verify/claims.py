@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -128,7 +129,8 @@ TOLERANCES: dict[str, Tolerance] = {
             "its student changed. plot_16 measured on CPU: fp32 and bf16-mixed kept 99.99 % of the updates (test and "
             "quick presets), an fp32 teacher followed 98.1 % and 98.8 % of the weights its student changed, and "
             "an fp32 teacher updated from bf16 weights cast to fp32 followed 100 %. What fp32 misses are changes "
-            "even fp32 cannot represent (below half an fp32 spacing of the weight, about 6e-8 of its value): a teacher's step is "
+            "even fp32 cannot represent (below half an fp32 spacing of the weight, about 6e-8 of its value): "
+            "a teacher's step is "
             "a thousandth of the student's distance, so it misses more of them than the student does.",
         ),
         Tolerance(
@@ -300,8 +302,9 @@ def same(candidate: str, reference: str, key: str, title: str = "") -> dict[str,
     return {"kind": "same", "runs": [candidate, reference], "key": key, "title": title}
 
 
-def ratio(candidate: str, reference: str, key: str, expected: float | str, tolerance: str = "update-ratio",
-          title: str = "") -> dict[str, Any]:
+def ratio(
+    candidate: str, reference: str, key: str, expected: float | str, tolerance: str = "update-ratio", title: str = ""
+) -> dict[str, Any]:
     """Declare ``extra[key][i]`` of ``candidate`` / the same of ``reference`` equals the expected factor.
 
     Args:
@@ -315,8 +318,14 @@ def ratio(candidate: str, reference: str, key: str, expected: float | str, toler
             ``|actual / expected - 1|`` over steps.
     """
     _check_tolerance(tolerance, "max")
-    return {"kind": "ratio", "runs": [candidate, reference], "key": key, "expected": expected,
-            "tolerance": tolerance, "title": title}
+    return {
+        "kind": "ratio",
+        "runs": [candidate, reference],
+        "key": key,
+        "expected": expected,
+        "tolerance": tolerance,
+        "title": title,
+    }
 
 
 def rate_ratio(run: str, key: str, tolerance: str, title: str = "") -> dict[str, Any]:
@@ -414,8 +423,9 @@ def first_non_finite(values: Sequence[float]) -> tuple[int, float] | None:
     return None
 
 
-def median_interval(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE
-                    ) -> tuple[float, float, int, float] | None:
+def median_interval(
+    values: Sequence[float], confidence: float = PAIRED_CONFIDENCE
+) -> tuple[float, float, int, float] | None:
     """Distribution-free confidence interval for the median of ``values`` (order statistics).
 
     For ``n`` independent draws of one continuous distribution, the median lies between the ``k``-th
@@ -435,7 +445,7 @@ def median_interval(values: Sequence[float], confidence: float = PAIRED_CONFIDEN
     ordered = sorted(values)
     k, below = 0, 0.0  # below = P(Binomial(n, 1/2) <= k - 1) for the current k
     for j in range(n // 2 + 1):  # k = j + 1 needs P(B <= j) <= (1 - confidence) / 2
-        tail = below + math.comb(n, j) / 2 ** n
+        tail = below + math.comb(n, j) / 2**n
         if 2 * tail > 1 - confidence + 1e-12:
             break
         k, below = j + 1, tail
@@ -472,11 +482,15 @@ class PairedDecision:
         """One line: rounds, median, interval, band and what that means."""
         band = f"{self.band[0]:.3g}-{self.band[1]:.3g}" if math.isfinite(self.band[1]) else f">= {self.band[0]:.3g}"
         if self.low is None:
-            return (f"median {self.median:.3f} of {self.rounds} rounds; too few rounds for a "
-                    f"{PAIRED_CONFIDENCE:.0%} interval (6 needed): inconclusive")
+            return (
+                f"median {self.median:.3f} of {self.rounds} rounds; too few rounds for a "
+                f"{PAIRED_CONFIDENCE:.0%} interval (6 needed): inconclusive"
+            )
         where = {"pass": "inside", "fail": "outside", "inconclusive": "across the edge of"}[self.verdict]
-        return (f"median {self.median:.3f} of {self.rounds} rounds, {self.coverage:.1%} interval "
-                f"{self.low:.3f}-{self.high:.3f} {where} band {band}")
+        return (
+            f"median {self.median:.3f} of {self.rounds} rounds, {self.coverage:.1%} interval "
+            f"{self.low:.3f}-{self.high:.3f} {where} band {band}"
+        )
 
 
 def decide_paired(ratios: Sequence[float], tolerance: Tolerance) -> PairedDecision:
@@ -497,8 +511,9 @@ def decide_paired(ratios: Sequence[float], tolerance: Tolerance) -> PairedDecisi
     if interval is None:
         return PairedDecision("inconclusive", len(ratios), median, None, None, 0, 0.0, band)
     low, high, k, coverage = interval
-    verdict = ("pass" if band[0] <= low and high <= band[1] else
-               "fail" if high < band[0] or low > band[1] else "inconclusive")
+    verdict = (
+        "pass" if band[0] <= low and high <= band[1] else "fail" if high < band[0] or low > band[1] else "inconclusive"
+    )
     return PairedDecision(verdict, len(ratios), median, low, high, k, coverage, band)
 
 
@@ -576,32 +591,39 @@ class Verdict:
     def shown_value(self) -> str:
         """The observed value as table text: the number (4 significant digits) or the observed text."""
         if self.value is not None and not self.observed:
-            prefix = {"max rel. diff": "max ", "mean rel. gap": "mean ", "max |ratio/expected - 1|": "max dev. ",
-                      "non-finite steps": "non-finite: "}.get(self.metric, "")
+            prefix = {
+                "max rel. diff": "max ",
+                "mean rel. gap": "mean ",
+                "max |ratio/expected - 1|": "max dev. ",
+                "non-finite steps": "non-finite: ",
+            }.get(self.metric, "")
             return prefix + ("NaN" if math.isnan(self.value) else f"{self.value:.3g}")
         return self.observed or "n/a"
 
     def message(self) -> str:
         """One line naming example, claim, runs, metric vs threshold, record and hardware."""
         if self.kind in ("declaration", "stale", "record"):
-            return (f"{self.example}: {self.kind} FAILED [{self.title}]: {self.detail}"
-                    f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
+            return (
+                f"{self.example}: {self.kind} FAILED [{self.title}]: {self.detail}"
+                f" (record: {self.record or 'in memory'}; hardware: {self.hardware})"
+            )
         value = "n/a" if self.value is None else f"{self.value:.4g}"
         if self.observed:
             value = self.observed
         word = {"pass": "passed", "FAIL": "FAILED"}.get(self.status, self.status)
         measured = value if value.startswith(f"{self.metric} =") else f"{self.metric} = {value}"
-        return (f"{self.example}: {self.kind}({', '.join(self.runs)}) {word}"
-                f" [{self.title}]: {measured}, threshold {self.threshold}. {self.detail}"
-                f" (record: {self.record or 'in memory'}; hardware: {self.hardware})")
+        return (
+            f"{self.example}: {self.kind}({', '.join(self.runs)}) {word}"
+            f" [{self.title}]: {measured}, threshold {self.threshold}. {self.detail}"
+            f" (record: {self.record or 'in memory'}; hardware: {self.hardware})"
+        )
 
 
 def hardware_label(env: dict[str, Any]) -> str:
     """Short hardware and version label of a record's ``env`` field."""
     cuda = env.get("cuda", "cpu")
     extra = f", CUDA {cuda}" if cuda not in ("cpu", "", None) else ""
-    return (f"{env.get('device', '?')}{extra}, torch {env.get('torch', '?')}, "
-            f"Lightning {env.get('lightning', '?')}")
+    return f"{env.get('device', '?')}{extra}, torch {env.get('torch', '?')}, Lightning {env.get('lightning', '?')}"
 
 
 def planned_steps(preset: str) -> int | None:
@@ -616,8 +638,9 @@ def planned_steps(preset: str) -> int | None:
     return None if size is None else size.epochs * steps_per_epoch(size.batch_size)
 
 
-def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = None,
-                    stale: bool = False) -> list[Verdict]:
+def evaluate_record(
+    record: dict[str, Any], path: str = "", declaration: Any = None, stale: bool = False
+) -> list[Verdict]:
     """Judge a record: its example's declared claims, plus the implicit checks on every run.
 
     With ``declaration`` (a :class:`mpguide.verify.declarations.Declaration`, what the gate and the pages
@@ -662,9 +685,20 @@ def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = N
 
     for claim, not_judged in to_judge:
         if not_judged:
-            verdicts.append(verdict(kind=claim["kind"], runs=list(claim["runs"]), title=claim.get("title") or
-                                    claim["kind"], metric="-", value=None, threshold="-", passed=False,
-                                    judged=False, observed="not judged", detail=not_judged))
+            verdicts.append(
+                verdict(
+                    kind=claim["kind"],
+                    runs=list(claim["runs"]),
+                    title=claim.get("title") or claim["kind"],
+                    metric="-",
+                    value=None,
+                    threshold="-",
+                    passed=False,
+                    judged=False,
+                    observed="not judged",
+                    detail=not_judged,
+                )
+            )
         else:
             verdicts.append(_evaluate_claim(claim, runs, verdict))
 
@@ -674,26 +708,48 @@ def evaluate_record(record: dict[str, Any], path: str = "", declaration: Any = N
         error = run.get("error")
         if error:
             first = (error.get("message") or "").splitlines()[:1]
-            verdicts.append(verdict(kind="completes", runs=[run_id], title=f"{run_id} trains to the end",
-                                    metric="exception", value=None, threshold="none", passed=False,
-                                    observed=f"{error.get('type')}: {first[0] if first else ''}",
-                                    detail=f"unexpected {error.get('type')}: {error.get('message')}"))
+            verdicts.append(
+                verdict(
+                    kind="completes",
+                    runs=[run_id],
+                    title=f"{run_id} trains to the end",
+                    metric="exception",
+                    value=None,
+                    threshold="none",
+                    passed=False,
+                    observed=f"{error.get('type')}: {first[0] if first else ''}",
+                    detail=f"unexpected {error.get('type')}: {error.get('message')}",
+                )
+            )
             continue
         loss = run["loss"]
         bad = [i for i, v in enumerate(loss) if not math.isfinite(v)]
         short = len(loss) != run["steps"] or not loss or run["steps"] != planned
         detail = ""
         if bad:
-            detail = (f"the loss is {loss[bad[0]]} at step {bad[0]} (counted from 0); {len(bad)} of {len(loss)} "
-                      f"steps are not finite")
+            detail = (
+                f"the loss is {loss[bad[0]]} at step {bad[0]} (counted from 0); {len(bad)} of {len(loss)} "
+                f"steps are not finite"
+            )
         elif len(loss) != run["steps"] or not loss:
             detail = f"run too short: {len(loss)} losses recorded for {run['steps']} steps"
         elif short:
-            detail = (f"the run has {run['steps']} steps, but preset {record.get('preset')!r} plans "
-                      f"{planned}: the record's preset and its runs disagree")
-        verdicts.append(verdict(kind="finite", runs=[run_id], title=f"{run_id} has a finite loss at every step",
-                                metric="non-finite steps", value=float(len(bad)), threshold="== 0",
-                                passed=not bad and not short, detail=detail))
+            detail = (
+                f"the run has {run['steps']} steps, but preset {record.get('preset')!r} plans "
+                f"{planned}: the record's preset and its runs disagree"
+            )
+        verdicts.append(
+            verdict(
+                kind="finite",
+                runs=[run_id],
+                title=f"{run_id} has a finite loss at every step",
+                metric="non-finite steps",
+                value=float(len(bad)),
+                threshold="== 0",
+                passed=not bad and not short,
+                detail=detail,
+            )
+        )
     return verdicts
 
 
@@ -703,11 +759,19 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
     base = dict(kind=kind, runs=ids, title=title)
     missing = [r for r in ids if r not in runs]
     if kind not in KINDS:
-        return verdict(**base, metric="?", value=None, threshold="?", passed=False,
-                       detail=f"unknown claim kind {kind!r}")
+        return verdict(
+            **base, metric="?", value=None, threshold="?", passed=False, detail=f"unknown claim kind {kind!r}"
+        )
     if missing:
-        return verdict(**base, metric="?", value=None, threshold="?", passed=False, observed="run missing",
-                       detail=f"run(s) {missing} missing from the record")
+        return verdict(
+            **base,
+            metric="?",
+            value=None,
+            threshold="?",
+            passed=False,
+            observed="run missing",
+            detail=f"run(s) {missing} missing from the record",
+        )
     if kind == "rate_ratio":
         return _evaluate_rate_ratio(claim, runs[ids[0]], base, verdict)
 
@@ -717,11 +781,22 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
         want = f"raises {claim['exception']}"
         first = (error.get("message") or "").splitlines()[:1]
         got = f"{error.get('type')}: {first[0] if first else ''}" if error else "no exception"
-        ok = bool(error) and error.get("type") == claim["exception"] and claim["message"] in (error.get("message") or "")
-        return verdict(**base, metric="exception", value=None, threshold=want, passed=ok,
-                       observed=got[:80] + ("..." if len(got) > 80 else ""),
-                       detail=(f"expected {claim['exception']} containing {claim['message']!r}, got {got}"
-                               if not ok else f"raised {got}"))
+        ok = (
+            bool(error) and error.get("type") == claim["exception"] and claim["message"] in (error.get("message") or "")
+        )
+        return verdict(
+            **base,
+            metric="exception",
+            value=None,
+            threshold=want,
+            passed=ok,
+            observed=got[:80] + ("..." if len(got) > 80 else ""),
+            detail=(
+                f"expected {claim['exception']} containing {claim['message']!r}, got {got}"
+                if not ok
+                else f"raised {got}"
+            ),
+        )
 
     if kind in ("warns", "no_warning"):
         seen = runs[ids[0]].get("warnings") or []
@@ -732,18 +807,31 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
             want = "no such warning"
             hits = [w for w in seen if claim["message"] in w]
         ok = bool(hits) == (kind == "warns")
-        return verdict(**base, metric="warnings", value=float(len(hits)), threshold=want, passed=ok,
-                       observed=f"{len(hits)} matching warning{'s' if len(hits) != 1 else ''}",
-                       detail=(hits[0][:200] if hits else f"no {claim.get('category', '')} warning containing "
-                               f"{claim['message']!r}").strip())
+        return verdict(
+            **base,
+            metric="warnings",
+            value=float(len(hits)),
+            threshold=want,
+            passed=ok,
+            observed=f"{len(hits)} matching warning{'s' if len(hits) != 1 else ''}",
+            detail=(
+                hits[0][:200] if hits else f"no {claim.get('category', '')} warning containing {claim['message']!r}"
+            ).strip(),
+        )
 
     if kind in ("expect", "same"):
         key = claim["key"]
         values = [runs[r].get("extra", {}).get(key, _MISSING) for r in ids]
         if any(v is _MISSING for v in values):
-            return verdict(**base, metric=key, value=None, threshold="recorded", passed=False,
-                           observed="not recorded",
-                           detail=f"run(s) {[r for r, v in zip(ids, values) if v is _MISSING]} did not record {key!r}")
+            return verdict(
+                **base,
+                metric=key,
+                value=None,
+                threshold="recorded",
+                passed=False,
+                observed="not recorded",
+                detail=f"run(s) {[r for r, v in zip(ids, values) if v is _MISSING]} did not record {key!r}",
+            )
         expected = claim["expected"] if kind == "expect" else values[1]
         ok = values[0] == expected
         if kind == "same":
@@ -751,18 +839,38 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
             threshold = f"{key} identical"
         else:
             observed, threshold = f"{key} = {_short(values[0], 40)}", f"== {_short(expected, 24)}"
-        return verdict(**base, metric=key, value=None, threshold=threshold, passed=ok, observed=observed,
-                       detail=f"recorded {_short(values[0])}" + ("" if ok else f", expected {_short(expected)}"))
+        return verdict(
+            **base,
+            metric=key,
+            value=None,
+            threshold=threshold,
+            passed=ok,
+            observed=observed,
+            detail=f"recorded {_short(values[0])}" + ("" if ok else f", expected {_short(expected)}"),
+        )
 
     name = claim.get("tolerance", "")
     tol = TOLERANCES.get(name)
     if tol is None:
-        return verdict(**base, metric="?", value=None, threshold="?", passed=False,
-                       detail=f"unknown tolerance {name!r}; known: {sorted(TOLERANCES)}")
+        return verdict(
+            **base,
+            metric="?",
+            value=None,
+            threshold="?",
+            passed=False,
+            detail=f"unknown tolerance {name!r}; known: {sorted(TOLERANCES)}",
+        )
     bound = "min" if kind == "diverge" else "max"
     if tol.bound != bound:  # the declaration helpers refuse this; a record must not slip it in
-        return verdict(**base, metric="?", value=None, threshold=f"{tol.value:g}", passed=False, tolerance=name,
-                       detail=f"tolerance {name!r} is a {tol.bound!r} bound, a {kind} claim needs a {bound!r} one")
+        return verdict(
+            **base,
+            metric="?",
+            value=None,
+            threshold=f"{tol.value:g}",
+            passed=False,
+            tolerance=name,
+            detail=f"tolerance {name!r} is a {tol.bound!r} bound, a {kind} claim needs a {bound!r} one",
+        )
     cand, ref = runs[ids[0]], runs[ids[1]]
     if kind == "ratio":
         return _evaluate_ratio(claim, cand, ref, tol, base, verdict)
@@ -770,41 +878,86 @@ def _evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) -
     metric = "max rel. diff" if kind == "match" else "mean rel. gap"
     for run in (cand, ref):
         if run.get("error"):
-            return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False, tolerance=name,
-                           observed=f"{run['id']} raised", detail=f"run {run['id']} raised {run['error'].get('type')}, "
-                                                                 f"so there is no curve to compare")
+            return verdict(
+                **base,
+                metric=metric,
+                value=None,
+                threshold=threshold,
+                passed=False,
+                tolerance=name,
+                observed=f"{run['id']} raised",
+                detail=f"run {run['id']} raised {run['error'].get('type')}, so there is no curve to compare",
+            )
     if len(cand["loss"]) != len(ref["loss"]):
         short_run, long_run = sorted((cand, ref), key=lambda r: len(r["loss"]))
-        return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False, tolerance=name,
-                       observed="curve too short",
-                       detail=f"run {short_run['id']} is too short: {len(short_run['loss'])} steps recorded, "
-                              f"run {long_run['id']} has {len(long_run['loss'])}")
+        return verdict(
+            **base,
+            metric=metric,
+            value=None,
+            threshold=threshold,
+            passed=False,
+            tolerance=name,
+            observed="curve too short",
+            detail=f"run {short_run['id']} is too short: {len(short_run['loss'])} steps recorded, "
+            f"run {long_run['id']} has {len(long_run['loss'])}",
+        )
     for run in (cand, ref):
         bad = first_non_finite(run["loss"])
         if bad:
-            return verdict(**base, metric=metric, value=math.nan, threshold=threshold, passed=False, tolerance=name,
-                           observed=f"{bad[1]} loss",
-                           detail=f"run {run['id']} has a loss of {bad[1]} at step {bad[0]} (counted from the start "
-                                  f"of the run), so the curves cannot be compared")
+            return verdict(
+                **base,
+                metric=metric,
+                value=math.nan,
+                threshold=threshold,
+                passed=False,
+                tolerance=name,
+                observed=f"{bad[1]} loss",
+                detail=f"run {run['id']} has a loss of {bad[1]} at step {bad[0]} (counted from the start "
+                f"of the run), so the curves cannot be compared",
+            )
     try:
         gap = relative_gap(cand["loss"], ref["loss"])
     except ValueError as err:
-        return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False,
-                       tolerance=name, observed="not comparable", detail=str(err))
+        return verdict(
+            **base,
+            metric=metric,
+            value=None,
+            threshold=threshold,
+            passed=False,
+            tolerance=name,
+            observed="not comparable",
+            detail=str(err),
+        )
     skip = warmup_steps(len(ref["loss"]))
     if kind == "match":
         value = float(np.max(gap))
         ok = value <= tol.value
-        return verdict(**base, metric=metric, value=value, threshold=threshold, passed=ok, tolerance=name,
-                       detail="" if ok else
-                       f"smoothed curves differ by up to {value:.2%} at step {int(np.argmax(gap)) + skip} (counted "
-                       f"from the start of the run; steps 0-{skip - 1} are warm-up)")
+        return verdict(
+            **base,
+            metric=metric,
+            value=value,
+            threshold=threshold,
+            passed=ok,
+            tolerance=name,
+            detail=""
+            if ok
+            else f"smoothed curves differ by up to {value:.2%} at step {int(np.argmax(gap)) + skip} (counted "
+            f"from the start of the run; steps 0-{skip - 1} are warm-up)",
+        )
     value = float(np.mean(gap))
     ok = value >= tol.value
-    return verdict(**base, metric=metric, value=value, threshold=threshold, passed=ok, tolerance=name,
-                   detail="" if ok else
-                   f"the pitfall no longer reproduces: curves only {value:.2%} apart on average over steps "
-                   f"{skip}-{len(ref['loss']) - 1}")
+    return verdict(
+        **base,
+        metric=metric,
+        value=value,
+        threshold=threshold,
+        passed=ok,
+        tolerance=name,
+        detail=""
+        if ok
+        else f"the pitfall no longer reproduces: curves only {value:.2%} apart on average over steps "
+        f"{skip}-{len(ref['loss']) - 1}",
+    )
 
 
 _MISSING = object()
@@ -816,8 +969,9 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _evaluate_ratio(claim: dict[str, Any], cand: dict[str, Any], ref: dict[str, Any], tol: Tolerance,
-                    base: dict[str, Any], verdict: Any) -> Verdict:
+def _evaluate_ratio(
+    claim: dict[str, Any], cand: dict[str, Any], ref: dict[str, Any], tol: Tolerance, base: dict[str, Any], verdict: Any
+) -> Verdict:
     key, expected = claim["key"], claim["expected"]
     a, b = cand.get("extra", {}).get(key), ref.get("extra", {}).get(key)
     factors = cand.get("extra", {}).get(expected) if isinstance(expected, str) else None
@@ -829,8 +983,15 @@ def _evaluate_ratio(claim: dict[str, Any], cand: dict[str, Any], ref: dict[str, 
     elif isinstance(expected, str) and (factors is None or len(factors) != len(a)):
         problem = f"expected factors {expected!r} not recorded per step by {cand['id']}"
     if problem:
-        return verdict(**base, metric="max |ratio/expected - 1|", value=None, threshold=f"<= {tol.value:g}",
-                       passed=False, tolerance=tol.name, detail=problem)
+        return verdict(
+            **base,
+            metric="max |ratio/expected - 1|",
+            value=None,
+            threshold=f"<= {tol.value:g}",
+            passed=False,
+            tolerance=tol.name,
+            detail=problem,
+        )
     want = np.asarray(factors if factors is not None else [expected] * len(a), dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         got = np.asarray(a, dtype=np.float64) / np.asarray(b, dtype=np.float64)
@@ -839,9 +1000,15 @@ def _evaluate_ratio(claim: dict[str, Any], cand: dict[str, Any], ref: dict[str, 
     value = float(np.max(dev)) if np.all(np.isfinite(dev)) else math.inf
     worst = int(np.argmax(np.where(np.isfinite(dev), dev, np.inf)))
     ok = value <= tol.value
-    return verdict(**base, metric="max |ratio/expected - 1|", value=value, threshold=f"<= {tol.value:g}",
-                   passed=ok, tolerance=tol.name,
-                   detail=f"step {worst}: ratio {got[worst]:.4g}, expected {want[worst]:.4g}")
+    return verdict(
+        **base,
+        metric="max |ratio/expected - 1|",
+        value=value,
+        threshold=f"<= {tol.value:g}",
+        passed=ok,
+        tolerance=tol.name,
+        detail=f"step {worst}: ratio {got[worst]:.4g}, expected {want[worst]:.4g}",
+    )
 
 
 def _evaluate_rate_ratio(claim: dict[str, Any], run: dict[str, Any], base: dict[str, Any], verdict: Any) -> Verdict:
@@ -854,30 +1021,62 @@ def _evaluate_rate_ratio(claim: dict[str, Any], run: dict[str, Any], base: dict[
     parity = tol is not None and tol.bound == "max"
     metric = "|ratio - 1|" if parity else "ratio"
     threshold = "?" if tol is None else (f"<= {tol.value:g}" if parity else f">= {tol.value:g}")
-    problem = ("unknown tolerance " + repr(claim.get("tolerance")) if tol is None else
-               f"{run['id']} raised {run['error'].get('type')}, so nothing was timed" if run.get("error") else
-               _paired_problem(run["id"], num_key, num, den_key, den) if paired else
-               f"{run['id']} did not record a number {num_key!r}" if not _is_number(num) else
-               f"{run['id']} did not record a positive number {den_key!r}" if not _is_number(den) or den <= 0 else "")
+    problem = (
+        "unknown tolerance " + repr(claim.get("tolerance"))
+        if tol is None
+        else f"{run['id']} raised {run['error'].get('type')}, so nothing was timed"
+        if run.get("error")
+        else _paired_problem(run["id"], num_key, num, den_key, den)
+        if paired
+        else f"{run['id']} did not record a number {num_key!r}"
+        if not _is_number(num)
+        else f"{run['id']} did not record a positive number {den_key!r}"
+        if not _is_number(den) or den <= 0
+        else ""
+    )
     if problem:
-        return verdict(**base, metric=metric, value=None, threshold=threshold, passed=False,
-                       tolerance=claim.get("tolerance", ""), observed="not measured", detail=problem)
+        return verdict(
+            **base,
+            metric=metric,
+            value=None,
+            threshold=threshold,
+            passed=False,
+            tolerance=claim.get("tolerance", ""),
+            observed="not measured",
+            detail=problem,
+        )
     if paired:  # decided by the interval rule (PAIRED_RULE), not by the median alone
         quotients = [a / b for a, b in zip(num, den, strict=True)]
         decision = decide_paired(quotients, tol)
         quotient = decision.median
-        shown = (f"median over {len(quotients)} rounds of {num_key} / {den_key} = {quotient:.3f}; "
-                 + ("no 95 % interval (too few rounds)" if decision.low is None else
-                    f"{decision.coverage:.0%} interval {decision.low:.3f}-{decision.high:.3f}"))
-        detail = (decision.describe() + ". Per-round ratios " + ", ".join(f"{q:.3f}" for q in quotients)
-                  + (". Inconclusive: not a pass; the benchmark reached its cap of rounds (or the record has "
-                     "too few) before the interval settled on one side of the band" if decision.verdict ==
-                     "inconclusive" else ""))
-        band = (f"{decision.band[0]:g}-{decision.band[1]:g}" if parity else f">= {decision.band[0]:g}")
-        return verdict(**base, metric="median ratio, 95 % interval", value=quotient,
-                       threshold=f"interval inside {band}", passed=decision.verdict == "pass",
-                       inconclusive=decision.verdict == "inconclusive", tolerance=tol.name,
-                       observed=shown, detail=detail)
+        shown = f"median over {len(quotients)} rounds of {num_key} / {den_key} = {quotient:.3f}; " + (
+            "no 95 % interval (too few rounds)"
+            if decision.low is None
+            else f"{decision.coverage:.0%} interval {decision.low:.3f}-{decision.high:.3f}"
+        )
+        detail = (
+            decision.describe()
+            + ". Per-round ratios "
+            + ", ".join(f"{q:.3f}" for q in quotients)
+            + (
+                ". Inconclusive: not a pass; the benchmark reached its cap of rounds (or the record has "
+                "too few) before the interval settled on one side of the band"
+                if decision.verdict == "inconclusive"
+                else ""
+            )
+        )
+        band = f"{decision.band[0]:g}-{decision.band[1]:g}" if parity else f">= {decision.band[0]:g}"
+        return verdict(
+            **base,
+            metric="median ratio, 95 % interval",
+            value=quotient,
+            threshold=f"interval inside {band}",
+            passed=decision.verdict == "pass",
+            inconclusive=decision.verdict == "inconclusive",
+            tolerance=tol.name,
+            observed=shown,
+            detail=detail,
+        )
     quotient = num / den  # two single numbers (e.g. medians): a point comparison, no interval
     shown = f"{num_key} / {den_key} = {quotient:.3f}"
     detail = f"{num_key} = {num:.4g}, {den_key} = {den:.4g}, ratio {quotient:.4f}"
@@ -885,8 +1084,16 @@ def _evaluate_rate_ratio(claim: dict[str, Any], run: dict[str, Any], base: dict[
     ok = value <= tol.value if parity else value >= tol.value
     if parity:  # the bound is on the deviation, so show it next to the ratio
         shown += f" (|ratio - 1| = {value:.3f})"
-    return verdict(**base, metric=metric, value=value, threshold=threshold, passed=ok, tolerance=tol.name,
-                   observed=shown, detail=detail)
+    return verdict(
+        **base,
+        metric=metric,
+        value=value,
+        threshold=threshold,
+        passed=ok,
+        tolerance=tol.name,
+        observed=shown,
+        detail=detail,
+    )
 
 
 def _paired_problem(run_id: str, num_key: str, num: Any, den_key: str, den: Any) -> str:
@@ -895,8 +1102,10 @@ def _paired_problem(run_id: str, num_key: str, num: Any, den_key: str, den: Any)
         if not isinstance(rates, list) or not rates or not all(_is_number(r) and r > 0 for r in rates):
             return f"{run_id} did not record a non-empty list of positive numbers {key!r}"
     if len(num) != len(den):
-        return (f"{run_id} recorded {len(num)} rounds of {num_key!r} but {len(den)} of {den_key!r}; "
-                f"a paired ratio needs the same rounds")
+        return (
+            f"{run_id} recorded {len(num)} rounds of {num_key!r} but {len(den)} of {den_key!r}; "
+            f"a paired ratio needs the same rounds"
+        )
     return ""
 
 

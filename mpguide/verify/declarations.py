@@ -31,9 +31,10 @@ import ast
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import claims as claims_mod
 
@@ -126,8 +127,9 @@ class Declaration:
         claims = self.claims if accelerator is None else self.claims_for(accelerator)
         return digest_of([r.spec() for r in self.runs], claims)
 
-    def compare(self, record: dict[str, Any], stale: bool = False
-                ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
+    def compare(
+        self, record: dict[str, Any], stale: bool = False
+    ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
         """:func:`~mpguide.verify.declarations.compare_with_declaration` of ``record`` with this declaration."""
         return compare_with_declaration(record, self, stale)
 
@@ -149,8 +151,10 @@ def digest_of(runs: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) 
         runs: run dicts (a record's ``runs`` or :meth:`RunDecl.spec` of declared runs).
         claims: claim dicts (a record's ``claims`` or declared claims).
     """
-    payload = {"runs": [{k: run[k] for k in RUN_KEYS if k in run} for run in runs],
-               "claims": [claim_identity(c) for c in claims]}
+    payload = {
+        "runs": [{k: run[k] for k in RUN_KEYS if k in run} for run in runs],
+        "claims": [claim_identity(c) for c in claims],
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -206,8 +210,9 @@ def from_tables(example: str, runs: Any, claims: Any, where: str = "") -> Declar
     if not isinstance(runs, (list, tuple)) or not runs:
         raise DeclarationError(f"{where}: RUNS must be a non-empty list of (id, recipe, precision[, options])")
     if not isinstance(claims, (list, tuple)) or not claims:
-        raise DeclarationError(f"{where}: CLAIMS must be a non-empty list: an example that claims nothing "
-                               f"verifies nothing")
+        raise DeclarationError(
+            f"{where}: CLAIMS must be a non-empty list: an example that claims nothing verifies nothing"
+        )
     decl_runs = tuple(_run_entry(entry, i, where) for i, entry in enumerate(runs))
     ids = [r.id for r in decl_runs]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
@@ -220,8 +225,9 @@ def from_tables(example: str, runs: Any, claims: Any, where: str = "") -> Declar
 def _run_entry(entry: Any, i: int, where: str) -> RunDecl:
     at = f"{where}: RUNS[{i}]"
     if not isinstance(entry, tuple) or len(entry) not in (3, 4) or not all(isinstance(x, str) and x for x in entry[:3]):
-        raise DeclarationError(f"{at}: expected (id, recipe, precision[, options]) with non-empty strings, "
-                               f"found {entry!r}")
+        raise DeclarationError(
+            f"{at}: expected (id, recipe, precision[, options]) with non-empty strings, found {entry!r}"
+        )
     run_id, recipe, precision = entry[:3]
     if precision not in PRECISIONS:
         raise DeclarationError(f"{at} ({run_id}): unknown precision {precision!r}; use one of {list(PRECISIONS)}")
@@ -234,16 +240,24 @@ def _run_entry(entry: Any, i: int, where: str) -> RunDecl:
             raise DeclarationError(f"{at} ({run_id}): unknown option {key!r}; known: {sorted(_RUN_OPTIONS)}")
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise DeclarationError(f"{at} ({run_id}): option {key!r} must be {kind.__name__}, found {value!r}")
-    return RunDecl(run_id, recipe, precision, seed=options.get("seed", 0), plugin=options.get("plugin"),
-                   trainer_kwargs=dict(options.get("trainer", {})), plain_flag=options.get("plain_flag", False),
-                   label=options.get("label", run_id))
+    return RunDecl(
+        run_id,
+        recipe,
+        precision,
+        seed=options.get("seed", 0),
+        plugin=options.get("plugin"),
+        trainer_kwargs=dict(options.get("trainer", {})),
+        plain_flag=options.get("plain_flag", False),
+        label=options.get("label", run_id),
+    )
 
 
 def _claim_entry(entry: Any, i: int, where: str, run_ids: set[str]) -> dict[str, Any]:
     at = f"{where}: CLAIMS[{i}]"
     if not isinstance(entry, tuple) or len(entry) < 2 or entry[0] not in claims_mod.KINDS:
-        raise DeclarationError(f"{at}: expected (kind, arguments...) with kind one of {list(claims_mod.KINDS)}, "
-                               f"found {entry!r}")
+        raise DeclarationError(
+            f"{at}: expected (kind, arguments...) with kind one of {list(claims_mod.KINDS)}, found {entry!r}"
+        )
     args, options = list(entry[1:]), {}
     if args and isinstance(args[-1], dict):
         options = args.pop()
@@ -256,8 +270,9 @@ def _claim_entry(entry: Any, i: int, where: str, run_ids: set[str]) -> dict[str,
         raise DeclarationError(f"{at} ({entry[0]}): {err}") from None
     missing = [r for r in claim["runs"] if r not in run_ids]
     if missing:
-        raise DeclarationError(f"{at} ({claim.get('title') or entry[0]}): names run(s) {missing} that RUNS "
-                               f"does not declare")
+        raise DeclarationError(
+            f"{at} ({claim.get('title') or entry[0]}): names run(s) {missing} that RUNS does not declare"
+        )
     claim.update(options)
     return claim
 
@@ -274,8 +289,9 @@ def read(path: Path) -> Declaration:
     """
     path = Path(path)
     if not path.is_file():
-        raise DeclarationError(f"{path}: example not found; a record can only be judged against the example "
-                               f"that declares its claims")
+        raise DeclarationError(
+            f"{path}: example not found; a record can only be judged against the example that declares its claims"
+        )
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (SyntaxError, UnicodeDecodeError) as err:
@@ -283,9 +299,13 @@ def read(path: Path) -> Declaration:
     found: dict[str, ast.expr] = {}
     for node in tree.body:
         if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id in TABLES:
-            raise DeclarationError(f"{path}:{node.lineno}: {node.target.id} is modified with an augmented "
-                                   f"assignment; write the whole table as one literal")
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            raise DeclarationError(
+                f"{path}:{node.lineno}: {node.target.id} is modified with an augmented "
+                f"assignment; write the whole table as one literal"
+            )
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for target in targets:
             if isinstance(target, ast.Name) and target.id in TABLES and node.value is not None:
                 if target.id in found:
@@ -294,13 +314,17 @@ def read(path: Path) -> Declaration:
     tables = {}
     for name in TABLES:
         if name not in found:
-            raise DeclarationError(f"{path}: no module-level `{name} = [...]` table; every example declares its "
-                                   f"runs and claims as literal RUNS and CLAIMS tables (see mpguide.verify.declarations)")
+            raise DeclarationError(
+                f"{path}: no module-level `{name} = [...]` table; every example declares its "
+                f"runs and claims as literal RUNS and CLAIMS tables (see mpguide.verify.declarations)"
+            )
         try:
             tables[name] = ast.literal_eval(found[name])
         except ValueError:
-            raise DeclarationError(f"{path}:{found[name].lineno}: {name} is not a literal (it uses names, calls "
-                                   f"or comprehensions); write it out with strings, numbers and dicts only") from None
+            raise DeclarationError(
+                f"{path}:{found[name].lineno}: {name} is not a literal (it uses names, calls "
+                f"or comprehensions); write it out with strings, numbers and dicts only"
+            ) from None
     return from_tables(path.stem, tables["RUNS"], tables["CLAIMS"], where=str(path))
 
 
@@ -322,7 +346,8 @@ def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
         if not sep or not colon or not example.strip() or not run.strip() or not recipe.strip():
             raise DeclarationError(
                 f"{SWAP_ENV} entry {item!r} is not of the form example:run_id=recipe "
-                f"(e.g. plot_01_porting_to_manual:manual-bf16=scheduler every batch)")
+                f"(e.g. plot_01_porting_to_manual:manual-bf16=scheduler every batch)"
+            )
         swaps[(example.strip(), run.strip())] = recipe.strip()
     return swaps
 
@@ -339,8 +364,9 @@ def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
     return (claim.get("kind"), tuple(claim.get("runs") or ()), claim.get("key"), claim.get("category"))
 
 
-def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bool = False
-                             ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
+def compare_with_declaration(
+    record: dict[str, Any], declaration: Any, stale: bool = False
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
     """Compare a record with the example's declaration (see :mod:`mpguide.verify.declarations`).
 
     A fresh record must hold exactly the declared runs (same recipe, precision, seed, plugin,
@@ -365,9 +391,19 @@ def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bo
     problems: list[dict[str, Any]] = []
 
     def problem(title: str, runs: list[str], detail: str) -> None:
-        problems.append(dict(kind="declaration", runs=runs, title=title, metric="declaration", value=None,
-                             threshold=f"as declared in {where}", passed=False, observed="differs",
-                             detail=f"{detail}; {fix}"))
+        problems.append(
+            dict(
+                kind="declaration",
+                runs=runs,
+                title=title,
+                metric="declaration",
+                value=None,
+                threshold=f"as declared in {where}",
+                passed=False,
+                observed="differs",
+                detail=f"{detail}; {fix}",
+            )
+        )
 
     recorded = {run["id"]: run for run in record["runs"]}
     matching: set[str] = set()
@@ -375,18 +411,27 @@ def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bo
         run = recorded.get(decl.id)
         if run is None:
             if not stale:
-                problem(f"run {decl.id} is missing", [decl.id],
-                        f"{where} declares run {decl.id!r} but the record has no such run")
+                problem(
+                    f"run {decl.id} is missing",
+                    [decl.id],
+                    f"{where} declares run {decl.id!r} but the record has no such run",
+                )
             continue
         spec = dict(run)
         if run.get("swapped_from"):
-            problem(f"run {decl.id} trained another recipe", [decl.id],
-                    f"run {decl.id!r} trained recipe {run['recipe']!r} instead of the declared "
-                    f"{run['swapped_from']!r} (MPGUIDE_SWAP_RECIPE)")
+            problem(
+                f"run {decl.id} trained another recipe",
+                [decl.id],
+                f"run {decl.id!r} trained recipe {run['recipe']!r} instead of the declared "
+                f"{run['swapped_from']!r} (MPGUIDE_SWAP_RECIPE)",
+            )
             spec["recipe"] = run["swapped_from"]
         keys = [k for k in decl.spec() if k != "id" and (not stale or k in spec)]
-        diffs = [f"{k} is {spec.get(k)!r} in the record, {decl.spec()[k]!r} in {where}" for k in keys
-                 if spec.get(k) != decl.spec()[k]]
+        diffs = [
+            f"{k} is {spec.get(k)!r} in the record, {decl.spec()[k]!r} in {where}"
+            for k in keys
+            if spec.get(k) != decl.spec()[k]
+        ]
         if diffs and not stale:
             problem(f"run {decl.id} differs", [decl.id], f"run {decl.id!r}: " + "; ".join(diffs))
         if not diffs:
@@ -407,25 +452,39 @@ def compare_with_declaration(record: dict[str, Any], declaration: Any, stale: bo
         if stale:
             reason = ""
             if twin is None or any(twin.get(k) != claim.get(k) for k in _DEFINING if k != "only_on"):
-                reason = ("not judged: this stale record was made before the example declared this claim "
-                          "(or with another definition of it)")
+                reason = (
+                    "not judged: this stale record was made before the example declared this claim "
+                    "(or with another definition of it)"
+                )
             elif any(r not in matching for r in claim["runs"]):
                 reason = "not judged: this stale record's runs were made with another recipe, precision or seed"
             to_judge.append((claim, reason))
             continue
         to_judge.append((claim, ""))
         if twin is None:
-            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
-                    f"claim {_claim_label(claim)} is declared in {where} but missing from the record")
+            problem(
+                claim.get("title") or claim["kind"],
+                list(claim["runs"]),
+                f"claim {_claim_label(claim)} is declared in {where} but missing from the record",
+            )
             continue
-        diffs = [f"{k} is {twin.get(k)!r} in the record, {claim.get(k)!r} in {where}"
-                 for k in _DEFINING + ("title",) if twin.get(k) != claim.get(k)]
+        diffs = [
+            f"{k} is {twin.get(k)!r} in the record, {claim.get(k)!r} in {where}"
+            for k in _DEFINING + ("title",)
+            if twin.get(k) != claim.get(k)
+        ]
         if diffs:
-            problem(claim.get("title") or claim["kind"], list(claim["runs"]),
-                    f"claim {_claim_label(claim)} was altered: " + "; ".join(diffs))
+            problem(
+                claim.get("title") or claim["kind"],
+                list(claim["runs"]),
+                f"claim {_claim_label(claim)} was altered: " + "; ".join(diffs),
+            )
     if not stale:
         for claim in remaining:
             identity = claim_identity(claim)
-            problem(claim.get("title") or str(claim.get("kind")), list(claim.get("runs") or []),
-                    f"the record holds a claim {where} does not declare: {identity}")
+            problem(
+                claim.get("title") or str(claim.get("kind")),
+                list(claim.get("runs") or []),
+                f"the record holds a claim {where} does not declare: {identity}",
+            )
     return problems, to_judge, (matching if stale else set(recorded))

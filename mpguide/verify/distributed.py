@@ -31,18 +31,19 @@ import socket
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
-from . import hardware
 from ..data import digits_tensors
-from .runner import (RunResult, StepRecorder, captured_warnings, error_record, parameter_digest, quiet_lightning,
-                     train_run as single_train_run)
+from . import hardware
+from .runner import RunResult, StepRecorder, captured_warnings, error_record, parameter_digest, quiet_lightning
+from .runner import train_run as single_train_run
 
 #: Number of processes of every DDP run.
 WORLD_SIZE = 2
@@ -63,7 +64,8 @@ def rank_and_world() -> tuple[int, int]:
 
 
 class RankSlices(Sampler):
-    """Split each global batch of index lists among the ranks: rank ``r`` of ``w`` gets the ``r``-th of ``w`` equal parts.
+    """Split each global batch of index lists among the ranks: rank ``r`` of ``w`` gets the ``r``-th of ``w``
+    equal parts.
 
     The rank is read when iteration starts (:func:`rank_and_world`), so one loader built before
     ``fit`` serves every forked rank, and yields whole global batches in a single process.
@@ -84,7 +86,7 @@ class RankSlices(Sampler):
             if len(batch) % world:
                 raise ValueError(f"a global batch of {len(batch)} samples does not split among {world} ranks")
             part = len(batch) // world
-            yield batch[rank * part:(rank + 1) * part]
+            yield batch[rank * part : (rank + 1) * part]
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -174,11 +176,19 @@ class RankRecorder(StepRecorder):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         rank = trainer.global_rank
         extra = getattr(pl_module, "record_extra", None)
-        data = {"rank": rank, "loss": self.loss, "lr": self.lr, "scale": self.scale,
-                "skipped": self.skipped_per_step, "allreduce_calls": self.comm.calls,
-                "allreduce_bytes": self.comm.bytes, "weights": parameter_digest(pl_module),
-                "global_step": trainer.global_step, "extra": extra() if callable(extra) else {},
-                "warnings": captured_warnings(self._caught)}
+        data = {
+            "rank": rank,
+            "loss": self.loss,
+            "lr": self.lr,
+            "scale": self.scale,
+            "skipped": self.skipped_per_step,
+            "allreduce_calls": self.comm.calls,
+            "allreduce_bytes": self.comm.bytes,
+            "weights": parameter_digest(pl_module),
+            "global_step": trainer.global_step,
+            "extra": extra() if callable(extra) else {},
+            "warnings": captured_warnings(self._caught),
+        }
         path = Path(self.out_dir) / f"rank{rank}.json"
         path.write_text(json.dumps(data), encoding="utf-8")
 
@@ -193,8 +203,13 @@ def is_ddp(spec: Any) -> bool:
     return int(spec.trainer_kwargs.get("devices", 1)) > 1
 
 
-def train_run(spec: Any, module_factory: Callable[[], Any], accelerator: str, preset: hardware.Preset,
-              plugin_factory: Callable[..., Any] | None = None) -> RunResult:
+def train_run(
+    spec: Any,
+    module_factory: Callable[[], Any],
+    accelerator: str,
+    preset: hardware.Preset,
+    plugin_factory: Callable[..., Any] | None = None,
+) -> RunResult:
     """Train one declared run: DDP when its ``trainer`` options ask for ``devices`` > 1, else one process.
 
     Pass it to :func:`mpguide.verify.runner.run_example` as ``train=``. A run declared with
@@ -235,12 +250,18 @@ def train_run(spec: Any, module_factory: Callable[[], Any], accelerator: str, pr
     if kwargs.get("devices") != WORLD_SIZE or kwargs.get("strategy") != "ddp_fork":
         raise hardware.ConfigurationError(
             f"run {spec.id!r}: DDP runs are declared with {{'strategy': 'ddp_fork', 'devices': {WORLD_SIZE}}} "
-            f"(fork works both in scripts and inside sphinx-gallery); found {kwargs}")
+            f"(fork works both in scripts and inside sphinx-gallery); found {kwargs}"
+        )
     return _train_ddp(spec, module_factory, preset, plugin_factory, kwargs)
 
 
-def _train_ddp(spec: Any, module_factory: Callable[[], Any], preset: hardware.Preset,
-               plugin_factory: Callable[..., Any] | None, trainer_kwargs: dict[str, Any]) -> RunResult:
+def _train_ddp(
+    spec: Any,
+    module_factory: Callable[[], Any],
+    preset: hardware.Preset,
+    plugin_factory: Callable[..., Any] | None,
+    trainer_kwargs: dict[str, Any],
+) -> RunResult:
     import lightning.pytorch as pl
 
     hardware.check_precision(spec.precision)
@@ -251,15 +272,22 @@ def _train_ddp(spec: Any, module_factory: Callable[[], Any], preset: hardware.Pr
     saved_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # nothing leaves this host
     error, plugin_name, start = None, "?", None
-    with tempfile.TemporaryDirectory(prefix="mpguide-ddp-") as out_dir, \
-            warnings.catch_warnings(record=True) as caught:
+    with tempfile.TemporaryDirectory(prefix="mpguide-ddp-") as out_dir, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             trainer = pl.Trainer(
-                accelerator="cpu", max_epochs=preset.epochs, logger=False, enable_checkpointing=False,
-                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                use_distributed_sampler=False, callbacks=[RankRecorder(out_dir)],
-                **hardware.trainer_precision_kwargs(spec.precision, "cpu", plugin_factory), **trainer_kwargs)
+                accelerator="cpu",
+                max_epochs=preset.epochs,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                use_distributed_sampler=False,
+                callbacks=[RankRecorder(out_dir)],
+                **hardware.trainer_precision_kwargs(spec.precision, "cpu", plugin_factory),
+                **trainer_kwargs,
+            )
             plugin_name = type(trainer.precision_plugin).__name__
             start = time.perf_counter()
             trainer.fit(module, loader)
@@ -275,10 +303,21 @@ def _train_ddp(spec: Any, module_factory: Callable[[], Any], preset: hardware.Pr
         ranks = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(out_dir).glob("rank*.json"))]
     if error is None and len(ranks) != WORLD_SIZE:
         error = {"type": "RuntimeError", "message": f"{len(ranks)} of {WORLD_SIZE} ranks wrote their record"}
-    result = RunResult(id=spec.id, mode="automatic" if module.automatic_optimization else "manual",
-                       precision=spec.precision, precision_plugin=plugin_name, recipe=spec.recipe, seed=spec.seed,
-                       steps=preset.epochs * len(loader), plugin=spec.plugin, trainer_kwargs=dict(spec.trainer_kwargs),
-                       plain_flag=spec.plain_flag, label=spec.label or spec.id, seconds=seconds, error=error)
+    result = RunResult(
+        id=spec.id,
+        mode="automatic" if module.automatic_optimization else "manual",
+        precision=spec.precision,
+        precision_plugin=plugin_name,
+        recipe=spec.recipe,
+        seed=spec.seed,
+        steps=preset.epochs * len(loader),
+        plugin=spec.plugin,
+        trainer_kwargs=dict(spec.trainer_kwargs),
+        plain_flag=spec.plain_flag,
+        label=spec.label or spec.id,
+        seconds=seconds,
+        error=error,
+    )
     messages = {f"{w.category.__name__}: {w.message}" for w in caught}
     for rank in ranks:
         messages.update(rank["warnings"])
@@ -297,12 +336,19 @@ def _merge_ranks(result: RunResult, ranks: list[dict[str, Any]]) -> None:
     skipped = [[i for i, flag in enumerate(r["skipped"]) if flag] for r in ranks]
     result.extra.update(first["extra"])
     result.extra.update(
-        ranks=len(ranks), global_step=first["global_step"], batches=len(result.loss),
-        allreduce_calls=first["allreduce_calls"], allreduce_bytes=first["allreduce_bytes"],
+        ranks=len(ranks),
+        global_step=first["global_step"],
+        batches=len(result.loss),
+        allreduce_calls=first["allreduce_calls"],
+        allreduce_bytes=first["allreduce_bytes"],
         allreduce_counts_agree=len({(r["allreduce_calls"], r["allreduce_bytes"]) for r in ranks}) == 1,
         weights_agree_across_ranks=len({r["weights"] for r in ranks}) == 1,
-        skipped_batches_per_rank=skipped, skip_decisions_agree=all(s == skipped[0] for s in skipped),
-        record_extra_per_rank=[r["extra"] for r in ranks])
+        skipped_batches_per_rank=skipped,
+        skip_decisions_agree=all(s == skipped[0] for s in skipped),
+        record_extra_per_rank=[r["extra"] for r in ranks],
+    )
     if first["global_step"]:
-        result.extra.update(allreduces_per_optimizer_step=first["allreduce_calls"] / first["global_step"],
-                            allreduce_bytes_per_optimizer_step=first["allreduce_bytes"] / first["global_step"])
+        result.extra.update(
+            allreduces_per_optimizer_step=first["allreduce_calls"] / first["global_step"],
+            allreduce_bytes_per_optimizer_step=first["allreduce_bytes"] / first["global_step"],
+        )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision
@@ -20,8 +21,9 @@ from . import hardware
 from .runner import RunResult, captured_warnings, error_record, quiet_lightning, record_extra
 
 
-def fabric_precision_kwargs(precision: str, accelerator: str,
-                            plugin_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
+def fabric_precision_kwargs(
+    precision: str, accelerator: str, plugin_factory: Callable[..., Any] | None = None
+) -> dict[str, Any]:
     """Keyword arguments for :class:`lightning.fabric.Fabric` that really run ``precision``.
 
     ``Fabric(accelerator="cpu", precision="16-mixed")`` falls back to bf16-mixed with a warning
@@ -71,8 +73,13 @@ class FabricRecipe:
         return {}
 
 
-def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator: str, preset: hardware.Preset,
-              plugin_factory: Callable[..., Any] | None = None) -> RunResult:
+def train_run(
+    spec: Any,
+    recipe_factory: Callable[[], FabricRecipe],
+    accelerator: str,
+    preset: hardware.Preset,
+    plugin_factory: Callable[..., Any] | None = None,
+) -> RunResult:
     """Train one declared run with :class:`lightning.fabric.Fabric` (one device) and record it.
 
     Pass it to :func:`mpguide.verify.runner.run_example` as ``train=``. Seeding, data order and the
@@ -102,17 +109,30 @@ def train_run(spec: Any, recipe_factory: Callable[[], FabricRecipe], accelerator
     seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it
     recipe = recipe_factory()
     loader = digits_loader(preset.batch_size, seed=spec.seed)
-    result = RunResult(id=spec.id, mode="manual", precision=spec.precision, precision_plugin="?",
-                       recipe=spec.recipe, seed=spec.seed, steps=preset.epochs * len(loader), plugin=spec.plugin,
-                       trainer_kwargs=dict(spec.trainer_kwargs), plain_flag=spec.plain_flag,
-                       label=spec.label or spec.id)
+    result = RunResult(
+        id=spec.id,
+        mode="manual",
+        precision=spec.precision,
+        precision_plugin="?",
+        recipe=spec.recipe,
+        seed=spec.seed,
+        steps=preset.epochs * len(loader),
+        plugin=spec.plugin,
+        trainer_kwargs=dict(spec.trainer_kwargs),
+        plain_flag=spec.plain_flag,
+        label=spec.label or spec.id,
+    )
     scales, skipped = [], []
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            fabric = Fabric(accelerator=accelerator, devices=1,
-                            **fabric_precision_kwargs(spec.precision, accelerator, plugin_factory), **spec.trainer_kwargs)
+            fabric = Fabric(
+                accelerator=accelerator,
+                devices=1,
+                **fabric_precision_kwargs(spec.precision, accelerator, plugin_factory),
+                **spec.trainer_kwargs,
+            )
             result.precision_plugin = type(fabric.strategy.precision).__name__
             recipe.setup(fabric)
             batches = fabric.setup_dataloaders(loader, move_to_device=True)

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from . import declarations
 from .claims import Verdict, evaluate_record, hardware_label
@@ -59,7 +60,7 @@ EXIT_CODES = """exit status:
 class GateFailure(Exception):
     """At least one claim failed or one record could not be judged; ``str()`` lists every problem."""
 
-    def __init__(self, report: "GateReport") -> None:
+    def __init__(self, report: GateReport) -> None:
         self.report = report
         super().__init__(report.failure_message())
 
@@ -109,9 +110,11 @@ class GateReport:
         """One line: checks passed, failed, inconclusive, not judged; plus a line per inconclusive claim
         and per stale reference."""
         judged = [v for v in self.verdicts if v.judged]
-        lines = [f"claim gate: {sum(v.passed for v in judged)} checks passed, {len(self.failures)} failed, "
-                 f"{len(self.inconclusive)} inconclusive, {len(self.verdicts) - len(judged)} not judged, "
-                 f"in {len(self.records)} record(s)"]
+        lines = [
+            f"claim gate: {sum(v.passed for v in judged)} checks passed, {len(self.failures)} failed, "
+            f"{len(self.inconclusive)} inconclusive, {len(self.verdicts) - len(judged)} not judged, "
+            f"in {len(self.records)} record(s)"
+        ]
         lines += [f"  INCONCLUSIVE (not a pass): {v.message()}" for v in self.inconclusive]
         lines += [f"  stale reference {path}: {why}" for path, why in self.stale.items()]
         return "\n".join(lines)
@@ -141,9 +144,11 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
     reasons = []
     current = file_digest(declarations.example_file(record["example"], examples))
     if source.get("example_sha256") != current:
-        reasons.append(f"examples/{record['example']}.py changed since the record was made"
-                       + (f" at commit {source['commit'][:7]}" if source.get("commit") else "")
-                       + " (or the record's source digest was edited)")
+        reasons.append(
+            f"examples/{record['example']}.py changed since the record was made"
+            + (f" at commit {source['commit'][:7]}" if source.get("commit") else "")
+            + " (or the record's source digest was edited)"
+        )
     if include_library and source.get("library_sha256") != library_digest():
         reasons.append("the mpguide library changed since the record was made")
     return "; ".join(reasons)
@@ -152,13 +157,14 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
 def _fix(record: dict[str, Any], path: Path | str, reference: bool) -> str:
     """How to get a good record again: restore or refresh a committed reference, rerun a build's example."""
     if reference:
-        return (f"restore the committed file (git checkout -- {path}) or refresh the references on that GPU "
-                f"(nox -s docs_gpu -- --update-reference)")
+        return (
+            f"restore the committed file (git checkout -- {path}) or refresh the references on that GPU "
+            f"(nox -s docs_gpu -- --update-reference)"
+        )
     return f"rerun the example (python examples/{record['example']}.py, or rebuild the docs)"
 
 
-def integrity_problems(record: dict[str, Any], path: Path | str = "", reference: bool = False
-                       ) -> list[tuple[str, str]]:
+def integrity_problems(record: dict[str, Any], path: Path | str = "", reference: bool = False) -> list[tuple[str, str]]:
     """What is wrong with a record in itself, whatever its example declares today.
 
     Three checks, each giving at most one ``(title, detail)`` problem whose detail says what differs
@@ -191,13 +197,21 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
     actual = declarations.record_digest(record)
     counts = f"its {len(record['runs'])} run(s) and {len(record['claims'])} claim(s)"
     if not isinstance(stored, str) or not stored:
-        problems.append(("runs and claims as written",
-                         f"source.declaration_sha256 is {stored!r}, so a run or claim deleted from the record "
-                         f"could not be noticed; {fix}"))
+        problems.append(
+            (
+                "runs and claims as written",
+                f"source.declaration_sha256 is {stored!r}, so a run or claim deleted from the record "
+                f"could not be noticed; {fix}",
+            )
+        )
     elif stored != actual:
-        problems.append(("runs and claims as written",
-                         f"{counts} hash to {actual[:12]}, not to the source.declaration_sha256 {stored[:12]} "
-                         f"the record was written with: a run or claim was deleted, added or edited since; {fix}"))
+        problems.append(
+            (
+                "runs and claims as written",
+                f"{counts} hash to {actual[:12]}, not to the source.declaration_sha256 {stored[:12]} "
+                f"the record was written with: a run or claim was deleted, added or edited since; {fix}",
+            )
+        )
 
     env = record["env"]
     run_env = (record.get("source") or {}).get("run_env") or {}
@@ -220,14 +234,17 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
     elif tag.startswith("cu") and isinstance(cuda, str) and cuda != "cpu" and tag != "cu" + cuda.replace(".", ""):
         clashes.append(f"env.torch {env.get('torch')!r} is a {tag} build but env.cuda is {cuda!r}")
     if run_env.get("MPGUIDE_DEVICE") in ("cpu", "cuda") and run_env["MPGUIDE_DEVICE"] != accelerator:
-        clashes.append(f"source.run_env.MPGUIDE_DEVICE is {run_env['MPGUIDE_DEVICE']!r} but env.accelerator "
-                       f"is {accelerator!r}")
+        clashes.append(
+            f"source.run_env.MPGUIDE_DEVICE is {run_env['MPGUIDE_DEVICE']!r} but env.accelerator is {accelerator!r}"
+        )
     if isinstance(run_env.get("MPGUIDE_PRESET"), str) and run_env["MPGUIDE_PRESET"] != record["preset"]:
-        clashes.append(f"source.run_env.MPGUIDE_PRESET is {run_env['MPGUIDE_PRESET']!r} but preset is "
-                       f"{record['preset']!r}")
+        clashes.append(
+            f"source.run_env.MPGUIDE_PRESET is {run_env['MPGUIDE_PRESET']!r} but preset is {record['preset']!r}"
+        )
     if clashes:
-        problems.append(("hardware fields agree", "; ".join(clashes) + f": the fields were edited or come from "
-                                                                         f"two records; {fix}"))
+        problems.append(
+            ("hardware fields agree", "; ".join(clashes) + f": the fields were edited or come from two records; {fix}")
+        )
 
     if reference:
         from .hardware import ConfigurationError, device_slug  # imports torch: only when judging references
@@ -238,20 +255,29 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
         except ConfigurationError:
             slug = ""
         if accelerator != "cuda":
-            problems.append(("reference made on a GPU",
-                             f"a committed GPU reference has env.accelerator {accelerator!r} ({device!r}); "
-                             f"references come from nox -s docs_gpu -- --update-reference on a CUDA machine: "
-                             f"delete it or refresh the folder there"))
+            problems.append(
+                (
+                    "reference made on a GPU",
+                    f"a committed GPU reference has env.accelerator {accelerator!r} ({device!r}); "
+                    f"references come from nox -s docs_gpu -- --update-reference on a CUDA machine: "
+                    f"delete it or refresh the folder there",
+                )
+            )
         elif slug != folder:
-            problems.append(("reference in its device's folder",
-                             f"it lies in reference folder {folder!r} but env.device is {device!r} (device slug "
-                             f"{slug!r}); move it to results/reference/{slug or '<device-slug>'}/, or refresh "
-                             f"the references on that GPU (nox -s docs_gpu -- --update-reference)"))
+            problems.append(
+                (
+                    "reference in its device's folder",
+                    f"it lies in reference folder {folder!r} but env.device is {device!r} (device slug "
+                    f"{slug!r}); move it to results/reference/{slug or '<device-slug>'}/, or refresh "
+                    f"the references on that GPU (nox -s docs_gpu -- --update-reference)",
+                )
+            )
     return problems
 
 
-def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = False,
-             examples: Path | None = None) -> tuple[list[Verdict], str]:
+def evaluate(
+    record: dict[str, Any], path: Path | str = "", reference: bool = False, examples: Path | None = None
+) -> tuple[list[Verdict], str]:
     """Judge one record against its example's declaration.
 
     Args:
@@ -267,36 +293,93 @@ def evaluate(record: dict[str, Any], path: Path | str = "", reference: bool = Fa
         ``"record"``.
     """
     hardware = hardware_label(record.get("env", {}))
-    checks = [Verdict(record["example"], "record", [], title, "record", None, "as written", False,
-                      record=str(path), hardware=hardware, observed="differs", detail=detail)
-              for title, detail in integrity_problems(record, path, reference)]
+    checks = [
+        Verdict(
+            record["example"],
+            "record",
+            [],
+            title,
+            "record",
+            None,
+            "as written",
+            False,
+            record=str(path),
+            hardware=hardware,
+            observed="differs",
+            detail=detail,
+        )
+        for title, detail in integrity_problems(record, path, reference)
+    ]
     source = declarations.example_file(record["example"], examples)
     if not source.parent.is_dir():  # a reader's folder with a downloaded example: no checkout to compare with
-        note = Verdict(record["example"], "declaration", [], "compared with the example's declaration", "declaration",
-                       None, "examples/ present", False, record=str(path), hardware=hardware, judged=False,
-                       observed="not compared",
-                       detail=f"there is no examples folder ({source.parent}), as after downloading one example: "
-                              f"the record's own claims are judged, not compared with a declaration")
+        note = Verdict(
+            record["example"],
+            "declaration",
+            [],
+            "compared with the example's declaration",
+            "declaration",
+            None,
+            "examples/ present",
+            False,
+            record=str(path),
+            hardware=hardware,
+            judged=False,
+            observed="not compared",
+            detail=f"there is no examples folder ({source.parent}), as after downloading one example: "
+            f"the record's own claims are judged, not compared with a declaration",
+        )
         return checks + [note] + evaluate_record(record, str(path)), ""
     try:
         declaration = declarations.read(source)
     except declarations.DeclarationError as err:
-        detail = (f"the record is of example {record['example']!r}, which no longer exists; delete the record"
-                  if not source.is_file() else f"{err}; fix the example's tables")
-        return checks + [Verdict(record["example"], "declaration", [], "the example declares these claims",
-                                 "declaration", None, "example exists", False, detail=detail, record=str(path),
-                                 hardware=hardware, observed="no declaration")], ""
+        detail = (
+            f"the record is of example {record['example']!r}, which no longer exists; delete the record"
+            if not source.is_file()
+            else f"{err}; fix the example's tables"
+        )
+        return checks + [
+            Verdict(
+                record["example"],
+                "declaration",
+                [],
+                "the example declares these claims",
+                "declaration",
+                None,
+                "example exists",
+                False,
+                detail=detail,
+                record=str(path),
+                hardware=hardware,
+                observed="no declaration",
+            )
+        ], ""
     stale = staleness(record, examples, include_library=not reference)
     if stale and not reference:
-        verdict = Verdict(record["example"], "stale", [], "the record is current", "source", None,
-                          "made from the current sources", False, record=str(path), hardware=hardware,
-                          observed="stale", detail=f"{stale}; rerun the example (or rebuild the docs)")
+        verdict = Verdict(
+            record["example"],
+            "stale",
+            [],
+            "the record is current",
+            "source",
+            None,
+            "made from the current sources",
+            False,
+            record=str(path),
+            hardware=hardware,
+            observed="stale",
+            detail=f"{stale}; rerun the example (or rebuild the docs)",
+        )
         return checks + [verdict] + evaluate_record(record, str(path), declaration), ""
     return checks + evaluate_record(record, str(path), declaration, stale=bool(stale)), stale
 
 
-def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None,
-          references: Sequence[Path] = (), examples: Path | None = None) -> GateReport:
+def judge(
+    paths: Sequence[Path],
+    expected: Sequence[str] = (),
+    expected_dir: Path | None = None,
+    references: Sequence[Path] = (),
+    examples: Path | None = None,
+) -> GateReport:
     """Judge this build's records at ``paths`` and the committed ``references``; never raises for bad records.
 
     Args:
@@ -327,8 +410,12 @@ def judge(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Pat
     return report
 
 
-def check(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Path | None = None,
-          references: Sequence[Path] = ()) -> GateReport:
+def check(
+    paths: Sequence[Path],
+    expected: Sequence[str] = (),
+    expected_dir: Path | None = None,
+    references: Sequence[Path] = (),
+) -> GateReport:
     """Like :func:`~mpguide.verify.gate.judge`, but raise when anything failed.
 
     Raises:
@@ -344,37 +431,60 @@ def check(paths: Sequence[Path], expected: Sequence[str] = (), expected_dir: Pat
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry; returns the exit status (see :data:`~mpguide.verify.gate.EXIT_CODES`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m mpguide.verify.gate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m mpguide.verify.gate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Judge results records against the claims their examples declare.\n\nWithout record paths: "
-                    "this build's records in _build/results (one for every example in examples/ must be "
-                    "there) and the committed references in results/reference (what `nox -s gate` does).",
-        epilog=EXIT_CODES)
-    parser.add_argument("paths", nargs="*", type=Path,
-                        help="this build's record files or folders (searched recursively)")
-    parser.add_argument("--reference", action="append", default=None, type=Path, metavar="PATH",
-                        help="committed reference records (file or folder; repeatable); these may be stale")
-    parser.add_argument("--expect", action="append", default=[], metavar="EXAMPLE",
-                        help="example whose record must exist in --expect-dir (repeatable)")
+        "this build's records in _build/results (one for every example in examples/ must be "
+        "there) and the committed references in results/reference (what `nox -s gate` does).",
+        epilog=EXIT_CODES,
+    )
+    parser.add_argument(
+        "paths", nargs="*", type=Path, help="this build's record files or folders (searched recursively)"
+    )
+    parser.add_argument(
+        "--reference",
+        action="append",
+        default=None,
+        type=Path,
+        metavar="PATH",
+        help="committed reference records (file or folder; repeatable); these may be stale",
+    )
+    parser.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="EXAMPLE",
+        help="example whose record must exist in --expect-dir (repeatable)",
+    )
     parser.add_argument("--expect-dir", type=Path, default=None, help="folder of the expected records")
     args = parser.parse_args(argv)
     paths, refs, expect, expect_dir = args.paths, args.reference, args.expect, args.expect_dir
     problems = []
     if not paths and refs is None:  # the last build (every example must have left its record) + references
-        paths, refs, expect_dir = [DEFAULT_BUILD_RESULTS], [r for r in [reference_dir()] if r.exists()], \
-            DEFAULT_BUILD_RESULTS
+        paths, refs, expect_dir = (
+            [DEFAULT_BUILD_RESULTS],
+            [r for r in [reference_dir()] if r.exists()],
+            DEFAULT_BUILD_RESULTS,
+        )
         expect = expect or declarations.example_names()
     else:  # paths named on the command line must exist and hold records: an empty folder verified nothing
-        problems += [f"{r}: no such reference file or folder; fix the path, or leave --reference out"
-                     for r in refs or [] if not r.exists()]
+        problems += [
+            f"{r}: no such reference file or folder; fix the path, or leave --reference out"
+            for r in refs or []
+            if not r.exists()
+        ]
     found = find_records(paths)
     if args.paths and refs and not found and not expect:  # without --reference: "nothing was verified"
-        problems.append(f"{', '.join(map(str, paths))}: no record found (no *.json); run the examples or "
-                        f"build the docs first, or name the folder that holds their records")
+        problems.append(
+            f"{', '.join(map(str, paths))}: no record found (no *.json); run the examples or "
+            f"build the docs first, or name the folder that holds their records"
+        )
     report = judge(found, expect, expect_dir, find_records(r for r in refs or [] if r.exists()))
     report.record_errors = problems + report.record_errors
     if report.verdicts:
-        print(format_table(verdict_rows(report.verdicts), ("verdict", "claim", "runs", "value", "threshold",
-                                                           "hardware")))
+        print(
+            format_table(verdict_rows(report.verdicts), ("verdict", "claim", "runs", "value", "threshold", "hardware"))
+        )
     print(report.summary())
     if report.ok:
         return 0

@@ -19,8 +19,9 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -35,8 +36,13 @@ TRUE_PRECISIONS: tuple[str, ...] = ("bf16-true", "16-true")
 RUN_PRECISIONS: tuple[str, ...] = PRECISIONS + TRUE_PRECISIONS
 
 #: Short labels used in run ids and legends.
-PRECISION_LABELS: dict[str, str] = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed",
-                                    "bf16-true": "bf16-true", "16-true": "16-true"}
+PRECISION_LABELS: dict[str, str] = {
+    "32-true": "fp32",
+    "bf16-mixed": "bf16-mixed",
+    "16-mixed": "16-mixed",
+    "bf16-true": "bf16-true",
+    "16-true": "16-true",
+}
 
 
 class ConfigurationError(ValueError):
@@ -176,8 +182,9 @@ def device_slug(name: str | None = None) -> str:
     """
     if name is None:
         if not torch.cuda.is_available():
-            raise ConfigurationError("device_slug() needs a CUDA device (torch.cuda.is_available() is False) "
-                                     "or an explicit device name")
+            raise ConfigurationError(
+                "device_slug() needs a CUDA device (torch.cuda.is_available() is False) or an explicit device name"
+            )
         name = torch.cuda.get_device_name(0)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     if not slug:
@@ -234,8 +241,10 @@ def device_lock(accelerator: str, exclusive: bool = False) -> Iterator[float]:
         return
     if accelerator in _HELD:
         if exclusive and not _HELD[accelerator]:
-            raise RuntimeError(f"device_lock: asked for {accelerator} exclusively while this process holds it "
-                               f"shared (inside a training run); time the device outside Trainer.fit and run_example")
+            raise RuntimeError(
+                f"device_lock: asked for {accelerator} exclusively while this process holds it "
+                f"shared (inside a training run); time the device outside Trainer.fit and run_example"
+            )
         yield 0.0
         return
     base = os.path.join(folder or tempfile.gettempdir(), f"mpguide-{accelerator}")

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import records
 from .claims import smooth
 
 #: One colour per precision (colour-blind-safe Okabe-Ito hues, legible on light and dark pages).
-PRECISION_COLORS = {"32-true": "#0072B2", "bf16-mixed": "#E69F00", "16-mixed": "#009E73", "bf16-true": "#D55E00",
-                    "16-true": "#CC79A7"}
+PRECISION_COLORS = {
+    "32-true": "#0072B2",
+    "bf16-mixed": "#E69F00",
+    "16-mixed": "#009E73",
+    "bf16-true": "#D55E00",
+    "16-true": "#CC79A7",
+}
 #: One line style per precision, so that precisions stay apart when a figure recolours its runs.
-PRECISION_STYLES = {"32-true": "-", "bf16-mixed": (0, (6, 2)), "16-mixed": (0, (1.5, 1.5)),
-                    "bf16-true": (0, (4, 1, 1, 1)), "16-true": (0, (1, 1, 4, 1))}
+PRECISION_STYLES = {
+    "32-true": "-",
+    "bf16-mixed": (0, (6, 2)),
+    "16-mixed": (0, (1.5, 1.5)),
+    "bf16-true": (0, (4, 1, 1, 1)),
+    "16-true": (0, (1, 1, 4, 1)),
+}
 #: Colours for runs that are not a plain recipe (pitfalls, user recipes), in order of appearance.
 EXTRA_COLORS = ["#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#999999"]
 #: Label of the x axis of every per-batch series (one point per ``training_step`` call). With
@@ -24,8 +35,15 @@ BATCH_AXIS = "batch (training_step call)"
 LEGEND_DROP_IN = 0.62
 #: Text sizes in points. Figures are saved at 110 dpi, so 10 pt is 15 pixels in the enlarged view
 #: (a click or tap on a figure shows it at its own size, ``docs/_static/mpguide.js``).
-TEXT_RC = {"font.size": 11, "axes.titlesize": 11.5, "axes.labelsize": 11, "xtick.labelsize": 10,
-           "ytick.labelsize": 10, "legend.fontsize": 10, "figure.titlesize": 12}
+TEXT_RC = {
+    "font.size": 11,
+    "axes.titlesize": 11.5,
+    "axes.labelsize": 11,
+    "xtick.labelsize": 10,
+    "ytick.labelsize": 10,
+    "legend.fontsize": 10,
+    "figure.titlesize": 12,
+}
 #: Legend text size in points.
 LEGEND_SIZE = TEXT_RC["legend.fontsize"]
 #: Share of the axis' data range (on the drawn scale, so in decades on a log axis) within which two
@@ -78,8 +96,16 @@ def legend_below(ax: Any, ncol: int = 1) -> None:
     if not handles:
         return
     transform = ax.transAxes + ScaledTranslation(0, -LEGEND_DROP_IN, ax.figure.dpi_scale_trans)
-    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=transform,
-              ncol=ncol, fontsize=LEGEND_SIZE, frameon=False)
+    ax.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=transform,
+        ncol=ncol,
+        fontsize=LEGEND_SIZE,
+        frameon=False,
+    )
 
 
 def _merged_label(labels: Sequence[str]) -> str:
@@ -104,8 +130,9 @@ def _drawn(values: Sequence[float], log: bool) -> Any:
     return v
 
 
-def overlap_partner(ys: Sequence[Sequence[float]], log: bool = False,
-                    span: float | None = None) -> list[tuple[int, int, int, float] | None]:
+def overlap_partner(
+    ys: Sequence[Sequence[float]], log: bool = False, span: float | None = None
+) -> list[tuple[int, int, int, float] | None]:
     """For each series, the first *later* series drawn over it, where they overlap and how far apart they get.
 
     Two series overlap when, on the drawn scale (``log10`` of the values on a log axis), they are
@@ -172,16 +199,22 @@ def _draw(ax: Any, series: list[dict[str, Any]], log: bool = False, span: float 
     shown = 0
     for item, partner in zip(series, partners):
         label = item["name"]
-        kwargs: dict[str, Any] = dict(color=item["color"], linestyle=item["linestyle"],
-                                      linewidth=item.get("linewidth", 1.8))
+        kwargs: dict[str, Any] = dict(
+            color=item["color"], linestyle=item["linestyle"], linewidth=item.get("linewidth", 1.8)
+        )
         marks: dict[str, Any] = {}
         if partner is not None:
             j, close, common, rel = partner
             other = series[j].get("first") or series[j]["name"]  # a merged entry: its first run
             label = f"{label} (markers: under {other} at {close} of {common} batches, at most {_percent(rel)} apart)"
             every = max(1, len(item["y"]) // 12)
-            marks = dict(marker=OVERLAP_MARKERS[shown % len(OVERLAP_MARKERS)], markersize=7, markerfacecolor="none",
-                         markeredgewidth=1.6, markevery=((every * ((shown + 1) % 4)) // 4, every))
+            marks = dict(
+                marker=OVERLAP_MARKERS[shown % len(OVERLAP_MARKERS)],
+                markersize=7,
+                markerfacecolor="none",
+                markeredgewidth=1.6,
+                markevery=((every * ((shown + 1) % 4)) // 4, every),
+            )
             shown += 1
         draw = ax.step if item.get("where") else ax.plot
         where = {"where": item["where"]} if item.get("where") else {}
@@ -248,15 +281,26 @@ def plot_loss_curves(
         steps = range(len(first["loss"]))
         ax.plot(steps, first["loss"], color=color, alpha=0.18, linewidth=0.8)
         names = [(labels or {}).get(m["id"]) or m.get("label") or m["id"] for m in members]
-        series.append(dict(x=steps, y=smooth(first["loss"]), color=color,
-                           linestyle=PRECISION_STYLES.get(first["precision"], "-"),
-                           name=_merged_label(names), first=names[0]))
+        series.append(
+            dict(
+                x=steps,
+                y=smooth(first["loss"]),
+                color=color,
+                linestyle=PRECISION_STYLES.get(first["precision"], "-"),
+                name=_merged_label(names),
+                first=names[0],
+            )
+        )
     _draw(ax, series)
     for run in failed:
         label = (labels or {}).get(run["id"]) or run.get("label") or run["id"]
-        ax.plot([], [], color=colors.get(run["id"], PRECISION_COLORS.get(run["precision"], "#444444")),
-                linestyle=PRECISION_STYLES.get(run["precision"], "-"),
-                label=f"{label} (raised {run['error']['type']}, no curve)" if run.get("error") else f"{label} (no steps)")
+        ax.plot(
+            [],
+            [],
+            color=colors.get(run["id"], PRECISION_COLORS.get(run["precision"], "#444444")),
+            linestyle=PRECISION_STYLES.get(run["precision"], "-"),
+            label=f"{label} (raised {run['error']['type']}, no curve)" if run.get("error") else f"{label} (no steps)",
+        )
     if series:
         ax.add_line(Line2D([], [], color="#777777", alpha=0.45, linewidth=0.8, label=RAW_LABEL))
     ax.set_title(title)
@@ -266,9 +310,16 @@ def plot_loss_curves(
     legend_below(ax)
 
 
-def plot_run_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], field: str,
-                    colors: dict[str, str] | None = None, limit: int | None = None, steps: bool = False,
-                    log: bool = False) -> None:
+def plot_run_series(
+    ax: Any,
+    record: dict[str, Any],
+    run_ids: Sequence[str],
+    field: str,
+    colors: dict[str, str] | None = None,
+    limit: int | None = None,
+    steps: bool = False,
+    log: bool = False,
+) -> None:
     """Draw a per-batch list stored in each run (``"lr"``, ``"loss_scale"``), exactly equal series once.
 
     A series lying on top of an earlier, unequal one gets markers and a legend note
@@ -294,11 +345,18 @@ def plot_run_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], fie
     series = []
     for values, members in groups.items():
         first = members[0]
-        series.append(dict(x=range(len(values)), y=values, where="post" if steps else None, linewidth=1.6,
-                           color=colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444")),
-                           linestyle=PRECISION_STYLES.get(first["precision"], "-"),
-                           name=_merged_label([m.get("label") or m["id"] for m in members]),
-                           first=members[0].get("label") or members[0]["id"]))
+        series.append(
+            dict(
+                x=range(len(values)),
+                y=values,
+                where="post" if steps else None,
+                linewidth=1.6,
+                color=colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444")),
+                linestyle=PRECISION_STYLES.get(first["precision"], "-"),
+                name=_merged_label([m.get("label") or m["id"] for m in members]),
+                first=members[0].get("label") or members[0]["id"],
+            )
+        )
     _draw(ax, series, log=log)
     if log:
         ax.set_yscale("log", base=2)
@@ -348,15 +406,29 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
             identical.append(f"{cand} vs {ref}")
             continue
         color = PRECISION_COLORS.get(a["precision"], EXTRA_COLORS[i % len(EXTRA_COLORS)])
-        series.append(dict(x=steps, y=np.maximum(gap, GAP_FLOOR), color=color, linewidth=1.5,
-                           linestyle=PRECISION_STYLES.get(a["precision"], "-"), name=f"{cand} vs {ref}"))
+        series.append(
+            dict(
+                x=steps,
+                y=np.maximum(gap, GAP_FLOOR),
+                color=color,
+                linewidth=1.5,
+                linestyle=PRECISION_STYLES.get(a["precision"], "-"),
+                name=f"{cand} vs {ref}",
+            )
+        )
     _draw(ax, series, log=True, span=float(np.log10(1.0 / (GAP_FLOOR / 10))))
     if identical and steps is not None:
         import textwrap
 
         text = f"no difference, drawn at {GAP_FLOOR:g}: " + ", ".join(p.replace(" vs ", " = ") for p in identical)
-        ax.plot(steps, np.full(len(steps), GAP_FLOOR), color="#444444", linewidth=2.5, alpha=0.7,
-                label="\n".join(textwrap.wrap(text, 60)))
+        ax.plot(
+            steps,
+            np.full(len(steps), GAP_FLOOR),
+            color="#444444",
+            linewidth=2.5,
+            alpha=0.7,
+            label="\n".join(textwrap.wrap(text, 60)),
+        )
     ax.set_yscale("log")
     ax.set_ylim(GAP_FLOOR / 10, 1.0)
     ax.set_title(title)
@@ -366,9 +438,19 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
     legend_below(ax)
 
 
-def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], key: str, title: str, ylabel: str,
-                      colors: dict[str, str] | None = None, log_base: int | None = None,
-                      labels: dict[str, str] | None = None, steps: bool = True, legend: bool = True) -> None:
+def plot_extra_series(
+    ax: Any,
+    record: dict[str, Any],
+    run_ids: Sequence[str],
+    key: str,
+    title: str,
+    ylabel: str,
+    colors: dict[str, str] | None = None,
+    log_base: int | None = None,
+    labels: dict[str, str] | None = None,
+    steps: bool = True,
+    legend: bool = True,
+) -> None:
     """Draw a per-batch series that runs recorded in ``extra[key]`` (e.g. an update factor), as steps.
 
     Series that are exactly equal are drawn once, with one legend entry naming every run; a series
@@ -417,31 +499,58 @@ def plot_extra_series(ax: Any, record: dict[str, Any], run_ids: Sequence[str], k
             if zero.size:
                 skips.append((zero, color, names[0] if len(names) == 1 else " = ".join(names)))
             y = np.where(y > 0, y, np.nan)
-        series.append(dict(x=np.arange(len(y)), y=y, where="mid" if steps else None, linewidth=1.5, name=name,
-                           first=names[0], color=color,
-                           linestyle=PRECISION_STYLES.get(first["precision"], "-")))
+        series.append(
+            dict(
+                x=np.arange(len(y)),
+                y=y,
+                where="mid" if steps else None,
+                linewidth=1.5,
+                name=name,
+                first=names[0],
+                color=color,
+                linestyle=PRECISION_STYLES.get(first["precision"], "-"),
+            )
+        )
     _draw(ax, series, log=bool(log_base))
     if log_base:
         ax.set_yscale("log", base=log_base)
         finite = np.concatenate([s["y"][np.isfinite(s["y"])] for s in series]) if series else np.array([1.0])
         lo, hi = float(finite.min()), float(finite.max())
         # room below the data for the skip markers; half a power of the base above
-        ax.set_ylim(lo / log_base ** (1.3 if skips else 0.5), hi * log_base ** 0.5)
+        ax.set_ylim(lo / log_base ** (1.3 if skips else 0.5), hi * log_base**0.5)
         if skips:  # ticks only at powers of the base within the data: none inside the skip band
-            powers = np.arange(np.ceil(np.log(lo) / np.log(log_base) - 1e-9),
-                               np.floor(np.log(hi) / np.log(log_base) + 1e-9) + 1)
+            powers = np.arange(
+                np.ceil(np.log(lo) / np.log(log_base) - 1e-9), np.floor(np.log(hi) / np.log(log_base) + 1e-9) + 1
+            )
             ax.yaxis.set_major_locator(FixedLocator(float(log_base) ** powers))
             ax.yaxis.set_minor_locator(NullLocator())
         band = blended_transform_factory(ax.transData, ax.transAxes)
         if skips:
             top = 0.06 + 0.06 * len(skips)
-            ax.add_patch(Rectangle((0, 0), 1, top, transform=ax.transAxes, color="#999999", alpha=0.12, linewidth=0,
-                                   zorder=0))
-            ax.text(0.01, top - 0.01, "skipped steps (update 0, no value on a log axis)", transform=ax.transAxes,
-                    va="top", ha="left", fontsize=LEGEND_SIZE - 1, color="#555555")
+            ax.add_patch(
+                Rectangle((0, 0), 1, top, transform=ax.transAxes, color="#999999", alpha=0.12, linewidth=0, zorder=0)
+            )
+            ax.text(
+                0.01,
+                top - 0.01,
+                "skipped steps (update 0, no value on a log axis)",
+                transform=ax.transAxes,
+                va="top",
+                ha="left",
+                fontsize=LEGEND_SIZE - 1,
+                color="#555555",
+            )
         for row, (zero, color, first) in enumerate(skips):
-            ax.plot(zero, np.full(zero.size, 0.03 + 0.06 * row), linestyle="none", marker="v", markersize=8,
-                    color=color, transform=band, label=f"{first}: step skipped, update 0")
+            ax.plot(
+                zero,
+                np.full(zero.size, 0.03 + 0.06 * row),
+                linestyle="none",
+                marker="v",
+                markersize=8,
+                color=color,
+                transform=band,
+                label=f"{first}: step skipped, update 0",
+            )
     ax.set_title(title)
     ax.set_xlabel(BATCH_AXIS)
     ax.set_ylabel(ylabel)

@@ -57,8 +57,7 @@ class LoggedValues(Callback):
     def __init__(self) -> None:
         self.values: dict[str, list[float]] = {}
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         for name, value in trainer.callback_metrics.items():
             if not name.endswith("_epoch"):
                 self.values.setdefault(name, []).append(float(value))
@@ -91,16 +90,19 @@ class AppliedUpdates(Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._before = self._flat(pl_module)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         after = self._flat(pl_module)
         self.applied.append(bool(self._before is not None and not torch.equal(self._before, after)))
 
     def record_extra(self) -> dict[str, Any]:
         """``updates_applied`` and ``updates_not_applied`` (counts of batches), ``all_updates_applied``
         (bool) and ``applied_per_step`` (list of bools, one per batch)."""
-        return {"updates_applied": sum(self.applied), "updates_not_applied": self.applied.count(False),
-                "all_updates_applied": all(self.applied), "applied_per_step": self.applied}
+        return {
+            "updates_applied": sum(self.applied),
+            "updates_not_applied": self.applied.count(False),
+            "all_updates_applied": all(self.applied),
+            "applied_per_step": self.applied,
+        }
 
 
 class LostUpdates(Callback):
@@ -134,8 +136,7 @@ class LostUpdates(Callback):
                 if param.grad is not None and id(param) not in self._before:
                     self._before[id(param)] = (param, param.detach().clone(), param.grad.detach() != 0)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         with_gradient = lost = 0
         for param, before, moved in self._before.values():
             with_gradient += int(moved.sum())
@@ -149,8 +150,12 @@ class LostUpdates(Callback):
         run) and ``lost_fraction_per_step`` (one float per batch, 0.0 for a batch without gradients)."""
         total, lost = sum(self.with_gradient), sum(self.lost)
         per_step = [n / w if w else 0.0 for n, w in zip(self.lost, self.with_gradient, strict=True)]
-        return {"updates_with_gradient": total, "updates_lost": lost, "updates_kept": total - lost,
-                "lost_fraction_per_step": per_step}
+        return {
+            "updates_with_gradient": total,
+            "updates_lost": lost,
+            "updates_kept": total - lost,
+            "lost_fraction_per_step": per_step,
+        }
 
 
 class PrecisionInUse(Callback):

@@ -85,7 +85,10 @@ def reference_dir() -> Path:
 
 
 def record_path(example: str, directory: Path | None = None) -> Path:
-    """Path of the record of ``example`` (a file stem) inside ``directory`` (default :func:`~mpguide.verify.records.results_dir`)."""
+    """Path of the record of ``example`` (a file stem) inside ``directory``.
+
+    ``directory`` defaults to :func:`~mpguide.verify.records.results_dir`.
+    """
     return Path(directory or results_dir()) / f"{example}.json"
 
 
@@ -168,10 +171,17 @@ def git_state(paths: list[Path]) -> tuple[str | None, bool | None]:
         ``(commit, dirty)``; ``(None, None)`` outside a git checkout or without git.
     """
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--", *map(str, paths)], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", *map(str, paths)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None, None
     return commit or None, bool(status)
@@ -187,9 +197,11 @@ def run_env(swaps: dict[str, str]) -> dict[str, Any]:
         ``{"MPGUIDE_PRESET": name, "MPGUIDE_DEVICE": "auto" | "cpu" | "cuda", "swaps": {...}}`` with the
         defaults filled in (``quick``, ``auto``).
     """
-    return {"MPGUIDE_PRESET": (os.environ.get("MPGUIDE_PRESET") or "quick").lower(),
-            "MPGUIDE_DEVICE": (os.environ.get("MPGUIDE_DEVICE") or "auto").lower(),
-            "swaps": dict(sorted(swaps.items()))}
+    return {
+        "MPGUIDE_PRESET": (os.environ.get("MPGUIDE_PRESET") or "quick").lower(),
+        "MPGUIDE_DEVICE": (os.environ.get("MPGUIDE_DEVICE") or "auto").lower(),
+        "swaps": dict(sorted(swaps.items())),
+    }
 
 
 #: The fields of ``source`` that name a record's inputs: the docs build reruns an example whose record
@@ -212,8 +224,11 @@ def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None
     Returns:
         ``{"example_sha256": hex | None, "library_sha256": hex, "run_env": {...}}``.
     """
-    return {"example_sha256": file_digest(example_path), "library_sha256": library or library_digest(),
-            "run_env": run_env(swaps)}
+    return {
+        "example_sha256": file_digest(example_path),
+        "library_sha256": library or library_digest(),
+        "run_env": run_env(swaps),
+    }
 
 
 def utc_now() -> str:
@@ -255,15 +270,21 @@ def load_record(path: Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.is_file():
-        raise RecordError(f"{path}: results record not found; run the example that writes it "
-                          f"(python examples/{path.stem}.py) or build the docs with `nox -s docs`")
-    fix = (f"delete it and rerun python examples/{path.stem}.py (or rebuild the docs, which reruns "
-           f"examples whose record is missing)")
+        raise RecordError(
+            f"{path}: results record not found; run the example that writes it "
+            f"(python examples/{path.stem}.py) or build the docs with `nox -s docs`"
+        )
+    fix = (
+        f"delete it and rerun python examples/{path.stem}.py (or rebuild the docs, which reruns "
+        f"examples whose record is missing)"
+    )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
-                          f"the file is truncated or corrupt: {fix}") from None
+        raise RecordError(
+            f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+            f"the file is truncated or corrupt: {fix}"
+        ) from None
     except UnicodeDecodeError as err:
         raise RecordError(f"{path}: not UTF-8 text (byte {err.start}); the file is corrupt: {fix}") from None
     except RecursionError:
@@ -274,7 +295,9 @@ def load_record(path: Path) -> dict[str, Any]:
     return record
 
 
-def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, library_sources: dict[str, bytes]) -> dict[str, Any]:
+def upgrade_v1(
+    record: dict[str, Any], commit: str, example_source: bytes, library_sources: dict[str, bytes]
+) -> dict[str, Any]:
     """Convert a schema-1 record to schema 2 without changing any measured value.
 
     Schema 1 did not say what a record was produced from. The caller states it: the commit the
@@ -307,13 +330,15 @@ def upgrade_v1(record: dict[str, Any], commit: str, example_source: bytes, libra
     from .declarations import digest_of
 
     out = dict(record, schema_version=SCHEMA_VERSION)
-    out["source"] = {"example_sha256": hashlib.sha256(example_source).hexdigest(),
-                     "library_sha256": library.hexdigest(),
-                     "declaration_sha256": digest_of(record.get("runs") or [], record.get("claims") or []),
-                     "commit": commit,
-                     "dirty": False, "run_env": {"MPGUIDE_PRESET": record.get("preset"), "MPGUIDE_DEVICE": None,
-                                                 "swaps": {}},
-                     "upgraded_from_schema": 1}
+    out["source"] = {
+        "example_sha256": hashlib.sha256(example_source).hexdigest(),
+        "library_sha256": library.hexdigest(),
+        "declaration_sha256": digest_of(record.get("runs") or [], record.get("claims") or []),
+        "commit": commit,
+        "dirty": False,
+        "run_env": {"MPGUIDE_PRESET": record.get("preset"), "MPGUIDE_DEVICE": None, "swaps": {}},
+        "upgraded_from_schema": 1,
+    }
     validate_record(out, f"<{record.get('example')} upgraded>")
     return out
 
@@ -322,22 +347,26 @@ def _upgrade_cli(argv: list[str] | None = None) -> int:
     """``python -m mpguide.verify.records upgrade PATH... --commit SHA``: rewrite schema-1 records in place."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m mpguide.verify.records",
-                                     description="Convert schema-1 records to schema 2, reading the example and "
-                                                 "library sources at COMMIT from git.")
+    parser = argparse.ArgumentParser(
+        prog="python -m mpguide.verify.records",
+        description="Convert schema-1 records to schema 2, reading the example and library sources at COMMIT from git.",
+    )
     parser.add_argument("command", choices=["upgrade"])
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--commit", required=True, help="the commit the records were produced at")
     args = parser.parse_args(argv)
 
     def show(rel: str) -> bytes:
-        return subprocess.run(["git", "show", f"{args.commit}:{rel}"], cwd=REPO_ROOT, capture_output=True,
-                              check=True).stdout
+        return subprocess.run(
+            ["git", "show", f"{args.commit}:{rel}"], cwd=REPO_ROOT, capture_output=True, check=True
+        ).stdout
 
-    commit = subprocess.run(["git", "rev-parse", args.commit], cwd=REPO_ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
-    names = subprocess.run(["git", "ls-tree", "--name-only", commit, "mpguide/"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
+    commit = subprocess.run(
+        ["git", "rev-parse", args.commit], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", commit, "mpguide/"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     library = {Path(n).name: show(n) for n in names if n.endswith(".py")}
     for path in args.paths:
         record = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .claims import Verdict, evaluate_record
-from .records import short_paths  # noqa: F401 - the pages call report.short_paths
+from .records import short_paths
 
 #: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
@@ -19,9 +20,19 @@ SHORT_COLUMNS = WORD_COLUMNS
 MAX_THRESHOLD = 40
 #: Widest a column of a plain-text table (:func:`~mpguide.verify.report.format_table`) gets, in characters;
 #: a longer cell (a long run id, claim title or observed message) wraps onto continuation lines.
-MAX_CELL_WIDTH: dict[str, int] = {"verdict": 12, "claim": 44, "runs": 36, "metric": 24, "value": 36,
-                                  "threshold": MAX_THRESHOLD, "hardware": 60, "result": 34, "check": 40,
-                                  "measured": 44, "allowed": 34}
+MAX_CELL_WIDTH: dict[str, int] = {
+    "verdict": 12,
+    "claim": 44,
+    "runs": 36,
+    "metric": 24,
+    "value": 36,
+    "threshold": MAX_THRESHOLD,
+    "hardware": 60,
+    "result": 34,
+    "check": 40,
+    "measured": 44,
+    "allowed": 34,
+}
 #: Width limit of a column :data:`~mpguide.verify.report.MAX_CELL_WIDTH` does not name.
 DEFAULT_CELL_WIDTH = 40
 #: Claim kinds whose passing verdict means "a bug or trap still shows" (so a pass is not good news).
@@ -65,8 +76,11 @@ def measured_text(v: Verdict) -> str:
     if v.kind == "diverge":
         return f"average gap between smoothed loss curves: {_percent(value)}" if numeric else observed or "n/a"
     if v.kind == "ratio":
-        return (f"largest deviation of the update from the expected factor: {_percent(value)}" if numeric
-                else observed or "not recorded")
+        return (
+            f"largest deviation of the update from the expected factor: {_percent(value)}"
+            if numeric
+            else observed or "not recorded"
+        )
     if v.kind == "rate_ratio":
         return f"speed ratio, {observed}" if observed else "n/a"
     if v.kind == "raises":
@@ -102,7 +116,7 @@ def allowed_text(v: Verdict, tolerance_href: str | None = None) -> str:
     if v.kind == "ratio" and tol:
         return f"at most {_percent(tol.value)}{name}"
     if v.kind == "rate_ratio" and tol:
-        return (f"within {_percent(tol.value)} of 1{name}" if tol.bound == "max" else f"at least {tol.value:g}x{name}")
+        return f"within {_percent(tol.value)} of 1{name}" if tol.bound == "max" else f"at least {tol.value:g}x{name}"
     if v.kind == "raises":
         return f"the error: {v.threshold.removeprefix('raises ')}"
     if v.kind == "warns":
@@ -136,8 +150,9 @@ def result_text(v: Verdict) -> str:
     return "holds" if v.passed else "DOES NOT HOLD"
 
 
-def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False,
-                 tolerance_href: str | None = None) -> list[dict[str, str]]:
+def verdict_rows(
+    verdicts: Sequence[Verdict], include_implicit: bool = False, tolerance_href: str | None = None
+) -> list[dict[str, str]]:
     """Table rows (column -> text) for ``verdicts``.
 
     Each row has the worded columns of :data:`~mpguide.verify.report.WORD_COLUMNS` (``result``, ``check``,
@@ -155,24 +170,29 @@ def verdict_rows(verdicts: Sequence[Verdict], include_implicit: bool = False,
     for v in verdicts:
         if v.kind in ("finite", "completes") and v.passed and not include_implicit:
             continue
-        rows.append({
-            "result": result_text(v),
-            "check": v.title,
-            "measured": measured_text(v),
-            "allowed": allowed_text(v, tolerance_href),
-            "claim": v.title,
-            "runs": " vs ".join(v.runs),
-            "metric": v.metric,
-            "value": v.shown_value(),
-            "threshold": v.threshold if len(v.threshold) <= MAX_THRESHOLD else v.threshold[:MAX_THRESHOLD - 3] + "...",
-            "verdict": v.status,
-            "hardware": v.hardware,
-        })
+        rows.append(
+            {
+                "result": result_text(v),
+                "check": v.title,
+                "measured": measured_text(v),
+                "allowed": allowed_text(v, tolerance_href),
+                "claim": v.title,
+                "runs": " vs ".join(v.runs),
+                "metric": v.metric,
+                "value": v.shown_value(),
+                "threshold": v.threshold
+                if len(v.threshold) <= MAX_THRESHOLD
+                else v.threshold[: MAX_THRESHOLD - 3] + "...",
+                "verdict": v.status,
+                "hardware": v.hardware,
+            }
+        )
     return rows
 
 
-def format_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS,
-                 max_width: dict[str, int] | None = None) -> str:
+def format_table(
+    rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS, max_width: dict[str, int] | None = None
+) -> str:
     """Plain-text table of ``rows`` with aligned columns (for terminals and gallery output).
 
     A cell wider than its column's limit, or holding a line break, wraps onto continuation lines
@@ -186,8 +206,9 @@ def format_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMN
         max_width: column -> widest cell in characters (default :data:`~mpguide.verify.report.MAX_CELL_WIDTH`,
             then :data:`~mpguide.verify.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
     """
-    limits = {c: max(len(c), (MAX_CELL_WIDTH if max_width is None else max_width).get(c, DEFAULT_CELL_WIDTH))
-              for c in columns}
+    limits = {
+        c: max(len(c), (MAX_CELL_WIDTH if max_width is None else max_width).get(c, DEFAULT_CELL_WIDTH)) for c in columns
+    }
     cells = [[_wrap(str(r.get(c, "")), limits[c]) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(line) for row in cells for line in row[i]]) for i, c in enumerate(columns)]
 
@@ -204,8 +225,11 @@ def _wrap(text: str, width: int) -> list[str]:
     """``text`` as lines of at most ``width`` characters (its own line breaks kept; at least one line)."""
     import textwrap
 
-    return [part for line in text.splitlines() or [""]
-            for part in (textwrap.wrap(line, width, break_long_words=True) or [""])]
+    return [
+        part
+        for line in text.splitlines() or [""]
+        for part in (textwrap.wrap(line, width, break_long_words=True) or [""])
+    ]
 
 
 def count_line(verdicts: Sequence[Verdict]) -> str:
@@ -226,8 +250,10 @@ def count_line(verdicts: Sequence[Verdict]) -> str:
     if len(judged) < len(shown):
         text += f" ({len(shown) - len(judged)} not judged)"
     if hidden:
-        text += (f"; besides, {len(hidden)} automatic check{'s' if len(hidden) != 1 else ''} (every run trains to "
-                 f"the end with a finite loss) passed")
+        text += (
+            f"; besides, {len(hidden)} automatic check{'s' if len(hidden) != 1 else ''} (every run trains to "
+            f"the end with a finite loss) passed"
+        )
     return text
 
 
@@ -252,12 +278,15 @@ def expected_error(record: dict[str, Any], run_id: str) -> str:
         raise KeyError(f"{record.get('example')}: run {run_id!r} has no captured error")
     error = run["error"]
     body = short_paths(error.get("traceback") or f"{error['type']}: {error['message']}").rstrip()
-    return (f"Expected error, captured from run {run_id!r} (the run stopped here on purpose; training went on "
-            f"with the next run):\n" + "\n".join("    " + line for line in body.splitlines()))
+    return (
+        f"Expected error, captured from run {run_id!r} (the run stopped here on purpose; training went on "
+        f"with the next run):\n" + "\n".join("    " + line for line in body.splitlines())
+    )
 
 
 def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
     """GitHub-flavoured Markdown table of ``rows`` (cells have ``|`` escaped)."""
+
     def cell(value: Any) -> str:  # escape what Markdown would read as table syntax or code
         return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("\n", " ")
 
@@ -274,8 +303,9 @@ def captured_texts(run: dict[str, Any]) -> list[str]:
     return texts
 
 
-def check_quoted_messages(records: dict[str, dict[str, Any]],
-                          quoted: Sequence[tuple[str, str, str]], page: str = "the guide page") -> None:
+def check_quoted_messages(
+    records: dict[str, dict[str, Any]], quoted: Sequence[tuple[str, str, str]], page: str = "the guide page"
+) -> None:
     """Fail when a message a page quotes was not captured by the run that is said to produce it.
 
     Args:
@@ -298,8 +328,10 @@ def check_quoted_messages(records: dict[str, dict[str, Any]],
         elif not any(text in t for t in captured_texts(run)):
             missing.append(f"{example} run {run_id!r} did not capture {text!r}")
     if missing:
-        raise ValueError(f"{page} quotes messages this build did not produce; update the quote or the run:\n  "
-                         + "\n  ".join(missing))
+        raise ValueError(
+            f"{page} quotes messages this build did not produce; update the quote or the run:\n  "
+            + "\n  ".join(missing)
+        )
 
 
 def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
@@ -328,9 +360,15 @@ def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
             rates = {v: statistics.median(t["round_steps_per_s"]) for v, t in bench.items()}
             for variant in (v for v in bench if v not in ("automatic", "plain loop")):
                 tflops = rates[variant] * flops / 1e12
-                rows.append({"record": entry.label, "precision": run["precision"],
-                             "variant": variant, "steps/s": f"{rates[variant]:.1f}",
-                             "vs manual": f"x{rates[variant] / rates['manual']:.2f}",
-                             "TFLOP/s": f"{tflops:.0f}",
-                             "of bf16 peak": f"{tflops / peak:.0%}" if peak else "not measured"})
+                rows.append(
+                    {
+                        "record": entry.label,
+                        "precision": run["precision"],
+                        "variant": variant,
+                        "steps/s": f"{rates[variant]:.1f}",
+                        "vs manual": f"x{rates[variant] / rates['manual']:.2f}",
+                        "TFLOP/s": f"{tflops:.0f}",
+                        "of bf16 peak": f"{tflops / peak:.0%}" if peak else "not measured",
+                    }
+                )
     return rows

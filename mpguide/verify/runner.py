@@ -21,20 +21,20 @@ import os
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from . import claims as claims_mod
-from . import declarations, hardware, probes, records
-from .probes import parameter_digest  # noqa: F401 - examples call runner.parameter_digest
-from .declarations import SWAP_ENV, RunDecl, parse_swaps
 from ..data import digits_loader
 from ..steps import loss_scale
-
+from . import claims as claims_mod
+from . import declarations, hardware, probes, records
+from .declarations import SWAP_ENV, RunDecl, parse_swaps
+from .probes import parameter_digest  # noqa: F401 - examples call runner.parameter_digest
 
 
 @dataclass
@@ -181,8 +181,11 @@ def train_run(
                 enable_model_summary=False,
                 num_sanity_val_steps=0,
                 callbacks=[recorder, *probes.callbacks()],
-                **({"precision": spec.precision} if spec.plain_flag else
-                   hardware.trainer_precision_kwargs(spec.precision, accelerator, plugin_factory)),
+                **(
+                    {"precision": spec.precision}
+                    if spec.plain_flag
+                    else hardware.trainer_precision_kwargs(spec.precision, accelerator, plugin_factory)
+                ),
                 **spec.trainer_kwargs,
             )
             result.precision_plugin = type(trainer.precision_plugin).__name__
@@ -234,8 +237,11 @@ def error_record(err: BaseException, prefix: str = "") -> dict[str, str]:
     ``torch/amp/grad_scaler.py`` or ``examples/plot_02_two_optimizers.py``, never a home folder.
     """
     frames = traceback.format_exception(type(err), err, err.__traceback__)
-    return {"type": type(err).__name__, "message": records.short_paths(f"{prefix}{err}".strip()),
-            "traceback": records.short_paths("".join(frames[:1] + frames[-4:]))}
+    return {
+        "type": type(err).__name__,
+        "message": records.short_paths(f"{prefix}{err}".strip()),
+        "traceback": records.short_paths("".join(frames[:1] + frames[-4:])),
+    }
 
 
 def run_example(
@@ -280,7 +286,8 @@ def run_example(
     if source_file.is_file() and declarations.read(source_file) != declaration:
         raise declarations.DeclarationError(
             f"{source_file}: the RUNS/CLAIMS passed to run_example differ from the module-level tables the gate "
-            f"reads; pass the tables themselves, unmodified")
+            f"reads; pass the tables themselves, unmodified"
+        )
     plugins = {"ManualMixedPrecision": ManualMixedPrecision, **(plugins or {})}
     accelerator = hardware.select_accelerator()
     preset = hardware.select_preset()
@@ -295,13 +302,14 @@ def run_example(
     for spec in declaration.runs:
         name = swaps.get(spec.id, spec.recipe)
         if name not in recipes:
-            raise hardware.ConfigurationError(f"{example}: run {spec.id!r} names unknown recipe {name!r}; "
-                                              f"known: {sorted(recipes)}")
+            raise hardware.ConfigurationError(
+                f"{example}: run {spec.id!r} names unknown recipe {name!r}; known: {sorted(recipes)}"
+            )
         if spec.plugin is not None and spec.plugin not in plugins:
-            raise hardware.ConfigurationError(f"{example}: run {spec.id!r} names unknown plugin {spec.plugin!r}; "
-                                              f"known: {sorted(plugins)}")
-    progress(f"{example}: {len(declaration.runs)} runs on {hardware.device_name(accelerator)}, "
-             f"size {preset.name!r}")
+            raise hardware.ConfigurationError(
+                f"{example}: run {spec.id!r} names unknown plugin {spec.plugin!r}; known: {sorted(plugins)}"
+            )
+    progress(f"{example}: {len(declaration.runs)} runs on {hardware.device_name(accelerator)}, size {preset.name!r}")
     results = []
     # runs whose error is the point (a raises claim checks it): their progress line says so
     expected = {c["runs"][0] for c in declaration.claims_for(accelerator) if c.get("kind") == "raises"}
@@ -311,15 +319,24 @@ def run_example(
             progress(f"  note: {SWAP_ENV} trains run {spec.id!r} with recipe {recipe!r}")
         run_spec = dataclasses.replace(spec, recipe=recipe)
         with hardware.device_lock(accelerator):  # shared; the throughput benchmark takes the GPU alone
-            res = (train or train_run)(run_spec, recipes[recipe], accelerator, preset,
-                                       plugins[spec.plugin] if spec.plugin else None)
+            res = (train or train_run)(
+                run_spec, recipes[recipe], accelerator, preset, plugins[spec.plugin] if spec.plugin else None
+            )
         if recipe != spec.recipe:
             res.swapped_from = spec.recipe
-        status = (f"raised {res.error['type']}, the error this run exists to show" if res.error and spec.id in expected
-                  else f"raised {res.error['type']}" if res.error else
-                  f"final loss {res.loss[-1]:.4f}" if res.loss else "no steps")
-        progress(f"  [{i:2d}/{len(declaration.runs)}] {spec.id:<20} {res.mode:<9} {res.precision:<10} "
-                 f"{len(res.loss):4d} steps {res.seconds:6.2f} s  {status}")
+        status = (
+            f"raised {res.error['type']}, the error this run exists to show"
+            if res.error and spec.id in expected
+            else f"raised {res.error['type']}"
+            if res.error
+            else f"final loss {res.loss[-1]:.4f}"
+            if res.loss
+            else "no steps"
+        )
+        progress(
+            f"  [{i:2d}/{len(declaration.runs)}] {spec.id:<20} {res.mode:<9} {res.precision:<10} "
+            f"{len(res.loss):4d} steps {res.seconds:6.2f} s  {status}"
+        )
         results.append(res)
     record = build_record(example, results, declaration, accelerator, preset, swaps)
     path = records.write_record(record, records.record_path(example, results_dir))
@@ -335,8 +352,9 @@ def _shown_path(path: Path) -> str:
         return f"<results folder>/{Path(path).name}"
 
 
-def source_info(example: str, declaration: declarations.Declaration, swaps: dict[str, str],
-                accelerator: str) -> dict[str, Any]:
+def source_info(
+    example: str, declaration: declarations.Declaration, swaps: dict[str, str], accelerator: str
+) -> dict[str, Any]:
     """The ``source`` field of a record: what it is produced from (see :mod:`mpguide.verify.records`).
 
     Its inputs come from :func:`mpguide.verify.records.source_inputs` (what the docs build compares to
@@ -353,12 +371,22 @@ def source_info(example: str, declaration: declarations.Declaration, swaps: dict
     """
     example_path = declarations.example_file(example)
     commit, dirty = records.git_state([example_path, records.PACKAGE_DIR])
-    return {**records.source_inputs(example_path, swaps), "declaration_sha256": declaration.digest(accelerator),
-            "commit": commit, "dirty": dirty}
+    return {
+        **records.source_inputs(example_path, swaps),
+        "declaration_sha256": declaration.digest(accelerator),
+        "commit": commit,
+        "dirty": dirty,
+    }
 
 
-def build_record(example: str, results: list[RunResult], declaration: declarations.Declaration, accelerator: str,
-                 preset: hardware.Preset, swaps: dict[str, str] | None = None) -> dict[str, Any]:
+def build_record(
+    example: str,
+    results: list[RunResult],
+    declaration: declarations.Declaration,
+    accelerator: str,
+    preset: hardware.Preset,
+    swaps: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Assemble a schema-valid record and fill in each claim's value and verdict as judged now."""
     record = {
         "example": example,
@@ -372,6 +400,12 @@ def build_record(example: str, results: list[RunResult], declaration: declaratio
     }
     judged = [v for v in claims_mod.evaluate_record(record) if v.kind not in ("finite", "completes")]
     for claim, verdict in zip(record["claims"], judged):
-        claim.update(value=verdict.value, threshold=verdict.threshold, verdict=verdict.status,
-                     metric=verdict.metric, detail=verdict.detail, observed=verdict.shown_value())
+        claim.update(
+            value=verdict.value,
+            threshold=verdict.threshold,
+            verdict=verdict.status,
+            metric=verdict.metric,
+            detail=verdict.detail,
+            observed=verdict.shown_value(),
+        )
     return record

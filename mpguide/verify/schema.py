@@ -101,8 +101,9 @@ def check_json(value: Any, at: str = "") -> None:
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": "a finite number",
-                                                                     "found": value})
+            raise PydanticCustomError(
+                "mpguide_type", "{expected}", {"at": at, "expected": "a finite number", "found": value}
+            )
         return
     if isinstance(value, list):
         for i, item in enumerate(value):
@@ -111,14 +112,16 @@ def check_json(value: Any, at: str = "") -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": "string keys",
-                                                                         "found": key})
+                raise PydanticCustomError(
+                    "mpguide_type", "{expected}", {"at": at, "expected": "string keys", "found": key}
+                )
             check_json(item, f"{at}.{key}")
         return
     raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": "a JSON value", "found": value})
 
 
 # ------------------------------------------------------------------------------------ extra keys
+
 
 class BenchmarkVariant(_Model):
     """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.throughput`)."""
@@ -156,46 +159,89 @@ def _json_finite(value: Any) -> Any:
 #: :mod:`mpguide.verify.fabric_runs`) and by the recipes of the examples (their ``record_extra``).
 EXTRA_KEYS: dict[str, Any] = {
     # every Trainer run (mpguide.verify.runner)
-    "global_step": Count, "batches": Count, "skipped_per_step": list[bool],
+    "global_step": Count,
+    "batches": Count,
+    "skipped_per_step": list[bool],
     # probes (mpguide.verify.probes)
     "logged": dict[str, list[AnyNumber]],  # what self.log saw, as it was: a blown-up value is data
-    "updates_applied": Count, "updates_not_applied": Count, "all_updates_applied": bool,
-    "applied_per_step": list[bool], "final_loss_scale": NonNegative, "final_weights": Name,
-    "updates_with_gradient": Count, "updates_lost": Count, "updates_kept": Count,
+    "updates_applied": Count,
+    "updates_not_applied": Count,
+    "all_updates_applied": bool,
+    "applied_per_step": list[bool],
+    "final_loss_scale": NonNegative,
+    "final_weights": Name,
+    "updates_with_gradient": Count,
+    "updates_lost": Count,
+    "updates_kept": Count,
     "lost_fraction_per_step": list[Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]],
     # two ranks of DDP (mpguide.verify.distributed)
-    "ranks": Count, "allreduce_calls": Count, "allreduce_bytes": Count, "allreduce_counts_agree": bool,
-    "weights_agree_across_ranks": bool, "skipped_batches_per_rank": list[list[Count]],
+    "ranks": Count,
+    "allreduce_calls": Count,
+    "allreduce_bytes": Count,
+    "allreduce_counts_agree": bool,
+    "weights_agree_across_ranks": bool,
+    "skipped_batches_per_rank": list[list[Count]],
     "skip_decisions_agree": bool,
     "record_extra_per_rank": Annotated[list[dict[str, Any]], AfterValidator(_json_finite)],
-    "allreduces_per_optimizer_step": NonNegative, "allreduce_bytes_per_optimizer_step": NonNegative,
+    "allreduces_per_optimizer_step": NonNegative,
+    "allreduce_bytes_per_optimizer_step": NonNegative,
     # plot_02
-    "generator_changed": bool, "weights": Name, "forced_window_factors": list[Finite],
-    "other_windows_constant": bool, "micro_batches_kept": list[Count], "micro_batches_per_window": list[Count],
-    "windows_with_scale_change": Count, "scale_changed_inside_a_window": bool,
+    "generator_changed": bool,
+    "weights": Name,
+    "forced_window_factors": list[Finite],
+    "other_windows_constant": bool,
+    "micro_batches_kept": list[Count],
+    "micro_batches_per_window": list[Count],
+    "windows_with_scale_change": Count,
+    "scale_changed_inside_a_window": bool,
     # plot_03, plot_14
-    "head_update_factor": list[Finite], "predicted_factor": list[Finite], "predicted_at_overflow": Finite,
-    "smallest_scale_change": Finite, "steps_with_scale_change": Count, "predicted_first_three": list[Finite],
+    "head_update_factor": list[Finite],
+    "predicted_factor": list[Finite],
+    "predicted_at_overflow": Finite,
+    "smallest_scale_change": Finite,
+    "steps_with_scale_change": Count,
+    "predicted_first_three": list[Finite],
     "unused_model_moved": bool,
     # plot_04
-    "seen_norm": list[NonNegative], "update_norm": list[NonNegative],
+    "seen_norm": list[NonNegative],
+    "update_norm": list[NonNegative],
     # plot_05
-    "first_applied_lr": NonNegative, "first_applied_lr_is_base": bool, "skipped_steps": Count, "skipped_any": bool,
-    "global_step_counts_skipped": bool, "step_calls": Count, "ran_past_max_steps": bool,
+    "first_applied_lr": NonNegative,
+    "first_applied_lr_is_base": bool,
+    "skipped_steps": Count,
+    "skipped_any": bool,
+    "global_step_counts_skipped": bool,
+    "step_calls": Count,
+    "ran_past_max_steps": bool,
     # plot_06
-    "window_moved": list[bool], "scale_constant_in_windows": bool, "overflow_window_skipped": bool,
+    "window_moved": list[bool],
+    "scale_constant_in_windows": bool,
+    "overflow_window_skipped": bool,
     "other_windows_moved": bool,
     # plot_07, plot_08
-    "trainer_precision": Name, "has_scaler": bool, "stale_after_step": bool,
+    "trainer_precision": Name,
+    "has_scaler": bool,
+    "stale_after_step": bool,
     # plot_09
-    "weights_digest": Name, "max_abs_diff_vs_automatic": list[NonNegative], "identical_to_automatic": bool,
+    "weights_digest": Name,
+    "max_abs_diff_vs_automatic": list[NonNegative],
+    "identical_to_automatic": bool,
     # plot_16
-    "student_moved": Count, "teacher_moved": Count, "teacher_elements": Count, "teacher_unchanged": Count,
-    "teacher_followed": Count, "teacher_frozen": Count, "weight_dtype": Name, "teacher_dtype": Name,
+    "student_moved": Count,
+    "teacher_moved": Count,
+    "teacher_elements": Count,
+    "teacher_unchanged": Count,
+    "teacher_followed": Count,
+    "teacher_frozen": Count,
+    "weight_dtype": Name,
+    "teacher_dtype": Name,
     "nonfinite_weights": Count,
     # plot_15 (mpguide.verify.throughput)
-    "benchmark": dict[str, BenchmarkVariant], "size": BenchmarkSize, "device_wait_s": NonNegative,
-    "peak_bf16_tflops": Positive, "automatic_tflops": NonNegative,
+    "benchmark": dict[str, BenchmarkVariant],
+    "size": BenchmarkSize,
+    "device_wait_s": NonNegative,
+    "peak_bf16_tflops": Positive,
+    "automatic_tflops": NonNegative,
 }
 
 #: ``extra`` keys by pattern (the throughput rates are named after the benchmark's variants).
@@ -208,10 +254,15 @@ EXTRA_PATTERNS: tuple[tuple[re.Pattern[str], Any], ...] = (
 #: Registered keys that are ``null`` in a run that completed: no GradScaler, no final scale.
 NULLABLE_EXTRA = frozenset({"final_loss_scale"})
 
-_ADAPTERS = {key: TypeAdapter(kind) if isinstance(kind, type) and issubclass(kind, BaseModel)
-             else TypeAdapter(kind, config=ConfigDict(strict=True)) for key, kind in EXTRA_KEYS.items()}
-_PATTERN_ADAPTERS = tuple((pattern, TypeAdapter(kind, config=ConfigDict(strict=True)))
-                          for pattern, kind in EXTRA_PATTERNS)
+_ADAPTERS = {
+    key: TypeAdapter(kind)
+    if isinstance(kind, type) and issubclass(kind, BaseModel)
+    else TypeAdapter(kind, config=ConfigDict(strict=True))
+    for key, kind in EXTRA_KEYS.items()
+}
+_PATTERN_ADAPTERS = tuple(
+    (pattern, TypeAdapter(kind, config=ConfigDict(strict=True))) for pattern, kind in EXTRA_PATTERNS
+)
 
 
 def extra_type(key: str) -> TypeAdapter | None:
@@ -236,11 +287,13 @@ def _validate_extra(extra: dict[str, Any], raised: bool) -> None:
             at = f".{key}" + _json_path(first["loc"], absolute=False)
             if first["type"] == "mpguide_type":
                 at += first["ctx"]["at"]
-            raise PydanticCustomError("mpguide_type", "{expected}", {"at": at, "expected": _expected(first),
-                                                                     "found": first.get("input")}) from None
+            raise PydanticCustomError(
+                "mpguide_type", "{expected}", {"at": at, "expected": _expected(first), "found": first.get("input")}
+            ) from None
 
 
 # ---------------------------------------------------------------------------------------- record
+
 
 class Env(_Model):
     """``env``: versions and hardware of the process that made the record (all strings)."""
@@ -309,8 +362,12 @@ class Run(_Model):
     @field_validator("error", mode="before")
     @classmethod
     def _error_shape(cls, value: Any) -> Any:
-        if value is not None and not (isinstance(value, dict) and isinstance(value.get("type"), str) and value["type"]
-                                      and isinstance(value.get("message"), str)):
+        if value is not None and not (
+            isinstance(value, dict)
+            and isinstance(value.get("type"), str)
+            and value["type"]
+            and isinstance(value.get("message"), str)
+        ):
             raise PydanticCustomError("mpguide", "'error' must be null or an object with string 'type' and 'message'")
         return value
 
@@ -338,9 +395,14 @@ class Run(_Model):
 
 #: Per claim kind: number of runs it names and the string fields it needs.
 CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "match": (2, ("tolerance",)), "diverge": (2, ("tolerance",)), "ratio": (2, ("tolerance", "key")),
-    "raises": (1, ("exception", "message")), "warns": (1, ("category", "message")),
-    "no_warning": (1, ("message",)), "expect": (1, ("key",)), "same": (2, ("key",)),
+    "match": (2, ("tolerance",)),
+    "diverge": (2, ("tolerance",)),
+    "ratio": (2, ("tolerance", "key")),
+    "raises": (1, ("exception", "message")),
+    "warns": (1, ("category", "message")),
+    "no_warning": (1, ("message",)),
+    "expect": (1, ("key",)),
+    "same": (2, ("key",)),
     "rate_ratio": (1, ("tolerance", "key")),
 }
 
@@ -379,17 +441,24 @@ class Claim(_Model):
         needs = CLAIM_FIELDS.get(self.kind)
         if needs is None:  # an unknown kind is judged (and failed) by the gate, naming the kind
             if not all(isinstance(r, str) and r for r in ids):
-                raise PydanticCustomError("mpguide", "'runs' must be a list of run ids, found {ids}",
-                                          {"ids": repr(ids)})
+                raise PydanticCustomError(
+                    "mpguide", "'runs' must be a list of run ids, found {ids}", {"ids": repr(ids)}
+                )
             return self
         count, fields = needs
         if len(ids) != count or not all(isinstance(r, str) and r for r in ids) or len(set(map(repr, ids))) != len(ids):
-            raise PydanticCustomError("mpguide", "a {kind} claim needs {count} distinct run id(s), found {ids}",
-                                      {"kind": repr(self.kind), "count": count, "ids": repr(ids)})
+            raise PydanticCustomError(
+                "mpguide",
+                "a {kind} claim needs {count} distinct run id(s), found {ids}",
+                {"kind": repr(self.kind), "count": count, "ids": repr(ids)},
+            )
         for name in fields:
             if not getattr(self, name):
-                raise PydanticCustomError("mpguide", "a {kind} claim needs a non-empty string {name}",
-                                          {"kind": repr(self.kind), "name": repr(name)})
+                raise PydanticCustomError(
+                    "mpguide",
+                    "a {kind} claim needs a non-empty string {name}",
+                    {"kind": repr(self.kind), "name": repr(name)},
+                )
         if self.kind in ("expect", "ratio") and "expected" not in self.model_fields_set:
             raise PydanticCustomError("mpguide", "a {kind} claim needs 'expected'", {"kind": repr(self.kind)})
         return self
@@ -420,45 +489,71 @@ class Record(_Model):
             for i, run in enumerate(self.runs):
                 missing = [f for f in ("plugin", "trainer_kwargs", "plain_flag") if f not in run.model_fields_set]
                 if missing:
-                    raise PydanticCustomError("mpguide", "runs[{i}] ({id}): missing field {name} (a record not "
-                                              "upgraded from schema 1 stores every run option)",
-                                              {"i": i, "id": run.id, "name": repr(missing[0])})
+                    raise PydanticCustomError(
+                        "mpguide",
+                        "runs[{i}] ({id}): missing field {name} (a record not "
+                        "upgraded from schema 1 stores every run option)",
+                        {"i": i, "id": run.id, "name": repr(missing[0])},
+                    )
         return self
 
 
 #: Every field schema 2 defines, per object (a field not listed is refused as unknown).
 SCHEMA_FIELDS: dict[str, frozenset[str]] = {
-    "record": frozenset(Record.model_fields), "env": frozenset(Env.model_fields),
-    "source": frozenset(Source.model_fields), "run_env": frozenset(RunEnv.model_fields),
-    "run": frozenset(Run.model_fields), "error": frozenset(ErrorInfo.model_fields),
+    "record": frozenset(Record.model_fields),
+    "env": frozenset(Env.model_fields),
+    "source": frozenset(Source.model_fields),
+    "run_env": frozenset(RunEnv.model_fields),
+    "run": frozenset(Run.model_fields),
+    "error": frozenset(ErrorInfo.model_fields),
     "claim": frozenset(Claim.model_fields),
 }
 
 
 # -------------------------------------------------------------------------------------- messages
 
-_JSON_TYPES = ((bool, "boolean"), (str, "string"), (int, "number"), (float, "number"), (list, "list"),
-               (dict, "object"), (type(None), "null"))
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (str, "string"),
+    (int, "number"),
+    (float, "number"),
+    (list, "list"),
+    (dict, "object"),
+    (type(None), "null"),
+)
 
 
 def _found(value: Any) -> str:
     kind = next((name for t, name in _JSON_TYPES if isinstance(value, t)), type(value).__name__)
     if kind in ("list", "object"):
         return f"{kind} of {len(value)} item(s)"
-    text = repr(value) if not isinstance(value, float) or math.isfinite(value) else \
-        {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[str(value)]
+    text = (
+        repr(value)
+        if not isinstance(value, float) or math.isfinite(value)
+        else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[str(value)]
+    )
     return kind if kind == "null" else f"{kind} {text[:40] + ('...' if len(text) > 40 else '')}"
 
 
 def _expected(error: dict[str, Any]) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
-    words = {"list_type": "list", "dict_type": "object", "model_type": "object", "model_attributes_type": "object",
-             "string_type": "a string", "int_type": "an integer", "float_type": "a number",
-             "finite_number": "a finite number (not NaN or Infinity)", "bool_type": "true or false",
-             "none_required": "null", "string_too_short": "a non-empty string",
-             "greater_than_equal": f"a number >= {ctx.get('ge', 0):g}",
-             "less_than_equal": f"a number <= {ctx.get('le', 0):g}", "greater_than": f"a number > {ctx.get('gt', 0):g}",
-             "literal_error": f"one of {ctx.get('expected')}"}
+    words = {
+        "list_type": "list",
+        "dict_type": "object",
+        "model_type": "object",
+        "model_attributes_type": "object",
+        "string_type": "a string",
+        "int_type": "an integer",
+        "float_type": "a number",
+        "finite_number": "a finite number (not NaN or Infinity)",
+        "bool_type": "true or false",
+        "none_required": "null",
+        "string_too_short": "a non-empty string",
+        "greater_than_equal": f"a number >= {ctx.get('ge', 0):g}",
+        "less_than_equal": f"a number <= {ctx.get('le', 0):g}",
+        "greater_than": f"a number > {ctx.get('gt', 0):g}",
+        "literal_error": f"one of {ctx.get('expected')}",
+    }
     if kind == "mpguide_type":
         return ctx.get("expected", "")
     return words.get(kind, error["msg"].replace("Input should be ", ""))
@@ -483,8 +578,15 @@ def _json_path(loc: tuple[Any, ...], absolute: bool = True, record: Any = None) 
 def _part(loc: tuple[Any, ...]) -> str:
     """Which object of :data:`SCHEMA_FIELDS` lies at ``loc``."""
     names = [p for p in loc if isinstance(p, str)]
-    return {(): "record", ("env",): "env", ("source",): "source", ("source", "run_env"): "run_env",
-            ("runs",): "run", ("runs", "error"): "error", ("claims",): "claim"}.get(tuple(names), "")
+    return {
+        (): "record",
+        ("env",): "env",
+        ("source",): "source",
+        ("source", "run_env"): "run_env",
+        ("runs",): "run",
+        ("runs", "error"): "error",
+        ("claims",): "claim",
+    }.get(tuple(names), "")
 
 
 def describe(err: ValidationError, record: Any, path: Path | str) -> str:
@@ -501,15 +603,19 @@ def describe(err: ValidationError, record: Any, path: Path | str) -> str:
 
     if kind == "extra_forbidden":
         parent = loc[:-1]
-        unknown = sorted((str(e["loc"][-1]) for e in errors
-                          if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) == parent), key=str)
+        unknown = sorted(
+            (str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) == parent),
+            key=str,
+        )
         name = unknown[0]
         known = sorted(SCHEMA_FIELDS.get(_part(parent), ()))
         close = difflib.get_close_matches(name, known, n=1)
         typo = f"a typo of {close[0]!r}" if close else "a typo"
-        return (f"{where(parent)}: unknown field {name!r}, which schema {SCHEMA_VERSION} does not define "
-                f"({len(unknown)} unknown field(s) in all): {typo} (fix the name), a field of a newer mpguide "
-                f"(update this checkout) or a hand edit; {fix}")
+        return (
+            f"{where(parent)}: unknown field {name!r}, which schema {SCHEMA_VERSION} does not define "
+            f"({len(unknown)} unknown field(s) in all): {typo} (fix the name), a field of a newer mpguide "
+            f"(update this checkout) or a hand edit; {fix}"
+        )
     more = f" ({len(errors) - 1} more problem(s) in this record)" if len(errors) > 1 else ""
     if kind == "missing":
         return f"{where(loc[:-1])}: missing field {loc[-1]!r}{more}; {fix}"
@@ -518,8 +624,10 @@ def describe(err: ValidationError, record: Any, path: Path | str) -> str:
     at = _json_path(loc, record=record) + (ctx.get("at", "") if kind == "mpguide_type" else "")
     value = ctx.get("found") if kind == "mpguide_type" else first.get("input")
     if len(loc) == 4 and loc[0] == "runs" and loc[2] == "loss":
-        return (f"{path}: field {at!r} is a non-numeric loss value ({_found(value)}); a loss is a number "
-                f"(NaN and Infinity are stored as JSON's NaN/Infinity){more}; {fix}")
+        return (
+            f"{path}: field {at!r} is a non-numeric loss value ({_found(value)}); a loss is a number "
+            f"(NaN and Infinity are stored as JSON's NaN/Infinity){more}; {fix}"
+        )
     return f"{path}: field {at!r} should be {_expected(first)}, found {_found(value)}{more}; {fix}"
 
 
@@ -534,9 +642,15 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
         raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
     version = record.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:
-        raise RecordError(f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
-                          + (" (a committed reference of version 1 can be converted with "
-                             "`python -m mpguide.verify.records upgrade PATH --commit SHA`)" if version == 1 else ""))
+        raise RecordError(
+            f"{path}: schema_version {version!r}, this library reads version {SCHEMA_VERSION}; {fix}"
+            + (
+                " (a committed reference of version 1 can be converted with "
+                "`python -m mpguide.verify.records upgrade PATH --commit SHA`)"
+                if version == 1
+                else ""
+            )
+        )
     try:
         Record.model_validate(record)
     except ValidationError as err:

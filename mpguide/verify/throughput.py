@@ -35,8 +35,9 @@ import math
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -87,7 +88,7 @@ def variant_key(variant: str) -> str:
     return "_".join(re.findall(r"[a-z0-9]+", variant.lower()))
 
 
-def variants_for(precision: str, size: "Size") -> tuple[str, ...]:
+def variants_for(precision: str, size: Size) -> tuple[str, ...]:
     """The variants timed in ``precision``: :data:`VARIANTS`, then the tuned ones when ``size.tuned``."""
     return VARIANTS + (tuple(TUNED.get(precision, {})) if size.tuned else ())
 
@@ -145,20 +146,21 @@ class Size:
 #: claim is decided, at most ``max_rounds`` (see :data:`mpguide.verify.claims.PAIRED_RULE`). A CPU round costs
 #: about 3 s of CPU time (16-mixed's fp16 matmuls are most of it), so the cap of 20 bounds the benchmark
 #: at about a minute of CPU time; on the shared 2-core machine under heavy load 20 runs needed 6 to 12
-#: rounds (see the throughput-parity-cpu tolerance). The GPU reference measurements spread 0.4 %, so 6 rounds decide them.
+#: rounds (see the throughput-parity-cpu tolerance). The GPU reference measurements spread 0.4 %, so 6 rounds
+#: decide them.
 SIZES: dict[tuple[str, str], Size] = {
-    ("cpu", "test"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=6, min_window_s=0.05,
-                          max_rounds=20),
-    ("cpu", "quick"): Size(width=256, layers=4, batch=512, warmup=2, steps=3, rounds=6, min_window_s=0.05,
-                           max_rounds=20),
-    ("cpu", "full"): Size(width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7, min_window_s=0.05,
-                          max_rounds=20),
-    ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=6, tuned=True,
-                           max_rounds=12),
-    ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=6, tuned=True,
-                            max_rounds=12),
-    ("cuda", "full"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=6, tuned=True,
-                           max_rounds=12),
+    ("cpu", "test"): Size(
+        width=256, layers=4, batch=512, warmup=2, steps=3, rounds=6, min_window_s=0.05, max_rounds=20
+    ),
+    ("cpu", "quick"): Size(
+        width=256, layers=4, batch=512, warmup=2, steps=3, rounds=6, min_window_s=0.05, max_rounds=20
+    ),
+    ("cpu", "full"): Size(
+        width=256, layers=4, batch=512, warmup=3, steps=20, rounds=7, min_window_s=0.05, max_rounds=20
+    ),
+    ("cuda", "test"): Size(width=1024, layers=4, batch=1024, warmup=5, steps=20, rounds=6, tuned=True, max_rounds=12),
+    ("cuda", "quick"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=6, tuned=True, max_rounds=12),
+    ("cuda", "full"): Size(width=4096, layers=8, batch=8192, warmup=5, steps=20, rounds=6, tuned=True, max_rounds=12),
 }
 
 
@@ -186,7 +188,7 @@ class _RepeatBatch(torch.utils.data.IterableDataset):
     def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], n: int) -> None:
         self.batch, self.n = batch, n
 
-    def __iter__(self):  # noqa: D105
+    def __iter__(self):
         return iter([self.batch] * self.n)
 
 
@@ -259,7 +261,8 @@ def parse_slowdown(text: str | None) -> dict[str, float]:
         if name.strip() not in known or not fraction >= 0:
             raise hardware.ConfigurationError(
                 f"{SLOWDOWN_ENV}={text!r}: entry {entry!r} must be 'variant=fraction' with a fraction >= 0 and a "
-                f"variant among {sorted(known)}; e.g. {SLOWDOWN_ENV}='manual=0.3', or unset it")
+                f"variant among {sorted(known)}; e.g. {SLOWDOWN_ENV}='manual=0.3', or unset it"
+            )
         out[name.strip()] = fraction
     return out
 
@@ -271,15 +274,32 @@ def _spin(accelerator: str, seconds: float) -> None:
         pass
 
 
-def _lightning_window(net: nn.Module, manual: bool, batch: Any, size: Size, precision: str,
-                      accelerator: str, tuning: Tuning = Tuning(), slowdown: float = 0.0) -> float:
+def _lightning_window(
+    net: nn.Module,
+    manual: bool,
+    batch: Any,
+    size: Size,
+    precision: str,
+    accelerator: str,
+    tuning: Tuning = Tuning(),
+    slowdown: float = 0.0,
+) -> float:
     """Seconds of ``size.steps`` timed Trainer steps after ``size.warmup`` untimed ones."""
     n = size.warmup + size.steps
     clock = _WindowClock(size.warmup, accelerator, slowdown)
-    trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=n, max_epochs=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, callbacks=[clock],
-                         **hardware.trainer_precision_kwargs(precision, accelerator))
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=n,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
+        **hardware.trainer_precision_kwargs(precision, accelerator),
+    )
     loader = torch.utils.data.DataLoader(_RepeatBatch(batch, n), batch_size=None)
     before = torch.get_float32_matmul_precision()
     if tuning.tf32:
@@ -291,8 +311,15 @@ def _lightning_window(net: nn.Module, manual: bool, batch: Any, size: Size, prec
     return clock.end - clock.start
 
 
-def _plain_window(net: nn.Module, batch: Any, size: Size, precision: str, accelerator: str,
-                  state: dict[str, Any], slowdown: float = 0.0) -> float:
+def _plain_window(
+    net: nn.Module,
+    batch: Any,
+    size: Size,
+    precision: str,
+    accelerator: str,
+    state: dict[str, Any],
+    slowdown: float = 0.0,
+) -> float:
     """Seconds of ``size.steps`` timed steps of a plain PyTorch loop (autocast + GradScaler as Lightning uses)."""
     x, y = batch
     opt = state.setdefault("opt", torch.optim.SGD(net.parameters(), lr=1e-3))
@@ -324,8 +351,9 @@ def _plain_window(net: nn.Module, batch: Any, size: Size, precision: str, accele
     return clock(accelerator) - start
 
 
-def _calibrated(size: Size, net: nn.Module, batch: Any, precision: str, accelerator: str,
-                state: dict[str, Any]) -> Size:
+def _calibrated(
+    size: Size, net: nn.Module, batch: Any, precision: str, accelerator: str, state: dict[str, Any]
+) -> Size:
     """``size`` with enough timed steps per window to last :attr:`Size.min_window_s` in ``precision``.
 
     Times one untimed-for-the-result window of the plain loop (``size.warmup`` + ``size.steps`` steps on
@@ -392,10 +420,18 @@ class Timing:
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready medians, spreads and raw windows, keyed by variant (for a record's ``extra``)."""
-        return {v: {"steps_per_s": self.steps_per_s(v), "samples_per_s": self.samples_per_s(v),
-                    "tflops": self.tflops(v), "spread": self.spread(v), "steps_per_window": self.size.steps,
-                    "window_seconds": self.seconds[v], "round_steps_per_s": self.round_rates(v)}
-                for v in self.seconds}
+        return {
+            v: {
+                "steps_per_s": self.steps_per_s(v),
+                "samples_per_s": self.samples_per_s(v),
+                "tflops": self.tflops(v),
+                "spread": self.spread(v),
+                "steps_per_window": self.size.steps,
+                "window_seconds": self.seconds[v],
+                "round_steps_per_s": self.round_rates(v),
+            }
+            for v in self.seconds
+        }
 
     def round_rates(self, variant: str) -> list[float]:
         """Steps/s of each window of ``variant``, in round order (round ``r`` of every variant ran back to back)."""
@@ -413,10 +449,14 @@ class Timing:
         return out
 
 
-def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
-                progress: Callable[[str], None] = print,
-                until: Callable[[dict[str, Timing]], bool] | None = None,
-                slowdown: dict[str, float] | None = None) -> dict[str, Timing]:
+def interleaved(
+    precisions: tuple[str, ...],
+    size: Size,
+    accelerator: str,
+    progress: Callable[[str], None] = print,
+    until: Callable[[dict[str, Timing]], bool] | None = None,
+    slowdown: dict[str, float] | None = None,
+) -> dict[str, Timing]:
     """Time the variants of every precision (:func:`~mpguide.verify.throughput.variants_for`), interleaved.
 
     Each variant keeps its own copy of the same initial weights across rounds (it goes on training),
@@ -469,27 +509,45 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
             if waited > 1.0:
                 progress(f"  waited {waited:.1f} s for the GPU to itself")
             warnings.simplefilter("ignore")  # Lightning's "few batches" and precision notes are not timed facts
-            sizes = {p: _calibrated(size, nets[(p, "plain loop")], batch, p, accelerator, plain_state[p])
-                     for p in precisions}
+            sizes = {
+                p: _calibrated(size, nets[(p, "plain loop")], batch, p, accelerator, plain_state[p]) for p in precisions
+            }
             out = {p: Timing(p, sizes[p], {v: [] for v in variants[p]}, injected_slowdown=slow) for p in precisions}
             for r in range(cap):
                 for p in precisions:
                     out[p].device_wait_s = waited
                     names = variants[p]
-                    order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
+                    order = names[r % len(names) :] + names[: r % len(names)]  # rotate: no variant always first
                     for v in order:
                         net = nets[(p, v)]
-                        seconds = (_plain_window(net, batch, sizes[p], p, accelerator, plain_state[p],
-                                                 slowdown=slow.get(v, 0.0))
-                                   if v == "plain loop" else
-                                   _lightning_window(net, v != "automatic", batch, sizes[p], p, accelerator,
-                                                     tunings[p][v], slowdown=slow.get(v, 0.0)))
+                        seconds = (
+                            _plain_window(
+                                net, batch, sizes[p], p, accelerator, plain_state[p], slowdown=slow.get(v, 0.0)
+                            )
+                            if v == "plain loop"
+                            else _lightning_window(
+                                net,
+                                v != "automatic",
+                                batch,
+                                sizes[p],
+                                p,
+                                accelerator,
+                                tunings[p][v],
+                                slowdown=slow.get(v, 0.0),
+                            )
+                        )
                         out[p].seconds[v].append(seconds)
                 done = r + 1 >= size.rounds and (until is None or until(out))
-                progress(f"  round {r + 1}/{size.rounds}" + (f"-{cap}" if cap > size.rounds else "") + ": "
-                         + ", ".join(f"{p} " + "/".join(f"{out[p].round_rates(v)[-1]:.1f}" for v in VARIANTS)
-                                     for p in precisions)
-                         + " steps/s (automatic/manual/plain)" + ("; every claim decided" if done and until else ""))
+                progress(
+                    f"  round {r + 1}/{size.rounds}"
+                    + (f"-{cap}" if cap > size.rounds else "")
+                    + ": "
+                    + ", ".join(
+                        f"{p} " + "/".join(f"{out[p].round_rates(v)[-1]:.1f}" for v in VARIANTS) for p in precisions
+                    )
+                    + " steps/s (automatic/manual/plain)"
+                    + ("; every claim decided" if done and until else "")
+                )
                 if done:
                     break
     finally:
@@ -497,8 +555,9 @@ def interleaved(precisions: tuple[str, ...], size: Size, accelerator: str,
     return out
 
 
-def claims_decided(runs: list[tuple[Any, ...]], claims: list[tuple[Any, ...]], accelerator: str,
-                   example: str = "plot_15_throughput") -> Callable[[dict[str, Timing]], bool]:
+def claims_decided(
+    runs: list[tuple[Any, ...]], claims: list[tuple[Any, ...]], accelerator: str, example: str = "plot_15_throughput"
+) -> Callable[[dict[str, Timing]], bool]:
     """The stopping test of the sequential rule for an example's ``RUNS`` and ``CLAIMS`` tables.
 
     Picks the declared ``rate_ratio`` claims that apply on ``accelerator`` and compare two per-round
@@ -519,8 +578,12 @@ def claims_decided(runs: list[tuple[Any, ...]], claims: list[tuple[Any, ...]], a
     wanted = []
     for claim in decl.claims:
         num, _, den = claim.get("key", "").partition("/")
-        if (claim["kind"] == "rate_ratio" and claim.get("only_on") in (None, accelerator)
-                and num.endswith("_round_steps_per_s") and den.endswith("_round_steps_per_s")):
+        if (
+            claim["kind"] == "rate_ratio"
+            and claim.get("only_on") in (None, accelerator)
+            and num.endswith("_round_steps_per_s")
+            and den.endswith("_round_steps_per_s")
+        ):
             wanted.append((precision_of[claim["runs"][0]], num, den, claims_mod.TOLERANCES[claim["tolerance"]]))
 
     def decided(timings: dict[str, Timing]) -> bool:
@@ -553,4 +616,4 @@ def matmul_peak_tflops(n: int = 8192, repeats: int = 50) -> float:
         for _ in range(repeats):
             a @ b
         torch.cuda.synchronize()
-        return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12
+        return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12

@@ -53,14 +53,19 @@ def wheel_files(package_dir: Path | None = None) -> dict[str, bytes]:
     if not (package_dir / "__init__.py").is_file():
         raise FileNotFoundError(f"{package_dir}: not the mpguide package (no __init__.py); pass its folder")
     info = f"{DIST}-{__version__}.dist-info"
-    files = {f"{DIST}/{p.relative_to(package_dir).as_posix()}": p.read_bytes() for p in sorted(package_dir.rglob("*.py"))
-             if "__pycache__" not in p.parts}
+    files = {
+        f"{DIST}/{p.relative_to(package_dir).as_posix()}": p.read_bytes()
+        for p in sorted(package_dir.rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
     files[f"{info}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {__version__}\n"
         "Summary: Helper library of the verified guide to manual optimization under mixed precision\n"
-        "Requires-Python: >=3.10\n" + "".join(f"Requires-Dist: {r}\n" for r in WHEEL_REQUIREMENTS)).encode()
+        "Requires-Python: >=3.10\n" + "".join(f"Requires-Dist: {r}\n" for r in WHEEL_REQUIREMENTS)
+    ).encode()
     files[f"{info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: mpguide_build.download\nRoot-Is-Purelib: true\nTag: py3-none-any\n").encode()
+        b"Wheel-Version: 1.0\nGenerator: mpguide_build.download\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     files[f"{info}/entry_points.txt"] = b"[console_scripts]\nmpguide-gate = mpguide.verify.gate:main\n"
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
     files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()

@@ -9,32 +9,68 @@ where it is tested (``tests/test_guide_page.py``).
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 #: Where each guide section's evidence is: section key -> (example, the claims its releases line
 #: rests on, as ``(example, claim id)`` pairs of the version matrix).
 SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "porting": ("plot_01_porting_to_manual", [("plot_01_porting_to_manual", "diverge(sched-bf16, auto-bf16)"),
-                                              ("plot_01_porting_to_manual", "diverge(teacher-bf16, auto-bf16)")]),
-    "autocast_cache": ("plot_08_autocast_cache", [("plot_08_autocast_cache", "expect(caching-bf16) [stale_after_step]"),
-                                                  ("plot_08_autocast_cache", "expect(lightning-bf16) [stale_after_step]")]),
-    "optimizer_math": ("plot_09_optimizer_under_autocast",
-                       [("plot_09_optimizer_under_autocast", "expect(manual-fp16) [identical_to_automatic]")]),
+    "porting": (
+        "plot_01_porting_to_manual",
+        [
+            ("plot_01_porting_to_manual", "diverge(sched-bf16, auto-bf16)"),
+            ("plot_01_porting_to_manual", "diverge(teacher-bf16, auto-bf16)"),
+        ],
+    ),
+    "autocast_cache": (
+        "plot_08_autocast_cache",
+        [
+            ("plot_08_autocast_cache", "expect(caching-bf16) [stale_after_step]"),
+            ("plot_08_autocast_cache", "expect(lightning-bf16) [stale_after_step]"),
+        ],
+    ),
+    "optimizer_math": (
+        "plot_09_optimizer_under_autocast",
+        [("plot_09_optimizer_under_autocast", "expect(manual-fp16) [identical_to_automatic]")],
+    ),
     "backward_flags": ("plot_07_backward_and_flags", [("plot_07_backward_and_flags", "raises(fp16-loss-backward)")]),
-    "accumulation": ("plot_06_accumulation", [("plot_06_accumulation", "diverge(zero-grad, manual-fp32)"),
-                                              ("plot_06_accumulation", "expect(overflow-fp16) [overflow_window_skipped]")]),
-    "clipping": ("plot_04_gradient_clipping", [("plot_04_gradient_clipping", "diverge(sgd-fp16, sgd-fp32)"),
-                                               ("plot_04_gradient_clipping", "match(sgd-fp16-hook, sgd-fp32)")]),
+    "accumulation": (
+        "plot_06_accumulation",
+        [
+            ("plot_06_accumulation", "diverge(zero-grad, manual-fp32)"),
+            ("plot_06_accumulation", "expect(overflow-fp16) [overflow_window_skipped]"),
+        ],
+    ),
+    "clipping": (
+        "plot_04_gradient_clipping",
+        [
+            ("plot_04_gradient_clipping", "diverge(sgd-fp16, sgd-fp32)"),
+            ("plot_04_gradient_clipping", "match(sgd-fp16-hook, sgd-fp32)"),
+        ],
+    ),
     "no_gradient_step": ("plot_02_two_optimizers", [("plot_02_two_optimizers", "raises(bug-fp16)")]),
-    "scale_changes": ("plot_03_shared_backward", [("plot_03_shared_backward", "expect(fp16-stock) [predicted_at_overflow]")]),
+    "scale_changes": (
+        "plot_03_shared_backward",
+        [("plot_03_shared_backward", "expect(fp16-stock) [predicted_at_overflow]")],
+    ),
     "schedulers": ("plot_05_skipped_steps", [("plot_05_skipped_steps", "warns(fp16-naive) [UserWarning]")]),
     "gradient_penalty": ("plot_10_gradient_penalty", [("plot_10_gradient_penalty", "match(scaled-fp16, naive-fp32)")]),
     "fp16_parameters": ("plot_11_fp16_parameters", [("plot_11_fp16_parameters", "raises(half-fp16)")]),
-    "nonfinite_guard": ("plot_12_nonfinite_guard", [("plot_12_nonfinite_guard", "expect(habit-fp16) [updates_applied]")]),
-    "ddp": ("plot_13_ddp_accumulation", [("plot_13_ddp_accumulation",
-                                          "expect(ddp-16-window-end) [skipped_batches_per_rank]")]),
-    "fabric": ("plot_14_fabric_manual_loop", [("plot_14_fabric_manual_loop", "raises(unused-fp16-stock)"),
-                                              ("plot_14_fabric_manual_loop", "expect(fp16-stock) [predicted_first_three]")]),
+    "nonfinite_guard": (
+        "plot_12_nonfinite_guard",
+        [("plot_12_nonfinite_guard", "expect(habit-fp16) [updates_applied]")],
+    ),
+    "ddp": (
+        "plot_13_ddp_accumulation",
+        [("plot_13_ddp_accumulation", "expect(ddp-16-window-end) [skipped_batches_per_rank]")],
+    ),
+    "fabric": (
+        "plot_14_fabric_manual_loop",
+        [
+            ("plot_14_fabric_manual_loop", "raises(unused-fp16-stock)"),
+            ("plot_14_fabric_manual_loop", "expect(fp16-stock) [predicted_first_three]"),
+        ],
+    ),
     "throughput": ("plot_15_throughput", []),
 }
 
@@ -42,20 +78,42 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
 #: ``(example, run id, exact text)``. The page fails to build when a run stops producing one.
 QUOTED: list[tuple[str, str, str]] = [
     ("plot_02_two_optimizers", "bug-fp16", "No inf checks were recorded for this optimizer."),
-    ("plot_04_gradient_clipping", "unscale-fp16", "unscale_() has already been called on this optimizer since the last update()."),
-    ("plot_04_gradient_clipping", "fused-bf16", "The current optimizer, AdamW, does not allow for gradient clipping because it performs unscaling of gradients internally."),
+    (
+        "plot_04_gradient_clipping",
+        "unscale-fp16",
+        "unscale_() has already been called on this optimizer since the last update().",
+    ),
+    (
+        "plot_04_gradient_clipping",
+        "fused-bf16",
+        "The current optimizer, AdamW, does not allow for gradient clipping because it performs unscaling of "
+        "gradients internally.",
+    ),
     ("plot_05_skipped_steps", "fp16-naive", "Detected call of `lr_scheduler.step()` before `optimizer.step()`."),
     ("plot_07_backward_and_flags", "fp16-loss-backward", "Attempted unscale_ but _scale is None."),
-    ("plot_06_accumulation", "trainer-flag", "Automatic gradient accumulation is not supported for manual optimization."),
-    ("plot_04_gradient_clipping", "trainer-flag", "Automatic gradient clipping is not supported for manual optimization."),
+    (
+        "plot_06_accumulation",
+        "trainer-flag",
+        "Automatic gradient accumulation is not supported for manual optimization.",
+    ),
+    (
+        "plot_04_gradient_clipping",
+        "trainer-flag",
+        "Automatic gradient clipping is not supported for manual optimization.",
+    ),
     ("plot_11_fp16_parameters", "half-fp16", "Attempting to unscale FP16 gradients."),
     ("plot_11_fp16_parameters", "half-bf16", "Unexpected floating ScalarType in at::autocast::prioritize"),
     ("plot_14_fabric_manual_loop", "manual-plugin-in-fabric", "'NoneType' object has no attribute 'trainer'"),
     ("plot_14_fabric_manual_loop", "unused-fp16-stock", "No inf checks were recorded for this optimizer"),
 ]
 #: Quoted only where the build ran on a CPU (Lightning warns this on a CPU only).
-QUOTED_ON_CPU = [("plot_07_backward_and_flags", "flag-16-mixed",
-                  "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'` instead.")]
+QUOTED_ON_CPU = [
+    (
+        "plot_07_backward_and_flags",
+        "flag-16-mixed",
+        "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'` instead.",
+    )
+]
 
 
 def _records(names: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -67,8 +125,10 @@ def _records(names: Sequence[str]) -> dict[str, dict[str, Any]]:
 def _run(record: dict[str, Any], run_id: str) -> dict[str, Any]:
     run = next((r for r in record["runs"] if r["id"] == run_id), None)
     if run is None:
-        raise KeyError(f"{record['example']}: the guide reads run {run_id!r}, which the record does not have; "
-                       f"update mpguide/guide.py or the example")
+        raise KeyError(
+            f"{record['example']}: the guide reads run {run_id!r}, which the record does not have; "
+            f"update mpguide/guide.py or the example"
+        )
     return run
 
 
@@ -153,7 +213,9 @@ def numbers() -> dict[str, Any]:
         "guard_applied": guard["updates_applied"],
         "guard_batches": guard["batches"],
         "ddp_saved_pct": 100 * (1 - window_end["allreduce_bytes"] / every["allreduce_bytes"]),
-        "fab_stock": ", ".join(f"{f:.3g}" for f in extra("plot_14_fabric_manual_loop", "fp16-stock")["head_update_factor"][:3]),
+        "fab_stock": ", ".join(
+            f"{f:.3g}" for f in extra("plot_14_fabric_manual_loop", "fp16-stock")["head_update_factor"][:3]
+        ),
         "tp_bf16_ratio": paired("bench-bf16", "manual", "automatic"),
         "tp_fp32_ratio": paired("bench-fp32", "manual", "automatic"),
         "tp_bf16_step_ms": 1000 / rate("bench-bf16", "manual"),
@@ -193,11 +255,15 @@ def footer(section: str, prefix: str = "../") -> str:
     judged = [v for v in entry.verdicts if v.judged and v.kind not in ("finite", "completes")]
     held = sum(v.passed for v in judged)
     word = "hold" if held == len(judged) else "hold; the build reports the others as failures"
-    lines = [f'**Verified** in this build: {held} of {len(judged)} checks of '
-             f'<a href="{prefix}auto_examples/{example}.html#verdicts">example {_example_number(example)}</a> {word}.']
+    lines = [
+        f"**Verified** in this build: {held} of {len(judged)} checks of "
+        f'<a href="{prefix}auto_examples/{example}.html#verdicts">example {_example_number(example)}</a> {word}.'
+    ]
     if claims:
-        lines.append(f"**Lightning releases**: {matrix.applies_sentence(matrix.load_matrix(), claims)} "
-                     f'(<a href="{prefix}releases.html">every release and claim</a>)')
+        lines.append(
+            f"**Lightning releases**: {matrix.applies_sentence(matrix.load_matrix(), claims)} "
+            f'(<a href="{prefix}releases.html">every release and claim</a>)'
+        )
     return "  \n".join(lines)  # a hard line break between the two lines
 
 
@@ -219,10 +285,15 @@ def verification_summary(prefix: str = "") -> str:
     for name in example_names():
         entry = page_entries(name)[0]
         judged = [v for v in entry.verdicts if v.judged and v.kind not in ("finite", "completes")]
-        rows.append({"example": _example_link(name, prefix),
-                     "checks that hold": f"{sum(v.passed for v in judged)} of {len(judged)}",
-                     "training runs": str(len(entry.record["runs"])),
-                     "ran on": hardware_label(entry.record["env"]), "date": entry.record["created"][:10]})
+        rows.append(
+            {
+                "example": _example_link(name, prefix),
+                "checks that hold": f"{sum(v.passed for v in judged)} of {len(judged)}",
+                "training runs": str(len(entry.record["runs"])),
+                "ran on": hardware_label(entry.record["env"]),
+                "date": entry.record["created"][:10],
+            }
+        )
     return markdown_table(rows, ("example", "checks that hold", "training runs", "ran on", "date"))
 
 
@@ -237,12 +308,17 @@ def verdict_tables(entries: Sequence[Any], prefix: str = "", tolerance_href: str
         from mpguide.verify.claims import hardware_label
 
         where = "this build" if entry.source == "this build" else "reference run"
-        note = (" *Made before its example last changed: only the checks it already held, on unchanged runs, "
-                "are judged.*" if entry.stale else "")
+        note = (
+            " *Made before its example last changed: only the checks it already held, on unchanged runs, are judged.*"
+            if entry.stale
+            else ""
+        )
         ran = f"{hardware_label(entry.record['env'])}, {entry.record['created'][:10]}"
-        out.append(f"**{_example_link(name, prefix)}** ({where}, {ran}): "
-                   f"{count_line(entry.verdicts)}.{note}\n\n"
-                   + markdown_table(verdict_rows(entry.verdicts, tolerance_href=tolerance_href), WORD_COLUMNS))
+        out.append(
+            f"**{_example_link(name, prefix)}** ({where}, {ran}): "
+            f"{count_line(entry.verdicts)}.{note}\n\n"
+            + markdown_table(verdict_rows(entry.verdicts, tolerance_href=tolerance_href), WORD_COLUMNS)
+        )
     return "\n\n".join(out)
 
 
@@ -268,10 +344,15 @@ def tolerance_table() -> str:
     from mpguide.verify.claims import TOLERANCES
     from mpguide.verify.report import TOLERANCE_ANCHOR, markdown_table
 
-    rows = [{"tolerance": f'<span id="{TOLERANCE_ANCHOR.format(t.name)}">{t.name}</span>',
-             "requires": ("at most " if t.bound == "max" else "at least ")
-             + (f"{t.value:g}x" if t.name.endswith("speedup") else f"{100 * t.value:g} %"),
-             "why this value": t.reason} for t in TOLERANCES.values()]
+    rows = [
+        {
+            "tolerance": f'<span id="{TOLERANCE_ANCHOR.format(t.name)}">{t.name}</span>',
+            "requires": ("at most " if t.bound == "max" else "at least ")
+            + (f"{t.value:g}x" if t.name.endswith("speedup") else f"{100 * t.value:g} %"),
+            "why this value": t.reason,
+        }
+        for t in TOLERANCES.values()
+    ]
     return markdown_table(rows, ("tolerance", "requires", "why this value"))
 
 
@@ -283,6 +364,9 @@ def warmup_numbers() -> dict[str, Any]:
 
     rec = load_record(record_path("plot_01_porting_to_manual"))
     fp32 = _run(rec, "auto-fp32")["loss"]
-    return {"warmup_n": warmup_steps(len(fp32)), "steps": len(fp32),
-            "warmup_bf16": 100 * warmup_gap(_run(rec, "auto-bf16")["loss"], fp32),
-            "warmup_fp16": 100 * warmup_gap(_run(rec, "auto-fp16")["loss"], fp32)}
+    return {
+        "warmup_n": warmup_steps(len(fp32)),
+        "steps": len(fp32),
+        "warmup_bf16": 100 * warmup_gap(_run(rec, "auto-bf16")["loss"], fp32),
+        "warmup_fp16": 100 * warmup_gap(_run(rec, "auto-fp16")["loss"], fp32),
+    }

@@ -60,8 +60,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from mpguide.verify import declarations, records
 from mpguide.verify.schema import MATRIX_SCHEMA, matrix_problem
@@ -118,11 +119,11 @@ OUTCOME_MEANING = {
     HOLDS: "the claim held on that release",
     DOES_NOT_HOLD: "the example ran and the claim did not hold: the behaviour differs on that release",
     CANNOT_RUN: "the example's code cannot run there: an API it uses is missing (named in the message), or the "
-                "release could not be installed",
+    "release could not be installed",
     PLUGIN_REFUSES: "the run uses ManualMixedPrecision, which refuses every Lightning release but 2.6.x "
-                    "(UnsupportedVersionError) instead of computing something wrong",
+    "(UnsupportedVersionError) instead of computing something wrong",
     CPU_ARTIFACT: "a 16-mixed claim on a release whose CPU GradScaler is disabled: the CPU run trains fp16 "
-                  "without loss scaling, so it says nothing about that release on a GPU (not 'not affected')",
+    "without loss scaling, so it says nothing about that release on a GPU (not 'not affected')",
     INCONCLUSIVE: "a throughput claim whose rounds could not decide it (never counted as holding)",
     NOT_JUDGED: "the record could not judge the claim",
     NOT_RUN: "that column does not run this example (the older-torch columns run only the torch-dependent ones)",
@@ -136,8 +137,10 @@ CELL_WORDS = {o: o for o in OUTCOMES}
 CPU_SCALER_DISABLED = ("2.2", "2.3")
 #: Errors that mean "this code cannot run on this release" (an API the example uses is missing).
 MISSING_API_ERRORS = ("AttributeError", "ImportError", "ModuleNotFoundError")
-_MISSING_API = re.compile(r"has no attribute '(\w+)'|cannot import name '(\w+)'|No module named '([\w.]+)'|"
-                          r"unexpected keyword argument '(\w+)'")
+_MISSING_API = re.compile(
+    r"has no attribute '(\w+)'|cannot import name '(\w+)'|No module named '([\w.]+)'|"
+    r"unexpected keyword argument '(\w+)'"
+)
 _RUN_ERROR = re.compile(r"completes\(([^)]+)\) FAILED \[[^\]]*\]: exception = ([\w.]+): (.*?), threshold none")
 _RUN_RAISED = re.compile(r"run (\S+) raised (\w+)")
 #: Id of the row that stands for the implicit checks of an example (runs complete, losses finite).
@@ -186,11 +189,17 @@ def column_heading(summary: dict[str, Any]) -> str:
     """What a column ran on, for the line above its messages: versions, device, preset, date; for the
     unreleased column the commit and its date (from ``source``)."""
     source = summary.get("source") or {}
-    where = (f"commit {str(source.get('commit'))[:10]} of {str(source.get('date'))[:10]} on branch "
-             f"{source.get('branch')} of {source.get('repository')}, version string "
-             f"{summary.get('lightning_version')}, " if is_unreleased(summary) else "")
-    return (f"**Lightning {column_label(summary)}** ({where}torch {summary.get('torch')}, {summary.get('device')}, "
-            f"preset {summary.get('preset')}, {str(summary.get('created', ''))[:10]})")
+    where = (
+        f"commit {str(source.get('commit'))[:10]} of {str(source.get('date'))[:10]} on branch "
+        f"{source.get('branch')} of {source.get('repository')}, version string "
+        f"{summary.get('lightning_version')}, "
+        if is_unreleased(summary)
+        else ""
+    )
+    return (
+        f"**Lightning {column_label(summary)}** ({where}torch {summary.get('torch')}, {summary.get('device')}, "
+        f"preset {summary.get('preset')}, {str(summary.get('created', ''))[:10]})"
+    )
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -221,9 +230,15 @@ def _word(status: str) -> str:
     return {"pass": "pass", "FAIL": "fail"}.get(status, status)
 
 
-def summarize_example(example: str, record_dir: Path, version: str, script_error: str = "",
-                      seconds: float | None = None, examples: Path | None = None,
-                      torch_pin: str | None = None) -> dict[str, Any]:
+def summarize_example(
+    example: str,
+    record_dir: Path,
+    version: str,
+    script_error: str = "",
+    seconds: float | None = None,
+    examples: Path | None = None,
+    torch_pin: str | None = None,
+) -> dict[str, Any]:
     """Judge one example's record in ``record_dir`` with the gate and keep the compact part.
 
     Args:
@@ -241,8 +256,13 @@ def summarize_example(example: str, record_dir: Path, version: str, script_error
     """
     from mpguide.verify.gate import judge
 
-    entry: dict[str, Any] = {"example_sha256": records.file_digest(declarations.example_file(example, examples)),
-                             "status": "ran", "error": script_error or None, "seconds": seconds, "claims": []}
+    entry: dict[str, Any] = {
+        "example_sha256": records.file_digest(declarations.example_file(example, examples)),
+        "status": "ran",
+        "error": script_error or None,
+        "seconds": seconds,
+        "claims": [],
+    }
     path = records.record_path(example, record_dir)
     report = judge([path], examples=examples)
     if report.record_errors:
@@ -254,23 +274,49 @@ def summarize_example(example: str, record_dir: Path, version: str, script_error
     implicit = [v for v in report.verdicts if v.kind in ("finite", "completes")]
     for v in report.verdicts:
         v.record = shown
-    for cid, v in zip(_unique([claim_id({"kind": v.kind, "runs": v.runs, "key": _key_of(v)}) for v in declared]),
-                      declared):
-        entry["claims"].append({"id": cid, "kind": v.kind, "runs": list(v.runs), "title": v.title,
-                                "verdict": _word(v.status), "observed": v.shown_value(), "message": v.message()})
+    for cid, v in zip(
+        _unique([claim_id({"kind": v.kind, "runs": v.runs, "key": _key_of(v)}) for v in declared]), declared
+    ):
+        entry["claims"].append(
+            {
+                "id": cid,
+                "kind": v.kind,
+                "runs": list(v.runs),
+                "title": v.title,
+                "verdict": _word(v.status),
+                "observed": v.shown_value(),
+                "message": v.message(),
+            }
+        )
     record = records.load_record(path)
-    entry["runs"] = {r["id"]: {"precision": r["precision"], "plugin": r.get("plugin"),
-                               "error": (f"{r['error']['type']}: {(r['error'].get('message') or '').splitlines()[0]}"
-                                         if r.get("error") and (r["error"].get("message") or "").strip() else
-                                         r["error"]["type"] if r.get("error") else None)}
-                     for r in record["runs"]}
+    entry["runs"] = {
+        r["id"]: {
+            "precision": r["precision"],
+            "plugin": r.get("plugin"),
+            "error": (
+                f"{r['error']['type']}: {(r['error'].get('message') or '').splitlines()[0]}"
+                if r.get("error") and (r["error"].get("message") or "").strip()
+                else r["error"]["type"]
+                if r.get("error")
+                else None
+            ),
+        }
+        for r in record["runs"]
+    }
     bad = [v for v in implicit if v.failed]
-    entry["claims"].append({
-        "id": RUNS_ROW, "kind": "implicit", "runs": sorted({r for v in implicit for r in v.runs}),
-        "title": "every run trains to the end with a finite loss", "verdict": "fail" if bad else "pass",
-        "observed": f"{len(implicit) - len(bad)} of {len(implicit)} checks pass",
-        "message": " | ".join(v.message() for v in bad) if bad else
-        f"{example}: all {len(implicit)} implicit checks passed (record: {shown})"})
+    entry["claims"].append(
+        {
+            "id": RUNS_ROW,
+            "kind": "implicit",
+            "runs": sorted({r for v in implicit for r in v.runs}),
+            "title": "every run trains to the end with a finite loss",
+            "verdict": "fail" if bad else "pass",
+            "observed": f"{len(implicit) - len(bad)} of {len(implicit)} checks pass",
+            "message": " | ".join(v.message() for v in bad)
+            if bad
+            else f"{example}: all {len(implicit)} implicit checks passed (record: {shown})",
+        }
+    )
     return entry
 
 
@@ -279,14 +325,20 @@ def _key_of(verdict: Any) -> str:
     if verdict.kind in ("expect", "same", "ratio"):
         return verdict.metric if verdict.kind != "ratio" else ""
     if verdict.kind == "warns" and verdict.threshold.startswith("warns "):
-        return verdict.threshold[len("warns "):]
+        return verdict.threshold[len("warns ") :]
     return ""
 
 
-def new_summary(version: str, status: str = "ran", error: dict[str, str] | None = None,
-                examples: Sequence[str] = (), examples_dir: Path | None = None,
-                source: dict[str, str] | None = None, torch_pin: str | None = None,
-                scope: Sequence[str] | None = None) -> dict[str, Any]:
+def new_summary(
+    version: str,
+    status: str = "ran",
+    error: dict[str, str] | None = None,
+    examples: Sequence[str] = (),
+    examples_dir: Path | None = None,
+    source: dict[str, str] | None = None,
+    torch_pin: str | None = None,
+    scope: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """An empty summary of ``version`` with versions, date and source digests filled in.
 
     ``examples`` are listed as "could not run" with the release's ``error`` when the release
@@ -295,32 +347,51 @@ def new_summary(version: str, status: str = "ran", error: dict[str, str] | None 
     """
     try:
         import torch
+
         torch_version = torch.__version__
     except Exception:  # noqa: BLE001 - an environment without torch is a result too
         torch_version = None
     try:
         import lightning
+
         lightning_version = lightning.__version__
     except Exception:  # noqa: BLE001 - an environment without lightning is a result too
         lightning_version = None
     out: dict[str, Any] = {
-        "schema": SCHEMA, "lightning": version, "torch": torch_version, "python": platform.python_version(),
-        "device": f"CPU ({os.cpu_count()} cores)", "preset": "test", "created": records.utc_now(),
-        "status": status, "error": error, "library_sha256": verdict_library_digest(), "examples": {},
-        "plugin_tests": None, "torch_threads": _torch_threads(), "lightning_version": lightning_version,
+        "schema": SCHEMA,
+        "lightning": version,
+        "torch": torch_version,
+        "python": platform.python_version(),
+        "device": f"CPU ({os.cpu_count()} cores)",
+        "preset": "test",
+        "created": records.utc_now(),
+        "status": status,
+        "error": error,
+        "library_sha256": verdict_library_digest(),
+        "examples": {},
+        "plugin_tests": None,
+        "torch_threads": _torch_threads(),
+        "lightning_version": lightning_version,
         "source": source or {"kind": "pypi"},
-        "torch_pin": torch_pin, "scope": list(scope) if scope is not None else None, "autocast_cache_probe": None,
+        "torch_pin": torch_pin,
+        "scope": list(scope) if scope is not None else None,
+        "autocast_cache_probe": None,
     }
     for example in examples:
         out["examples"][example] = {
             "example_sha256": records.file_digest(declarations.example_file(example, examples_dir)),
-            "status": "could not run", "error": (error or {}).get("message"), "seconds": None, "claims": []}
+            "status": "could not run",
+            "error": (error or {}).get("message"),
+            "seconds": None,
+            "claims": [],
+        }
     return out
 
 
 def _torch_threads() -> int | None:
     try:
         import torch
+
         return torch.get_num_threads()
     except Exception:  # noqa: BLE001
         return None
@@ -355,11 +426,15 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
             raise MatrixError(f"{where}: field {key!r} missing or not a {kind.__name__}; {fix}")
     source = summary.get("source")
     if source is not None and (not isinstance(source, dict) or source.get("kind") not in ("pypi", "git")):
-        raise MatrixError(f"{where}: field 'source' must be {{'kind': 'pypi'}} or {{'kind': 'git', 'commit', "
-                          f"'date', ...}} (found {source!r}); {fix}")
+        raise MatrixError(
+            f"{where}: field 'source' must be {{'kind': 'pypi'}} or {{'kind': 'git', 'commit', "
+            f"'date', ...}} (found {source!r}); {fix}"
+        )
     if is_unreleased(summary) and not all(isinstance(source.get(k), str) and source[k] for k in ("commit", "date")):
-        raise MatrixError(f"{where}: an unreleased column must name its git 'commit' and 'date' in 'source' "
-                          f"(found {source!r}); {fix} with MPGUIDE_LIGHTNING_GIT set to the repository copy")
+        raise MatrixError(
+            f"{where}: an unreleased column must name its git 'commit' and 'date' in 'source' "
+            f"(found {source!r}); {fix} with MPGUIDE_LIGHTNING_GIT set to the repository copy"
+        )
     scope = summary.get("scope")
     if scope is not None and not (isinstance(scope, list) and all(isinstance(x, str) for x in scope)):
         raise MatrixError(f"{where}: field 'scope' must be null or a list of example names (found {scope!r}); {fix}")
@@ -430,8 +505,11 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
         current = {name: digest for name, digest in current.items() if name in scope}
     recorded = summary["examples"]
     where = f"Lightning {column_label(summary)}"
-    reasons = [f"{where}: examples/{name}.py changed since the matrix was produced" for name in sorted(current)
-               if name in recorded and recorded[name].get("example_sha256") != current[name]]
+    reasons = [
+        f"{where}: examples/{name}.py changed since the matrix was produced"
+        for name in sorted(current)
+        if name in recorded and recorded[name].get("example_sha256") != current[name]
+    ]
     added, removed = sorted(set(current) - set(recorded)), sorted(set(recorded) - set(current))
     reasons += [f"{where}: examples/{name}.py is not in the matrix" for name in added]
     reasons += [f"{where}: the matrix holds {name}, which no longer exists" for name in removed]
@@ -440,9 +518,13 @@ def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str
     return reasons
 
 
-def check_current(directory: Path | None = None, examples: Path | None = None,
-                  releases: Sequence[str] = RELEASES, main: str | None = MAIN_BRANCH,
-                  torch_releases: Sequence[str] = TORCH_RELEASES) -> None:
+def check_current(
+    directory: Path | None = None,
+    examples: Path | None = None,
+    releases: Sequence[str] = RELEASES,
+    main: str | None = MAIN_BRANCH,
+    torch_releases: Sequence[str] = TORCH_RELEASES,
+) -> None:
     """Raise when the committed matrix is missing a column or was produced from other sources.
 
     The columns: every release of ``releases``, the unreleased ``main`` branch (``None``: none) and
@@ -457,16 +539,22 @@ def check_current(directory: Path | None = None, examples: Path | None = None,
     problems = [f"Lightning {v}: no summary" for v in releases if v not in have]
     if main and not any(s["lightning"] == main and is_unreleased(s) for s in summaries):
         problems.append(f"Lightning {main} (unreleased): no summary")
-    problems += [f"Lightning {TORCH_LIGHTNING}, torch {v}: no summary" for v in torch_releases
-                 if v not in {s.get("torch_pin") for s in pinned}]
+    problems += [
+        f"Lightning {TORCH_LIGHTNING}, torch {v}: no summary"
+        for v in torch_releases
+        if v not in {s.get("torch_pin") for s in pinned}
+    ]
     for summary in summaries + pinned:
         problems += staleness(summary, examples)
     if problems:
-        raise MatrixError("the committed version matrix (results/matrix) is stale:\n  - " + "\n  - ".join(problems)
-                          + "\nrun `nox -s matrix` (the releases, about 20 min on 2 cores), "
-                          "`MPGUIDE_LIGHTNING_GIT=<copy of Lightning's git repository> nox -s matrix_main` (the "
-                          "unreleased column) and `nox -s matrix_torch` (the older-torch columns, downloads of "
-                          "2.5-3 GB each), then commit results/matrix/")
+        raise MatrixError(
+            "the committed version matrix (results/matrix) is stale:\n  - "
+            + "\n  - ".join(problems)
+            + "\nrun `nox -s matrix` (the releases, about 20 min on 2 cores), "
+            "`MPGUIDE_LIGHTNING_GIT=<copy of Lightning's git repository> nox -s matrix_main` (the "
+            "unreleased column) and `nox -s matrix_torch` (the older-torch columns, downloads of "
+            "2.5-3 GB each), then commit results/matrix/"
+        )
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -483,20 +571,25 @@ def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
     entry = summary["examples"].get(example)
     label = column_label(summary)
     if summary.get("scope") is not None and example not in summary["scope"]:
-        return "not run", f"{example} is not part of the column Lightning {label} (it runs " \
-                          f"{', '.join(summary['scope'])})"
+        return (
+            "not run",
+            f"{example} is not part of the column Lightning {label} (it runs {', '.join(summary['scope'])})",
+        )
     if summary["status"] != "ran":
         err = summary.get("error") or {}
-        return "could not run", f"Lightning {label} could not be {err.get('stage', 'run')}ed: " \
-                                f"{err.get('message', '')}"
+        return "could not run", f"Lightning {label} could not be {err.get('stage', 'run')}ed: {err.get('message', '')}"
     if entry is None or entry["status"] != "ran":
-        return "could not run", f"{example} could not run on Lightning {label}: " \
-                                f"{(entry or {}).get('error') or 'not in the matrix'}"
+        return (
+            "could not run",
+            f"{example} could not run on Lightning {label}: {(entry or {}).get('error') or 'not in the matrix'}",
+        )
     for claim in entry["claims"]:
         if claim["id"] == cid:
             return claim["verdict"], claim["message"]
-    return "could not run", f"{example}: claim {cid!r} has no verdict on Lightning {label} " \
-                            f"(the example stopped before judging it)"
+    return (
+        "could not run",
+        f"{example}: claim {cid!r} has no verdict on Lightning {label} (the example stopped before judging it)",
+    )
 
 
 def run_errors(summary: dict[str, Any], example: str) -> dict[str, str]:
@@ -578,19 +671,27 @@ def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | No
         kind = error.split(":")[0].split(".")[-1]
         api = missing_api(error)
         if kind in MISSING_API_ERRORS or (kind == "TypeError" and api):
-            return CANNOT_RUN, (f"run {run_id} cannot run on Lightning {summary['lightning']}: "
-                                f"{'`' + api + '` is missing' if api else error} ({error})")
+            return CANNOT_RUN, (
+                f"run {run_id} cannot run on Lightning {summary['lightning']}: "
+                f"{'`' + api + '` is missing' if api else error} ({error})"
+            )
     entry = summary["examples"].get(example) or {}
     observed = next((c.get("observed", "") for c in entry.get("claims", []) if c["id"] == cid), "")
     if any(REFUSAL_MARK in e for e in raised.values()) or REFUSAL_MARK in observed:
-        return PLUGIN_REFUSES, (f"ManualMixedPrecision refuses Lightning {summary['lightning']} "
-                                f"(UnsupportedVersionError): {message}")
+        return PLUGIN_REFUSES, (
+            f"ManualMixedPrecision refuses Lightning {summary['lightning']} (UnsupportedVersionError): {message}"
+        )
     minor = ".".join(summary["lightning"].split(".")[:2])
     on_cpu = str(summary.get("device", "cpu")).lower().startswith("cpu")
-    if on_cpu and minor in CPU_SCALER_DISABLED and any(
-            _run_precision(summary, example, r, examples) == "16-mixed" for r in involved):
-        return CPU_ARTIFACT, (f"Lightning {summary['lightning']} disables its GradScaler on a CPU, so this 16-mixed "
-                              f"run trained without loss scaling; not evidence either way for a GPU. {message}")
+    if (
+        on_cpu
+        and minor in CPU_SCALER_DISABLED
+        and any(_run_precision(summary, example, r, examples) == "16-mixed" for r in involved)
+    ):
+        return CPU_ARTIFACT, (
+            f"Lightning {summary['lightning']} disables its GradScaler on a CPU, so this 16-mixed "
+            f"run trained without loss scaling; not evidence either way for a GPU. {message}"
+        )
     return DOES_NOT_HOLD, message
 
 
@@ -619,7 +720,8 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
     release, then every message.
 
     Each cell reads one outcome of :data:`OUTCOMES` (:func:`~mpguide_build.matrix.outcome`), explained in a
-    legend above the tables, and links to its message below the tables (an HTML anchor, so no Sphinx reference can dangle). The messages sit
+    legend above the tables, and links to its message below the tables (an HTML anchor, so no Sphinx
+    reference can dangle). The messages sit
     in one collapsed ``<details>`` block per release (a browser opens it when a link points inside),
     the non-passing ones first; identical messages of one release are listed once.
 
@@ -664,15 +766,25 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
         items = []
         for anchor, word, message in ordered:
             if (word, message) in seen:
-                items.append(f'<li id="{anchor}">{html.escape(word)}: same message as '
-                             f'<a href="#{seen[(word, message)]}">above</a></li>')
+                items.append(
+                    f'<li id="{anchor}">{html.escape(word)}: same message as '
+                    f'<a href="#{seen[(word, message)]}">above</a></li>'
+                )
                 continue
             seen[(word, message)] = anchor
             shown = f"<b>{html.escape(word)}</b>" if word != HOLDS else html.escape(word)
             items.append(f'<li id="{anchor}">{shown}: {html.escape(message)}</li>')
-        lines += ['<div class="mpguide-matrix-messages">',
-                  f"<details><summary>Messages of Lightning {html.escape(version)}: {len(ordered) - bad} hold, "
-                  f"{bad} other</summary>", "<ul>", *items, "</ul>", "</details>", "</div>", ""]
+        lines += [
+            '<div class="mpguide-matrix-messages">',
+            f"<details><summary>Messages of Lightning {html.escape(version)}: {len(ordered) - bad} hold, "
+            f"{bad} other</summary>",
+            "<ul>",
+            *items,
+            "</ul>",
+            "</details>",
+            "</div>",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -700,7 +812,15 @@ def release_outcomes(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     a real difference (:data:`DOES_NOT_HOLD`) before the reasons nothing could be learnt
     (cannot run, plugin refuses, CPU-only artifact).
     """
-    rank = {DOES_NOT_HOLD: 0, CANNOT_RUN: 1, PLUGIN_REFUSES: 2, CPU_ARTIFACT: 3, INCONCLUSIVE: 4, NOT_JUDGED: 5, NOT_RUN: 6}
+    rank = {
+        DOES_NOT_HOLD: 0,
+        CANNOT_RUN: 1,
+        PLUGIN_REFUSES: 2,
+        CPU_ARTIFACT: 3,
+        INCONCLUSIVE: 4,
+        NOT_JUDGED: 5,
+        NOT_RUN: 6,
+    }
     out: dict[str, list[str]] = {}
     for s in sorted(summaries, key=lambda s: version_key(s["lightning"])):
         found = [outcome(s, ex, cid)[0] for ex, cid in claims]
@@ -733,30 +853,45 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     known = {(ex, cid) for ex, cid, _ in rows(summaries)}
     unknown = [c for c in claims if tuple(c) not in known]
     if unknown:
-        raise MatrixError(f"no release of the matrix has claim(s) {unknown}; known ids look like "
-                          f"{sorted(known)[:3]}")
+        raise MatrixError(f"no release of the matrix has claim(s) {unknown}; known ids look like {sorted(known)[:3]}")
     every = summaries
     summaries = [s for s in summaries if not is_unreleased(s)]
     groups = release_outcomes(summaries, claims)
     ordered = sorted(summaries, key=column_order)
     parts = []
     if HOLDS in groups:
-        parts.append(f"Holds on Lightning {_releases(groups[HOLDS])}"
-                     + (" (every release tested)." if len(groups) == 1 else "."))
+        parts.append(
+            f"Holds on Lightning {_releases(groups[HOLDS])}" + (" (every release tested)." if len(groups) == 1 else ".")
+        )
     else:
-        parts.append(f"Holds on none of the Lightning releases tested ({_releases([s['lightning'] for s in ordered])}).")
+        parts.append(
+            f"Holds on none of the Lightning releases tested ({_releases([s['lightning'] for s in ordered])})."
+        )
     if DOES_NOT_HOLD in groups:
         parts.append(f"Does not hold on {_releases(groups[DOES_NOT_HOLD])}: the behaviour differs there.")
     if CANNOT_RUN in groups:
-        apis = sorted({missing_api(outcome(s, ex, cid)[1]) for s in ordered if s["lightning"] in groups[CANNOT_RUN]
-                       for ex, cid in claims} - {""})
-        why = f"`{'`, `'.join(apis)}` {'is' if len(apis) == 1 else 'are'} missing" if apis else "it could not be installed"
+        apis = sorted(
+            {
+                missing_api(outcome(s, ex, cid)[1])
+                for s in ordered
+                if s["lightning"] in groups[CANNOT_RUN]
+                for ex, cid in claims
+            }
+            - {""}
+        )
+        why = (
+            f"`{'`, `'.join(apis)}` {'is' if len(apis) == 1 else 'are'} missing"
+            if apis
+            else "it could not be installed"
+        )
         parts.append(f"The example cannot run on {_releases(groups[CANNOT_RUN])} ({why}).")
     if PLUGIN_REFUSES in groups:
         parts.append(f"ManualMixedPrecision refuses {_releases(groups[PLUGIN_REFUSES])} (it supports Lightning 2.6.x).")
     if CPU_ARTIFACT in groups:
-        parts.append(f"Untested on {_releases(groups[CPU_ARTIFACT])}: their CPU GradScaler is disabled (a CPU-only "
-                     f"artifact, not a sign they are unaffected).")
+        parts.append(
+            f"Untested on {_releases(groups[CPU_ARTIFACT])}: their CPU GradScaler is disabled (a CPU-only "
+            f"artifact, not a sign they are unaffected)."
+        )
     if NOT_JUDGED in groups:
         parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
     if INCONCLUSIVE in groups:
@@ -780,8 +915,10 @@ def unreleased_clause(summaries: Sequence[dict[str, Any]], claims: Sequence[tupl
     if released and words == {cell(released[-1], ex, cid)[0] for ex, cid in claims}:
         return ""
     source = branch[-1]["source"]
-    where = (f" On Lightning's unreleased {branch[-1]['lightning']} branch (commit {source['commit'][:10]}, "
-             f"{source['date'][:10]})")
+    where = (
+        f" On Lightning's unreleased {branch[-1]['lightning']} branch (commit {source['commit'][:10]}, "
+        f"{source['date'][:10]})"
+    )
     if words == {"pass"}:
         return where + " it holds."
     return where + f" it does not hold ({' / '.join(sorted(words - {'pass'}))})."
@@ -842,8 +979,9 @@ def cache_bug_sentence(summaries: Sequence[dict[str, Any]]) -> str:
     order = sorted(results, key=version_key)
     lost = [t for t in order if results[t]]
     kept = [t for t in order if not results[t]]
-    parts = ([f"torch {', '.join(lost)} lose{'s' if len(lost) == 1 else ''} the gradient"] if lost else []) + \
-            ([f"torch {', '.join(kept)} do{'es' if len(kept) == 1 else ''} not"] if kept else [])
+    parts = ([f"torch {', '.join(lost)} lose{'s' if len(lost) == 1 else ''} the gradient"] if lost else []) + (
+        [f"torch {', '.join(kept)} do{'es' if len(kept) == 1 else ''} not"] if kept else []
+    )
     return "Measured: " + "; ".join(parts) + "."
 
 
@@ -857,9 +995,14 @@ def run_plugin_tests(python: str, root: Path, timeout: float = 600) -> dict[str,
     :data:`~mpguide_build.matrix.REFUSAL_MARK` (the plugin declines that Lightning release with a clear
     error and nothing else went wrong), ``pass`` when nothing failed, else ``fail``.
     """
-    proc = subprocess.run([python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", PLUGIN_TESTS],
-                          cwd=root, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=str(root), COLUMNS="1000"))  # no cut summary lines
+    proc = subprocess.run(
+        [python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", PLUGIN_TESTS],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONPATH=str(root), COLUMNS="1000"),
+    )  # no cut summary lines
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|error|errors)", tail[-1] if tail else "")}
     failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
@@ -872,8 +1015,12 @@ def run_plugin_tests(python: str, root: Path, timeout: float = 600) -> dict[str,
     else:
         status = "fail" if counts else "could not run"
     first_error = next((line for line in tail if line.startswith(("E ", "FAILED", "ERROR"))), "")
-    return {"status": status, "passed": counts.get("passed", 0), "failed": failed,
-            "message": (first_error + " | " if first_error else "") + (tail[-1] if tail else "no output")}
+    return {
+        "status": status,
+        "passed": counts.get("passed", 0),
+        "failed": failed,
+        "message": (first_error + " | " if first_error else "") + (tail[-1] if tail else "no output"),
+    }
 
 
 def probe_autocast_cache(forward: Any = None) -> dict[str, Any]:
@@ -913,14 +1060,22 @@ def probe_autocast_cache(forward: Any = None) -> dict[str, Any]:
     elif grad is None:
         detail = "backward ran but weight.grad is None"
     else:
-        detail = f"weight.grad present, |grad| sum {float(grad.abs().sum()):.4g}" + \
-                 ("" if not lost else " (zero or not finite)")
+        detail = f"weight.grad present, |grad| sum {float(grad.abs().sum()):.4g}" + (
+            "" if not lost else " (zero or not finite)"
+        )
     return {"torch": torch.__version__, "gradient_lost": lost, "detail": detail}
 
 
-def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: float = 600,
-                source: dict[str, str] | None = None, torch_pin: str | None = None,
-                scope: Sequence[str] | None = None, plugin_tests: bool = True) -> dict[str, Any]:
+def run_release(
+    version: str,
+    out_dir: Path,
+    names: Sequence[str],
+    timeout: float = 600,
+    source: dict[str, str] | None = None,
+    torch_pin: str | None = None,
+    scope: Sequence[str] | None = None,
+    plugin_tests: bool = True,
+) -> dict[str, Any]:
     """In the current environment: run ``names`` at the test preset, judge them, write the summary.
 
     Each example runs as ``python examples/<name>.py`` with ``MPGUIDE_PRESET=test`` and
@@ -948,42 +1103,70 @@ def run_release(version: str, out_dir: Path, names: Sequence[str], timeout: floa
         write_summary(summary, out_dir)
         return summary
     if not is_unreleased(summary) and lightning.__version__ != version:
-        summary.update(status="could not run", error={
-            "stage": "import", "message": f"this environment imports Lightning {lightning.__version__}, "
-                                          f"not {version}"})
+        summary.update(
+            status="could not run",
+            error={
+                "stage": "import",
+                "message": f"this environment imports Lightning {lightning.__version__}, not {version}",
+            },
+        )
         write_summary(summary, out_dir)  # the column shows why
         return summary
     if torch_pin and torch.__version__.split("+")[0] != torch_pin:
-        summary.update(status="could not run", error={
-            "stage": "import", "message": f"this environment imports torch {torch.__version__}, not {torch_pin}"})
+        summary.update(
+            status="could not run",
+            error={
+                "stage": "import",
+                "message": f"this environment imports torch {torch.__version__}, not {torch_pin}",
+            },
+        )
         write_summary(summary, out_dir)
         return summary
     summary["autocast_cache_probe"] = probe_autocast_cache()
-    print(f"  Lightning {column_label(summary)}: autocast cache probe on torch {torch.__version__}: "
-          f"{summary['autocast_cache_probe']['detail']}", flush=True)
+    print(
+        f"  Lightning {column_label(summary)}: autocast cache probe on torch {torch.__version__}: "
+        f"{summary['autocast_cache_probe']['detail']}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="mpguide-matrix-") as tmp:
         for name in names:
             start = time.perf_counter()
-            env = dict(os.environ, MPGUIDE_PRESET="test", MPGUIDE_DEVICE="cpu", MPGUIDE_RESULTS_DIR=tmp,
-                       MPLBACKEND="Agg", PYTHONPATH=str(root))
+            env = dict(
+                os.environ,
+                MPGUIDE_PRESET="test",
+                MPGUIDE_DEVICE="cpu",
+                MPGUIDE_RESULTS_DIR=tmp,
+                MPLBACKEND="Agg",
+                PYTHONPATH=str(root),
+            )
             try:
-                proc = subprocess.run([sys.executable, str(declarations.example_file(name))], cwd=tmp, env=env,
-                                      capture_output=True, text=True, timeout=timeout)
+                proc = subprocess.run(
+                    [sys.executable, str(declarations.example_file(name))],
+                    cwd=tmp,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                )
                 err = "" if proc.returncode == 0 else _last_error(proc.stderr)
             except subprocess.TimeoutExpired:
                 err = f"timed out after {timeout:.0f} s"
             seconds = round(time.perf_counter() - start, 1)
-            summary["examples"][name] = summarize_example(name, Path(tmp), version, err, seconds,
-                                                          torch_pin=torch_pin)
+            summary["examples"][name] = summarize_example(name, Path(tmp), version, err, seconds, torch_pin=torch_pin)
             entry = summary["examples"][name]
             bad = sum(c["verdict"] != "pass" for c in entry["claims"])
-            print(f"  Lightning {column_label(summary)}: {name}: {entry['status']}, {len(entry['claims']) - bad} pass, "
-                  f"{bad} not passing, {seconds} s" + (f" ({err.splitlines()[-1][:120]})" if err else ""),
-                  flush=True)
+            print(
+                f"  Lightning {column_label(summary)}: {name}: {entry['status']}, {len(entry['claims']) - bad} pass, "
+                f"{bad} not passing, {seconds} s" + (f" ({err.splitlines()[-1][:120]})" if err else ""),
+                flush=True,
+            )
     if plugin_tests:
         summary["plugin_tests"] = run_plugin_tests(sys.executable, root, timeout)
-        print(f"  Lightning {column_label(summary)}: plugin tests {summary['plugin_tests']['status']}: "
-              f"{summary['plugin_tests']['message'][:160]}", flush=True)
+        print(
+            f"  Lightning {column_label(summary)}: plugin tests {summary['plugin_tests']['status']}: "
+            f"{summary['plugin_tests']['message'][:160]}",
+            flush=True,
+        )
     summary = merge_into_previous(summary, out_dir)
     write_summary(summary, out_dir)
     return summary
@@ -1006,8 +1189,11 @@ def merge_into_previous(summary: dict[str, Any], directory: Path | None = None) 
         return summary
     if previous.get("source") != summary.get("source"):  # another commit of the branch: nothing carries over
         return summary
-    merged = dict(summary, examples={**previous["examples"], **summary["examples"]},
-                  plugin_tests=summary.get("plugin_tests") or previous.get("plugin_tests"))
+    merged = dict(
+        summary,
+        examples={**previous["examples"], **summary["examples"]},
+        plugin_tests=summary.get("plugin_tests") or previous.get("plugin_tests"),
+    )
     merged["examples"] = dict(sorted(merged["examples"].items()))
     return merged
 
@@ -1026,19 +1212,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the examples in this environment and write its summary")
     err = sub.add_parser("error", help="write the summary of a release that could not be installed")
     for command in (run, err):
-        command.add_argument("--lightning", required=True,
-                             help="the release this environment should import, or the branch name with --git-commit")
+        command.add_argument(
+            "--lightning",
+            required=True,
+            help="the release this environment should import, or the branch name with --git-commit",
+        )
         command.add_argument("--out", type=Path, default=MATRIX_DIR)
-        command.add_argument("--examples", nargs="*", default=None,
-                             help="example stems (default: every plot_*.py, or TORCH_EXAMPLES with --torch)")
+        command.add_argument(
+            "--examples",
+            nargs="*",
+            default=None,
+            help="example stems (default: every plot_*.py, or TORCH_EXAMPLES with --torch)",
+        )
         command.add_argument("--torch", default=None, help="an older-torch column: the torch release it pins")
         command.add_argument("--git-commit", default=None, help="an unreleased column: the commit installed")
         command.add_argument("--git-date", default=None, help="its committer date (ISO 8601)")
         command.add_argument("--git-repository", default="Lightning-AI/pytorch-lightning")
-    run.add_argument("--no-plugin-tests", action="store_true",
-                     help="leave plugin_tests as in the previous summary (for a partial rerun of examples)")
-    run.add_argument("--timeout", type=float, default=float(os.environ.get("MPGUIDE_MATRIX_TIMEOUT", 600)),
-                     help="seconds per example and for the plugin tests (default: MPGUIDE_MATRIX_TIMEOUT or 600)")
+    run.add_argument(
+        "--no-plugin-tests",
+        action="store_true",
+        help="leave plugin_tests as in the previous summary (for a partial rerun of examples)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=float(os.environ.get("MPGUIDE_MATRIX_TIMEOUT", 600)),
+        help="seconds per example and for the plugin tests (default: MPGUIDE_MATRIX_TIMEOUT or 600)",
+    )
     err.add_argument("--stage", default="install")
     what = err.add_mutually_exclusive_group(required=True)
     what.add_argument("--message-file", type=Path, help="a log whose last error lines say why")
@@ -1053,18 +1253,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("run", "error"):
         if bool(args.git_commit) != bool(args.git_date):
             parser.error("--git-commit and --git-date go together (the unreleased column names both)")
-        source = ({"kind": "git", "repository": args.git_repository, "branch": args.lightning,
-                   "commit": args.git_commit, "date": args.git_date} if args.git_commit else None)
+        source = (
+            {
+                "kind": "git",
+                "repository": args.git_repository,
+                "branch": args.lightning,
+                "commit": args.git_commit,
+                "date": args.git_date,
+            }
+            if args.git_commit
+            else None
+        )
         scope = list(TORCH_EXAMPLES) if args.torch else None
         names = args.examples or scope or every
     if args.command == "run":
-        run_release(args.lightning, args.out, names, args.timeout, source=source, torch_pin=args.torch, scope=scope,
-                    plugin_tests=not args.no_plugin_tests)
+        run_release(
+            args.lightning,
+            args.out,
+            names,
+            args.timeout,
+            source=source,
+            torch_pin=args.torch,
+            scope=scope,
+            plugin_tests=not args.no_plugin_tests,
+        )
         return 0
     if args.command == "error":
         message = args.message or _last_error(args.message_file.read_text(encoding="utf-8", errors="replace"), lines=6)
-        summary = new_summary(args.lightning, "could not run", {"stage": args.stage, "message": message},
-                              names, source=source, torch_pin=args.torch, scope=scope)
+        summary = new_summary(
+            args.lightning,
+            "could not run",
+            {"stage": args.stage, "message": message},
+            names,
+            source=source,
+            torch_pin=args.torch,
+            scope=scope,
+        )
         print(f"  Lightning {column_label(summary)}: could not {args.stage}: {message.splitlines()[-1][:160]}")
         write_summary(summary, args.out)
         return 0

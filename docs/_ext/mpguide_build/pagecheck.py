@@ -59,11 +59,15 @@ TABLE_CODE = re.compile(r"\b(?:verdict_table|markdown_table)\(")
 _GLUE_ROLE = re.compile(r"\{glue(?::(any|text|md|math))?\}`([^`]+)`")
 _GLUE_DIRECTIVE = re.compile(r"^\s*(?:`{3,}|:{3,})\{glue(?::\w+)?\}\s+(\S+)", re.MULTILINE)
 _HIDDEN_OUTPUT_TAGS = {"remove-output", "remove_output", "remove-cell", "remove_cell"}
-_FIX_FIGURE = ("fix: make the page independent of the matplotlib backend (`%matplotlib inline` in its first "
-               "code cell, or end the cell with `display(fig)`), or tag the cell `mpguide-no-check` if it "
-               "is not meant to show a figure")
-_FIX_TABLE = ("fix: end the cell with `display(Markdown(...))` of the table (MyST renders Markdown tables), "
-              "or tag the cell `mpguide-no-check` if it is not meant to show a table")
+_FIX_FIGURE = (
+    "fix: make the page independent of the matplotlib backend (`%matplotlib inline` in its first "
+    "code cell, or end the cell with `display(fig)`), or tag the cell `mpguide-no-check` if it "
+    "is not meant to show a figure"
+)
+_FIX_TABLE = (
+    "fix: end the cell with `display(Markdown(...))` of the table (MyST renders Markdown tables), "
+    "or tag the cell `mpguide-no-check` if it is not meant to show a table"
+)
 
 
 @dataclass
@@ -98,8 +102,9 @@ class Cell:
 
     def label(self, source_file: str) -> str:
         """``<file>:<line>, code cell <n> (`<first code line>`)`` for messages."""
-        first = next((ln.strip() for ln in self.source.splitlines()
-                      if ln.strip() and not ln.lstrip().startswith(("#", "%"))), "")
+        first = next(
+            (ln.strip() for ln in self.source.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "%"))), ""
+        )
         first = first if len(first) <= 70 else first[:67] + "..."
         where = f"{source_file}:{self.line}" if self.line else source_file
         return f"{where}, code cell {self.number} (`{first}`)"
@@ -159,12 +164,12 @@ def read_cells(path: Path) -> tuple[list[Cell], list[tuple[str, str, int]]]:
 
 
 def _count_images(node: nodes.Node) -> int:
-    return sum(1 for n in node.findall(nodes.Element)
-               if isinstance(n, nodes.image) or type(n).__name__ == "imgsgnode")
+    return sum(1 for n in node.findall(nodes.Element) if isinstance(n, nodes.image) or type(n).__name__ == "imgsgnode")
 
 
-def check_notebook_page(source_file: str, doctree: nodes.document, cells: list[Cell],
-                        glue_refs: list[tuple[str, str, int]], glued: set[str]) -> list[str]:
+def check_notebook_page(
+    source_file: str, doctree: nodes.document, cells: list[Cell], glue_refs: list[tuple[str, str, int]], glued: set[str]
+) -> list[str]:
     """Problems of one executed MyST-NB page (empty list: it shows what it must).
 
     Args:
@@ -187,26 +192,33 @@ def check_notebook_page(source_file: str, doctree: nodes.document, cells: list[C
         if not wanted:
             continue
         node = rendered.get(cell.index)
-        outputs = [n for n in node.findall(nodes.container) if n.get("nb_element") == "cell_code_output"] \
-            if node is not None else []
+        outputs = (
+            [n for n in node.findall(nodes.container) if n.get("nb_element") == "cell_code_output"]
+            if node is not None
+            else []
+        )
         if "figure" in wanted and not any(_count_images(out) for out in outputs):
-            problems.append(f"{cell.label(source_file)} should show a figure but its output has no image; "
-                            + _FIX_FIGURE)
+            problems.append(
+                f"{cell.label(source_file)} should show a figure but its output has no image; " + _FIX_FIGURE
+            )
         if "table" in wanted and not any(any(True for _ in out.findall(nodes.table)) for out in outputs):
-            problems.append(f"{cell.label(source_file)} should show a table but its output has none; "
-                            + _FIX_TABLE)
+            problems.append(f"{cell.label(source_file)} should show a table but its output has none; " + _FIX_TABLE)
     for kind, key, line in glue_refs:
         if key not in glued:
             role = "{glue}" if kind in ("any", "directive") else f"{{glue:{kind}}}"
-            problems.append(f"{source_file}:{line}: {role} "
-                            f"names key {key!r}, which no cell of the page glued; fix: add "
-                            f"`glue({key!r}, value, display=False)` to a cell, or correct the key")
+            problems.append(
+                f"{source_file}:{line}: {role} "
+                f"names key {key!r}, which no cell of the page glued; fix: add "
+                f"`glue({key!r}, value, display=False)` to a cell, or correct the key"
+            )
     wanted_text = sum(1 for kind, key, _ in glue_refs if kind == "text" and key in glued)
     shown_text = sum(1 for n in doctree.findall(nodes.inline) if "pasted-text" in n.get("classes", []))
     if shown_text < wanted_text:
-        problems.append(f"{source_file}: {wanted_text - shown_text} of {wanted_text} {{glue:text}} values "
-                        "rendered nothing (a format spec that does not fit the glued value; see the glue "
-                        "warnings above); fix: glue a number for numeric format specs, or change the spec")
+        problems.append(
+            f"{source_file}: {wanted_text - shown_text} of {wanted_text} {{glue:text}} values "
+            "rendered nothing (a format spec that does not fit the glued value; see the glue "
+            "warnings above); fix: glue a number for numeric format specs, or change the spec"
+        )
     return problems
 
 
@@ -216,12 +228,15 @@ def check_gallery_page(source_file: str, example: Path, doctree: nodes.document)
     An example whose script draws with matplotlib (:data:`~mpguide_build.pagecheck.FIGURE_CODE`) must show at
     least one image; sphinx-gallery's matplotlib scraper collects every open figure after each block.
     """
-    code = "\n".join(line for line in example.read_text(encoding="utf-8").splitlines()
-                     if not line.lstrip().startswith("#"))
+    code = "\n".join(
+        line for line in example.read_text(encoding="utf-8").splitlines() if not line.lstrip().startswith("#")
+    )
     if FIGURE_CODE.search(code) and _count_images(doctree) == 0:
-        return [f"{source_file}: the example {example.name} draws figures but its gallery page shows no "
-                "image; fix: leave the figures open at the end of their block (`plt.show()`, no "
-                "`plt.close()`) so sphinx-gallery's matplotlib scraper collects them"]
+        return [
+            f"{source_file}: the example {example.name} draws figures but its gallery page shows no "
+            "image; fix: leave the figures open at the end of their block (`plt.show()`, no "
+            "`plt.close()`) so sphinx-gallery's matplotlib scraper collects them"
+        ]
     return []
 
 
@@ -235,8 +250,10 @@ def _gallery_examples(app: Any) -> list[tuple[str, Path]]:
     found = []
     examples_dirs = conf.get("examples_dirs") or []
     gallery_dirs = conf.get("gallery_dirs") or []
-    for src, dst in zip([examples_dirs] if isinstance(examples_dirs, str) else examples_dirs,
-                        [gallery_dirs] if isinstance(gallery_dirs, str) else gallery_dirs):
+    for src, dst in zip(
+        [examples_dirs] if isinstance(examples_dirs, str) else examples_dirs,
+        [gallery_dirs] if isinstance(gallery_dirs, str) else gallery_dirs,
+    ):
         src_path, dst_path = Path(app.confdir, src), Path(srcdir, dst)
         for script in sorted(src_path.glob("*.py")):
             if pattern.search(str(script)):
@@ -277,8 +294,7 @@ def check_build(app: Any) -> list[str]:
         if docname in env.found_docs:
             # the pickled doctree suffices: sphinx-gallery's image nodes are final before post-transforms
             # (resolving costs ~0.2 s a page, most of an unchanged rebuild's page check)
-            problems += check_gallery_page(shown(Path(env.doc2path(docname))), script,
-                                           env.get_doctree(docname))
+            problems += check_gallery_page(shown(Path(env.doc2path(docname))), script, env.get_doctree(docname))
     return problems
 
 
@@ -295,6 +311,7 @@ def on_build_finished(app: Any, exception: Exception | None) -> None:
         return
     problems = check_build(app)
     if problems:
-        raise ExtensionError(f"[mpguide] page check: {len(problems)} page element(s) missing:\n  "
-                             + "\n  ".join(problems))
+        raise ExtensionError(
+            f"[mpguide] page check: {len(problems)} page element(s) missing:\n  " + "\n  ".join(problems)
+        )
     logging.getLogger(__name__).info("[mpguide] page check: every figure, table and glued value is shown")

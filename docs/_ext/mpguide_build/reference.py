@@ -27,10 +27,15 @@ class ReferenceError(ValueError):
 def git_commit(repo: Path) -> str:
     """``git rev-parse HEAD`` of ``repo``, plus ``-dirty`` if tracked files differ, or ``"unknown"``."""
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -53,8 +58,7 @@ def update_reference(results_dir: Path, reference_root: Path, commit: str = "unk
     """
     paths = sorted(Path(results_dir).glob("plot_*.json"))
     if not paths:
-        raise ReferenceError(f"no records (plot_*.json) in {results_dir}; run the GPU build first: "
-                             "nox -s docs_gpu")
+        raise ReferenceError(f"no records (plot_*.json) in {results_dir}; run the GPU build first: nox -s docs_gpu")
     loaded = []
     for path in paths:
         try:
@@ -64,12 +68,16 @@ def update_reference(results_dir: Path, reference_root: Path, commit: str = "unk
     devices = {rec["env"].get("device") for _, rec in loaded}
     cpu = [p.name for p, rec in loaded if rec["env"].get("accelerator") != "cuda"]
     if cpu:
-        raise ReferenceError(f"records {cpu} in {results_dir} were not made on a CUDA device; GPU references "
-                             "must come from nox -s docs_gpu on a GPU machine")
+        raise ReferenceError(
+            f"records {cpu} in {results_dir} were not made on a CUDA device; GPU references "
+            "must come from nox -s docs_gpu on a GPU machine"
+        )
     if len(devices) != 1:
-        raise ReferenceError(f"records in {results_dir} come from several devices "
-                             f"{sorted(map(str, devices))}; "
-                             "rebuild them in one GPU build: nox -s docs_gpu")
+        raise ReferenceError(
+            f"records in {results_dir} come from several devices "
+            f"{sorted(map(str, devices))}; "
+            "rebuild them in one GPU build: nox -s docs_gpu"
+        )
     env = loaded[0][1]["env"]
     folder = Path(reference_root) / device_slug(env["device"])
     folder.mkdir(parents=True, exist_ok=True)
@@ -78,15 +86,23 @@ def update_reference(results_dir: Path, reference_root: Path, commit: str = "unk
     for path, _ in loaded:
         (folder / path.name).write_bytes(path.read_bytes())
     presets = sorted({rec.get("preset", "?") for _, rec in loaded})
-    rows = [("device", env["device"]), ("CUDA", env.get("cuda", "?")), ("torch", env.get("torch", "?")),
-            ("Lightning", env.get("lightning", "?")), ("Python", env.get("python", "?")),
-            ("preset", ", ".join(presets)), ("records", ", ".join(p.name for p, _ in loaded)),
-            ("written", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")), ("commit", commit)]
+    rows = [
+        ("device", env["device"]),
+        ("CUDA", env.get("cuda", "?")),
+        ("torch", env.get("torch", "?")),
+        ("Lightning", env.get("lightning", "?")),
+        ("Python", env.get("python", "?")),
+        ("preset", ", ".join(presets)),
+        ("records", ", ".join(p.name for p, _ in loaded)),
+        ("written", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ("commit", commit),
+    ]
     (folder / "README.md").write_text(
         f"# GPU reference records: {env['device']}\n\n"
         "Written by `nox -s docs_gpu -- --update-reference` after a strict GPU build passed; judged by the\n"
         "claim gate and shown on the guide page by every build. Do not edit by hand: rerun the command.\n\n"
-        "| what | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows))
+        "| what | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
+    )
     return folder
 
 
@@ -97,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reference_root", type=Path)
     args = parser.parse_args(argv)
     try:
-        folder = update_reference(args.results_dir, args.reference_root,
-                                  git_commit(Path(args.reference_root).resolve().parent))
+        folder = update_reference(
+            args.results_dir, args.reference_root, git_commit(Path(args.reference_root).resolve().parent)
+        )
     except ReferenceError as err:
         print(f"mpguide_build.reference: {err}", file=sys.stderr)
         return 2

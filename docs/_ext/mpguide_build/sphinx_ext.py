@@ -60,7 +60,9 @@ def remove_deleted_examples(examples_dir: Path, gallery_dir: Path, results_dir: 
     """
     present = set(example_names(examples_dir))
     gallery_dir, results_dir = Path(gallery_dir), Path(results_dir)
-    gone = sorted({p.name.split(".")[0] for p in gallery_dir.glob("plot_*.py*")} - present) if gallery_dir.is_dir() else []
+    gone = (
+        sorted({p.name.split(".")[0] for p in gallery_dir.glob("plot_*.py*")} - present) if gallery_dir.is_dir() else []
+    )
     for name in gone:
         patterns = [f"{name}.*", f"images/sphx_glr_{name}_*", f"images/thumb/sphx_glr_{name}_*"]
         for path in [p for pattern in patterns for p in gallery_dir.glob(pattern)]:
@@ -150,8 +152,10 @@ def check_run_environment(examples: Path) -> None:
         raise ConfigError(f"[mpguide] {err}") from None
     unknown = sorted({ex for ex, _ in swaps} - set(example_names(examples)))
     if unknown:
-        raise ConfigError(f"[mpguide] {SWAP_ENV} names example(s) {unknown} that {examples} does not have; "
-                          f"examples: {example_names(examples)}")
+        raise ConfigError(
+            f"[mpguide] {SWAP_ENV} names example(s) {unknown} that {examples} does not have; "
+            f"examples: {example_names(examples)}"
+        )
 
 
 def _record_files(app: Sphinx, references: bool | None = None) -> list[Path]:
@@ -177,8 +181,10 @@ def _on_env_before_read_docs(app: Sphinx, env: Any, docnames: list[str]) -> None
     """
     if not app.config.mpguide_gate:
         return
-    expected = [record_path(name, Path(app.config.mpguide_results_dir))
-                for name in example_names(Path(app.config.mpguide_examples_dir))]
+    expected = [
+        record_path(name, Path(app.config.mpguide_results_dir))
+        for name in example_names(Path(app.config.mpguide_examples_dir))
+    ]
     for path in dict.fromkeys(expected + _record_files(app)):
         try:
             load_record(path)
@@ -195,9 +201,13 @@ def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or not cfg.mpguide_gate:
         return
     results = Path(cfg.mpguide_results_dir)
-    report = gate.judge(_record_files(app, references=False), example_names(Path(cfg.mpguide_examples_dir)),
-                        results, references=_record_files(app, references=True),
-                        examples=Path(cfg.mpguide_examples_dir))
+    report = gate.judge(
+        _record_files(app, references=False),
+        example_names(Path(cfg.mpguide_examples_dir)),
+        results,
+        references=_record_files(app, references=True),
+        examples=Path(cfg.mpguide_examples_dir),
+    )
     if not report.ok:
         raise ExtensionError(report.failure_message())
     logger.info(f"[mpguide] {report.summary().splitlines()[0]}")
@@ -250,5 +260,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("source-read", _on_source_read)
     app.connect("build-finished", _on_build_finished)
     from .pagecheck import on_build_finished as check_pages  # after the gate: page elements shown
+
     app.connect("build-finished", check_pages, priority=600)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

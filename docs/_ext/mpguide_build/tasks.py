@@ -19,14 +19,20 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "_build"
 #: What a docs build generates (removed by ``clean``).
-GENERATED = (BUILD / "html", BUILD / "results", BUILD / "doctrees", ROOT / "docs" / "auto_examples",
-             ROOT / "docs" / "jupyter_execute", ROOT / "docs" / "sg_execution_times.rst")
+GENERATED = (
+    BUILD / "html",
+    BUILD / "results",
+    BUILD / "doctrees",
+    ROOT / "docs" / "auto_examples",
+    ROOT / "docs" / "jupyter_execute",
+    ROOT / "docs" / "sg_execution_times.rst",
+)
 #: Distributions whose versions the GPU build prints (the import check).
 BUILD_PACKAGES = ("sphinx", "sphinx-gallery", "myst-nb", "torch", "lightning", "scikit-learn", "matplotlib", "numpy")
 
@@ -62,11 +68,18 @@ def cuda(session: str = "") -> int:
     except ImportError:
         reason = "torch is not installed in this environment"
     else:
-        reason = "" if torch.cuda.is_available() else (
-            f"torch {torch.__version__} here has no usable CUDA device (CUDA build: {torch.version.cuda})")
+        reason = (
+            ""
+            if torch.cuda.is_available()
+            else (f"torch {torch.__version__} here has no usable CUDA device (CUDA build: {torch.version.cuda})")
+        )
     if reason:
-        print(f"{session} needs a CUDA GPU and a CUDA build of torch in the environment that runs nox: {reason}; "
-              "on a CPU machine run `nox -s docs`" if session else reason)
+        print(
+            f"{session} needs a CUDA GPU and a CUDA build of torch in the environment that runs nox: {reason}; "
+            "on a CPU machine run `nox -s docs`"
+            if session
+            else reason
+        )
         return 1
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     return 0
@@ -74,20 +87,31 @@ def cuda(session: str = "") -> int:
 
 def imports(checkout: Path) -> int:
     """Check that the build's packages import and that ``mpguide`` comes from ``checkout``."""
+    import importlib
     import importlib.metadata as md
 
     try:
-        import ipykernel, lightning, matplotlib, myst_nb, pydata_sphinx_theme, sklearn  # noqa: F401
-        import sphinx, sphinx_gallery  # noqa: F401
-
+        for name in (
+            "sphinx",
+            "sphinx_gallery",
+            "myst_nb",
+            "pydata_sphinx_theme",
+            "ipykernel",
+            "sklearn",
+            "matplotlib",
+            "lightning",
+        ):
+            importlib.import_module(name)
         import mpguide
     except ImportError as err:
         print(f"{err}", file=sys.stderr)
         return 1
     where = Path(mpguide.__file__).resolve().parent
     if where != (Path(checkout) / "mpguide").resolve():
-        print(f"mpguide is imported from {where}, not from this checkout (put the checkout on PYTHONPATH)",
-              file=sys.stderr)
+        print(
+            f"mpguide is imported from {where}, not from this checkout (put the checkout on PYTHONPATH)",
+            file=sys.stderr,
+        )
         return 1
     print("packages: " + ", ".join(f"{name} {md.version(name)}" for name in BUILD_PACKAGES))
     return 0
@@ -98,12 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpguide_build.tasks", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("check-settings", help="refuse unknown MPGUIDE_* settings in one line").add_argument(
-        "--examples", type=Path, default=ROOT / "examples")
+        "--examples", type=Path, default=ROOT / "examples"
+    )
     sub.add_parser("clean", help="remove everything a docs build generated")
     sub.add_parser("cuda", help="exit 1 unless this interpreter's torch sees a CUDA device").add_argument(
-        "--for", dest="session", default="", help="the session that needs it (named in the refusal)")
+        "--for", dest="session", default="", help="the session that needs it (named in the refusal)"
+    )
     sub.add_parser("imports", help="the GPU build's packages import; mpguide is this checkout's").add_argument(
-        "--checkout", type=Path, default=ROOT)
+        "--checkout", type=Path, default=ROOT
+    )
     args = parser.parse_args(argv)
     if args.command == "check-settings":
         return check_settings(args.examples)
