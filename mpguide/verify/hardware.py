@@ -28,11 +28,11 @@ import torch
 #: The three precisions every example compares, in display order.
 PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed", "16-mixed")
 
-#: "True" half precision: Lightning's ``HalfPrecision`` plugin casts the whole module (weights, gradients and
-#: so the optimizer state) to bf16 or fp16, with no autocast and no GradScaler (``plugins/precision/half.py``).
+#: The "true" half precisions. Lightning's ``HalfPrecision`` plugin casts the whole module (weights, gradients
+#: and so the optimizer state) to bf16 or fp16, with no autocast and no GradScaler (``plugins/precision/half.py``).
 TRUE_PRECISIONS: tuple[str, ...] = ("bf16-true", "16-true")
 
-#: Every precision a run may train in: :data:`PRECISIONS`, then :data:`TRUE_PRECISIONS`.
+#: Every precision a run may train in. :data:`PRECISIONS`, then :data:`TRUE_PRECISIONS`.
 RUN_PRECISIONS: tuple[str, ...] = PRECISIONS + TRUE_PRECISIONS
 
 #: Short labels used in run ids and legends.

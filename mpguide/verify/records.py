@@ -26,7 +26,7 @@ could not decide; never a pass, see :data:`mpguide.verify.claims.INCONCLUSIVE_RU
 record and never reads these words.
 
 Every field is typed in :mod:`mpguide.verify.schema` (pydantic models, strict mode) and listed in
-:data:`~mpguide.verify.records.SCHEMA_FIELDS`; a record with any other field (top level, ``env``,
+:data:`~mpguide.verify.schema.SCHEMA_FIELDS`; a record with any other field (top level, ``env``,
 ``source``, ``run_env``, a run, its ``error``, a claim) or a value of the wrong type is refused,
 naming the file, the field's JSON path and the fix. A run's ``extra`` is the one free-form object:
 each recipe records its own measurements there, and the keys that claims and pages read are typed
