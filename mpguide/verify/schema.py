@@ -675,14 +675,23 @@ class MatrixClaim(_Model):
     message: str
 
 
+class MatrixRun(_Model):
+    """``examples[name].runs[id]``: what the release pages need of one run (its precision, plugin and error)."""
+
+    precision: str
+    plugin: str | None = None
+    error: str | None = None
+
+
 class MatrixExample(_Model):
-    """``examples[name]`` of a summary."""
+    """``examples[name]`` of a summary (``runs`` only in summaries written since 2026-12-01)."""
 
     example_sha256: str | None
     status: Literal["ran", "could not run"]
     error: str | None
     seconds: NonNegative | None
     claims: list[MatrixClaim]
+    runs: dict[str, MatrixRun] | None = None
 
 
 class ReleaseError(_Model):
