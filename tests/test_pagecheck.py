@@ -125,7 +125,10 @@ def tiny_build(tmp_path: Path, body: str, strict: bool = True) -> subprocess.Com
     (src / "conf.py").write_text(TINY_CONF.format(results=str(tmp_path / "results")))
     (src / "index.md").write_text(PAGE_HEAD + body)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
-    env.update(MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "docs" / "_ext"), env.get("PYTHONPATH", "")]),
+    )
     cmd = [
         sys.executable,
         "-m",
