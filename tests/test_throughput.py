@@ -267,12 +267,12 @@ def test_lock_refuses_an_unknown_accelerator():
 
 
 # ----------------------------------------------------------------------------------------------
-# The rule that decides the parity claims (mpguide.verify.claims.decide_paired), on synthetic rounds
+# The rule that decides the parity claims (mpguide.verify.metrics.decide_paired), on synthetic rounds
 
-from mpguide.verify import claims, gate, report  # noqa: E402
+from mpguide.verify import claims, gate, metrics, report, tolerances, verdicts  # noqa: E402
 from mpguide_build import matrix  # noqa: E402
 
-CPU_BAND = claims.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
+CPU_BAND = tolerances.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
 
 
 def _noisy(centre: float, n: int, spread: float, seed: int = 0) -> list[float]:
@@ -284,35 +284,35 @@ def _noisy(centre: float, n: int, spread: float, seed: int = 0) -> list[float]:
 
 
 def test_median_interval_has_the_binomial_coverage():
-    assert claims.median_interval([1.0, 2, 3, 4, 5]) is None  # min..max of 5 covers only 93.75 %
-    low, high, k, coverage = claims.median_interval([6.0, 1, 5, 2, 4, 3])
+    assert metrics.median_interval([1.0, 2, 3, 4, 5]) is None  # min..max of 5 covers only 93.75 %
+    low, high, k, coverage = metrics.median_interval([6.0, 1, 5, 2, 4, 3])
     assert (low, high, k) == (1.0, 6.0, 1) and coverage == pytest.approx(1 - 2 / 64)
-    low, high, k, coverage = claims.median_interval(list(range(1, 10)))
+    low, high, k, coverage = metrics.median_interval(list(range(1, 10)))
     assert (low, high, k) == (2, 8, 2) and coverage == pytest.approx(1 - 2 * 10 / 512)
-    low, high, k, coverage = claims.median_interval(list(range(1, 21)))
+    low, high, k, coverage = metrics.median_interval(list(range(1, 21)))
     assert k == 6 and coverage >= 0.95 and (low, high) == (6, 15)
 
 
 def test_clear_parity_passes():
-    decision = claims.decide_paired(_noisy(1.0, 6, 0.05), CPU_BAND)
+    decision = metrics.decide_paired(_noisy(1.0, 6, 0.05), CPU_BAND)
     assert decision.verdict == "pass" and 0.85 <= decision.low <= decision.high <= 1.15
 
 
 def test_a_clear_30_percent_slowdown_fails():
-    decision = claims.decide_paired(_noisy(1 / 1.3, 6, 0.05), CPU_BAND)  # each step 30 % longer
+    decision = metrics.decide_paired(_noisy(1 / 1.3, 6, 0.05), CPU_BAND)  # each step 30 % longer
     assert decision.verdict == "fail" and decision.high < 0.85
-    fast = claims.decide_paired(_noisy(1.3, 6, 0.05), CPU_BAND)  # 30 % faster breaks parity too
+    fast = metrics.decide_paired(_noisy(1.3, 6, 0.05), CPU_BAND)  # 30 % faster breaks parity too
     assert fast.verdict == "fail" and fast.low > 1.15
 
 
 def test_noise_across_the_band_edge_is_inconclusive_at_any_number_of_rounds():
     for n in (6, 12, 20):
-        decision = claims.decide_paired(_noisy(0.85, n, 0.2, seed=n), CPU_BAND)  # median on the edge
+        decision = metrics.decide_paired(_noisy(0.85, n, 0.2, seed=n), CPU_BAND)  # median on the edge
         assert decision.verdict == "inconclusive", (n, decision)
-    assert claims.decide_paired([1.0] * 5, CPU_BAND).verdict == "inconclusive"  # too few rounds for 95 %
+    assert metrics.decide_paired([1.0] * 5, CPU_BAND).verdict == "inconclusive"  # too few rounds for 95 %
     one_bad = [1.0, 1.01, 0.99, 1.0, 0.7, 1.02]  # one outlier round: min..max reaches outside
-    assert claims.decide_paired(one_bad, CPU_BAND).verdict == "inconclusive"
-    assert claims.decide_paired(one_bad + [1.0, 0.99, 1.01], CPU_BAND).verdict == "pass"  # k = 2 drops it
+    assert metrics.decide_paired(one_bad, CPU_BAND).verdict == "inconclusive"
+    assert metrics.decide_paired(one_bad + [1.0, 0.99, 1.01], CPU_BAND).verdict == "pass"  # k = 2 drops it
 
 
 def _record_with(manual: list[float], automatic: list[float]) -> dict:
@@ -342,7 +342,7 @@ def test_inconclusive_is_never_reported_as_pass(capsys):
     assert verdict.status == "inconclusive" and not verdict.passed and not verdict.failed and verdict.undecided
     assert "inconclusive" in verdict.message() and "passed" not in verdict.message()
     with pytest.raises(ValueError, match="inconclusive and cannot also pass"):
-        claims.Verdict("x", "rate_ratio", ["r"], "t", "m", 1.0, "t", passed=True, inconclusive=True)
+        verdicts.Verdict("x", "rate_ratio", ["r"], "t", "m", 1.0, "t", passed=True, inconclusive=True)
     # the gate: not a failure, not a pass, one line of its own
     found = gate.GateReport(verdicts=claims.evaluate_record(record), records=[Path("x.json")])
     assert found.ok and found.inconclusive == [verdict] and not found.failures

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import claims as claims_mod
+from .judging import KINDS
 
 #: Environment variable that trains some runs with another recipe, ``"example:run_id=recipe[,...]"``
 #: (used by the tests to prove that a build fails when a correct run is replaced by a broken one).
@@ -254,10 +255,8 @@ def _run_entry(entry: Any, i: int, where: str) -> RunDecl:
 
 def _claim_entry(entry: Any, i: int, where: str, run_ids: set[str]) -> dict[str, Any]:
     at = f"{where}: CLAIMS[{i}]"
-    if not isinstance(entry, tuple) or len(entry) < 2 or entry[0] not in claims_mod.KINDS:
-        raise DeclarationError(
-            f"{at}: expected (kind, arguments...) with kind one of {list(claims_mod.KINDS)}, found {entry!r}"
-        )
+    if not isinstance(entry, tuple) or len(entry) < 2 or entry[0] not in KINDS:
+        raise DeclarationError(f"{at}: expected (kind, arguments...) with kind one of {list(KINDS)}, found {entry!r}")
     args, options = list(entry[1:]), {}
     if args and isinstance(args[-1], dict):
         options = args.pop()

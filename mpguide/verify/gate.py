@@ -17,10 +17,10 @@ from a stale reference fails instead of turning into "not judged"), its hardware
 with each other, and a reference must lie in the folder of the device it was made on.
 
 A claim can also be **inconclusive** (a throughput parity claim whose interval still straddles its
-band edge at the benchmark's cap of rounds; :data:`mpguide.verify.claims.PAIRED_RULE`). It is counted
+band edge at the benchmark's cap of rounds; :data:`mpguide.verify.tolerances.PAIRED_RULE`). It is counted
 apart, never as a pass: the summary line counts it, one line per such claim follows ("INCONCLUSIVE
 (not a pass)"), the exit status stays 0 and a Sphinx build does not fail
-(:data:`mpguide.verify.claims.INCONCLUSIVE_RULE` says why).
+(:data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE` says why).
 
 Used three ways, always through :func:`~mpguide.verify.gate.judge`:
 
@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from . import declarations
-from .claims import Verdict, evaluate_record, hardware_label
+from .claims import evaluate_record
 from .records import REPO_ROOT, RecordError, file_digest, library_digest, load_record, record_path, reference_dir
 from .report import format_table, verdict_rows
+from .verdicts import Verdict, hardware_label
 
 #: Where ``python -m mpguide.verify.gate`` looks without arguments (what ``nox -s docs`` writes).
 DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"

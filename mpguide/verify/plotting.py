@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import records
-from .claims import smooth
+from .metrics import relative_gap, smooth, warmup_steps
 
 #: One colour per precision (colour-blind-safe Okabe-Ito hues, legible on light and dark pages).
 PRECISION_COLORS = {
@@ -245,7 +245,7 @@ def plot_loss_curves(
 ) -> None:
     """Draw the smoothed loss curves of ``run_ids`` on ``ax``, one point per batch.
 
-    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.claims.smooth`),
+    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.metrics.smooth`),
     drawn over the raw per-batch loss in a faint line of the same colour; one grey legend entry,
     :data:`RAW_LABEL`, says what the faint lines are. Colour follows precision unless ``colors``
     gives one per run id; the line style always follows precision (:data:`PRECISION_STYLES`).
@@ -380,7 +380,7 @@ GAP_FLOOR = 1e-7
 def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[str, str]], title: str) -> None:
     """Draw, per batch after the warm-up, the relative difference the claims judge (log scale).
 
-    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.claims.relative_gap`,
+    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.metrics.relative_gap`,
     coloured and styled by the candidate's precision. Pairs whose curves are bitwise identical have
     no difference to draw on a log axis: they share one line at :data:`~mpguide.verify.plotting.GAP_FLOOR`
     and one legend entry naming every such pair.
@@ -392,8 +392,6 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
         title: axes title.
     """
     import numpy as np
-
-    from .claims import relative_gap, warmup_steps
 
     identical, steps, series = [], None, []
     for i, (cand, ref) in enumerate(pairs):

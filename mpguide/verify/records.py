@@ -21,8 +21,8 @@ claim gate. Layout (``schema_version`` 2)::
     }
 
 A claim's ``verdict`` is ``"pass"``, ``"FAIL"``, ``"inconclusive"`` (a paired throughput claim the data
-could not decide; never a pass, see :data:`mpguide.verify.claims.INCONCLUSIVE_RULE`) or ``"not judged"``, as
-:attr:`mpguide.verify.claims.Verdict.status` gives it when the record is written; the gate re-judges every
+could not decide; never a pass, see :data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE`) or ``"not judged"``, as
+:attr:`mpguide.verify.verdicts.Verdict.status` gives it when the record is written; the gate re-judges every
 record and never reads these words.
 
 Every field is typed in :mod:`mpguide.verify.schema` (pydantic models, strict mode) and listed in

@@ -7,8 +7,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from .claims import Verdict, evaluate_record
+from .claims import evaluate_record
 from .records import short_paths
+from .tolerances import TOLERANCES
+from .verdicts import Verdict
 
 #: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
@@ -103,8 +105,6 @@ def measured_text(v: Verdict) -> str:
 def allowed_text(v: Verdict, tolerance_href: str | None = None) -> str:
     """What ``v`` requires, in words, naming its tolerance (a link to its definition when
     ``tolerance_href`` is the verification page's URL), e.g. ``"at most 0.10 % (same-precision)"``."""
-    from .claims import TOLERANCES
-
     tol = TOLERANCES.get(v.tolerance)
     name = _tolerance_name(v, tolerance_href)
     if not v.judged:

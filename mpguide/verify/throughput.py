@@ -14,7 +14,7 @@ Timing rules (what makes a ratio of two variants meaningful on a noisy machine):
 * the number of rounds is **sequential**: after :attr:`Size.rounds` rounds (the fewest that admit a
   95 % interval for a median), the benchmark stops as soon as every parity claim it is given
   (:func:`~mpguide.verify.throughput.claims_decided`) is decided by the rule of
-  :func:`mpguide.verify.claims.decide_paired`, else it times another round, up to :attr:`Size.max_rounds`;
+  :func:`mpguide.verify.metrics.decide_paired`, else it times another round, up to :attr:`Size.max_rounds`;
   the claims that are still undecided there are judged inconclusive (never passed).
 
 The Lightning variants are real :class:`lightning.pytorch.Trainer` fits (``max_steps`` per window,
@@ -45,6 +45,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from . import hardware
+from .metrics import decide_paired
+from .tolerances import TOLERANCES
 
 #: The baseline variants, timed in every precision and compared by the parity claims, in the order of
 #: the first round.
@@ -104,7 +106,7 @@ class Size:
         warmup: untimed steps at the start of every window.
         steps: timed steps per window.
         rounds: windows per variant at least (the median is taken over all rounds timed); 6 is the
-            fewest that admit a 95 % interval for a median (:func:`mpguide.verify.claims.median_interval`).
+            fewest that admit a 95 % interval for a median (:func:`mpguide.verify.metrics.median_interval`).
         max_rounds: the cap of the sequential rule: with a stopping test
             (:func:`~mpguide.verify.throughput.interleaved`'s ``until``) rounds go on until it says every claim is
             decided or this many were timed; without one, exactly ``rounds`` are timed.
@@ -143,7 +145,7 @@ class Size:
 #: a window lasts at least 50 ms of CPU time: 3 steps of 16-mixed take about 0.36 s, but 3 bf16-mixed
 #: steps only 8 ms, so bf16-mixed gets about 19 steps and fp32 about 6 (``min_window_s``).
 #: Rounds: at least 6 (the fewest that admit a 95 % interval of a median), then more until every parity
-#: claim is decided, at most ``max_rounds`` (see :data:`mpguide.verify.claims.PAIRED_RULE`). A CPU round costs
+#: claim is decided, at most ``max_rounds`` (see :data:`mpguide.verify.tolerances.PAIRED_RULE`). A CPU round costs
 #: about 3 s of CPU time (16-mixed's fp16 matmuls are most of it), so the cap of 20 bounds the benchmark
 #: at about a minute of CPU time; on the shared 2-core machine under heavy load 20 runs needed 6 to 12
 #: rounds (see the throughput-parity-cpu tolerance). The GPU reference measurements spread 0.4 %, so 6 rounds
@@ -563,14 +565,13 @@ def claims_decided(
     Picks the declared ``rate_ratio`` claims that apply on ``accelerator`` and compare two per-round
     rate lists (keys ending in ``_round_steps_per_s``, as :meth:`Timing.rates` records them), finds each
     one's precision from its run, and returns a function of the timings so far that is ``True`` when
-    :func:`mpguide.verify.claims.decide_paired` decides every one of them (pass or fail, not inconclusive).
+    :func:`mpguide.verify.metrics.decide_paired` decides every one of them (pass or fail, not inconclusive).
     Claims that compare single numbers are decided without an interval and do not keep rounds going.
 
     Raises:
         mpguide.verify.declarations.DeclarationError: the tables are malformed (as
             :func:`mpguide.verify.runner.run_example` would say).
     """
-    from . import claims as claims_mod
     from . import declarations
 
     decl = declarations.from_tables(example, runs, claims)
@@ -584,13 +585,13 @@ def claims_decided(
             and num.endswith("_round_steps_per_s")
             and den.endswith("_round_steps_per_s")
         ):
-            wanted.append((precision_of[claim["runs"][0]], num, den, claims_mod.TOLERANCES[claim["tolerance"]]))
+            wanted.append((precision_of[claim["runs"][0]], num, den, TOLERANCES[claim["tolerance"]]))
 
     def decided(timings: dict[str, Timing]) -> bool:
         for precision, num, den, tol in wanted:
             rates = timings[precision].rates()
             ratios = [a / b for a, b in zip(rates[num], rates[den], strict=True)]
-            if claims_mod.decide_paired(ratios, tol).verdict == "inconclusive":
+            if decide_paired(ratios, tol).verdict == "inconclusive":
                 return False
         return True
 

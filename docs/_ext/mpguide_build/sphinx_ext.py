@@ -20,7 +20,7 @@ What it does, in build order:
    claims; any failed claim, altered or stale record, or unreadable record raises
    :class:`sphinx.errors.ExtensionError`, so ``sphinx-build`` exits non-zero with one line per
    failure naming example, claim, runs, metric, threshold, record and hardware. An inconclusive
-   claim (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
+   claim (:data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
    a pass): ...``, logged at info level: a Sphinx warning would fail the ``-W`` build by noise.
 
 Configuration values (``conf.py``): ``mpguide_results_dir``, ``mpguide_reference_dir``,
