@@ -270,7 +270,7 @@ def test_lock_refuses_an_unknown_accelerator():
 # The rule that decides the parity claims (mpguide.verify.metrics.decide_paired), on synthetic rounds
 
 from mpguide.verify import claims, gate, metrics, report, tolerances, verdicts  # noqa: E402
-from mpguide_build import matrix  # noqa: E402
+from mpguide_build import matrix_outcomes, matrix_summarize  # noqa: E402
 
 CPU_BAND = tolerances.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
 
@@ -355,7 +355,10 @@ def test_inconclusive_is_never_reported_as_pass(capsys):
     assert "0 of 1 checks in the table hold, 1 inconclusive (not a pass)" in text.splitlines()[-1]
     assert report.verdict_rows([verdict])[0]["verdict"] == "inconclusive"
     # the version matrix cell
-    assert matrix._word(verdict.status) == "inconclusive" and matrix.CELL_WORDS["inconclusive"] == "inconclusive"
+    assert (
+        matrix_summarize._word(verdict.status) == "inconclusive"
+        and matrix_outcomes.CELL_WORDS["inconclusive"] == "inconclusive"
+    )
 
 
 def test_the_sphinx_build_logs_inconclusive_claims_without_failing(monkeypatch):

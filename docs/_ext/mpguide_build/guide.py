@@ -233,7 +233,7 @@ def footer(section: str, prefix: str = "../") -> str:
 
     * **Verified**: how many of the section's example's checks hold in this build, linking to the
       example's verdicts;
-    * **Lightning releases**: ``mpguide_build.matrix.applies_sentence`` of the section's claims,
+    * **Lightning releases**: ``mpguide_build.matrix_page.applies_sentence`` of the section's claims,
       linking to the releases page.
 
     Args:
@@ -243,11 +243,11 @@ def footer(section: str, prefix: str = "../") -> str:
     Raises:
         KeyError: unknown section (the message lists the known ones).
         mpguide.records.RecordError: the example's record is missing.
-        mpguide.matrix.MatrixError: a claim of the section is missing from the matrix.
+        mpguide_build.matrix_summary.MatrixError: a claim of the section is missing from the matrix.
     """
     from mpguide.verify.gate import page_entries
 
-    from . import matrix
+    from . import matrix_page, matrix_summary
 
     if section not in SECTIONS:
         raise KeyError(f"unknown guide section {section!r}; known: {sorted(SECTIONS)}")
@@ -262,7 +262,7 @@ def footer(section: str, prefix: str = "../") -> str:
     ]
     if claims:
         lines.append(
-            f"**Lightning releases**: {matrix.applies_sentence(matrix.load_matrix(), claims)} "
+            f"**Lightning releases**: {matrix_page.applies_sentence(matrix_summary.load_matrix(), claims)} "
             f'(<a href="{prefix}releases.html">every release and claim</a>)'
         )
     return "  \n".join(lines)  # a hard line break between the two lines

@@ -42,7 +42,7 @@ from mpguide.verify import gate
 from mpguide.verify.declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
 from mpguide.verify.records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
-from . import matrix
+from . import matrix_summary
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +191,8 @@ def _on_env_before_read_docs(app: Sphinx, env: Any, docnames: list[str]) -> None
         except RecordError as err:
             raise ExtensionError(f"[mpguide] {err}") from None
     try:  # the guide page reads the version matrix too: a malformed summary fails here, not in a kernel
-        matrix.load_matrix()
-    except matrix.MatrixError as err:
+        matrix_summary.load_matrix()
+    except matrix_summary.MatrixError as err:
         raise ExtensionError(f"[mpguide] {err}") from None
 
 
