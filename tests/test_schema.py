@@ -289,7 +289,7 @@ def test_truncated_real_records_exit_2(fresh_record, tmp_path):
 
 
 def test_run_env_of_another_type_is_a_record_error_not_a_traceback(fresh_record, tmp_path):
-    """Measured at a31c63a: source.run_env as a list raised AttributeError in gate.integrity_problems."""
+    """Measured at a31c63a: source.run_env as a list raised AttributeError in integrity.integrity_problems."""
     for new in ([], "x", 3):
         status, err = judge_file(_write(tmp_path, apply(fresh_record, "source.run_env", "set", new), False), False)
         assert status == 2 and "field 'source.run_env' should be object" in err, err

@@ -341,7 +341,7 @@ def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
     loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
     plain manual loop of the same precision,
     achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
-    records give no rows (they time no speed-up; see :data:`mpguide.verify.throughput.TUNED`).
+    records give no rows (they time no speed-up; see :data:`mpguide.verify.throughput_config.TUNED`).
 
     Raises:
         KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record

@@ -136,7 +136,8 @@ class BenchmarkVariant(_Model):
 
 
 class BenchmarkSize(_Model):
-    """``extra.size``: the fields of :class:`mpguide.verify.throughput.Size` (the page recomputes FLOP/s from them)."""
+    """``extra.size``: the fields of :class:`mpguide.verify.throughput_config.Size` (the page recomputes FLOP/s from
+    them)."""
 
     width: Count
     layers: Count
@@ -408,7 +409,8 @@ CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
 
 
 class Claim(_Model):
-    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declarations.CLAIM_KEYS`), what was judged."""
+    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declaration_check.CLAIM_KEYS`), what was
+    judged."""
 
     kind: Name
     runs: list[Any]  # checked by _runs_for_kind, with the kind in the message
