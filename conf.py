@@ -93,8 +93,8 @@ myst_heading_anchors = 3
 # as plain text instead of links, and only those are exempt.
 nitpicky = True
 nitpick_ignore_regex = [
-    # the pydantic models of the record schema render as field reprs, not as API; the module is read in its source
-    (r"py:.*", r"mpguide\.verify\.schema(\..*)?|Record"),
+    # the pydantic models of the record and summary schemas render as field reprs, not as API; read in the source
+    (r"py:.*", r"mpguide\.verify\.(summary_)?schema(\..*)?|Record"),
     (
         r"py:.*",
         r"(ast|time|docutils|pathlib|json|os|numpy|np|torch|lightning|sklearn|sphinx|matplotlib|typing|collections|warnings)(\..*)?",
