@@ -235,6 +235,7 @@ def evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) ->
 
 
 _MISSING = object()
+#: Every claim kind, each the name of its declaration helper in :mod:`mpguide.verify.claims`.
 KINDS = ("match", "diverge", "raises", "warns", "no_warning", "expect", "same", "ratio", "rate_ratio")
 
 
