@@ -51,7 +51,8 @@ SITE_PYTHON = sys.executable if OWN_ENV else str(ROOT / ".nox" / "site" / "bin" 
 #: Build code (docs/_ext) importable by the modules the sessions call.
 BUILD_CODE = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "docs" / "_ext"), os.environ.get("PYTHONPATH")]))}
 SPHINX = ["-m", "sphinx", "-c", str(ROOT), str(ROOT / "docs")]
-STRICT = ["-W", "--keep-going", "-b", "html", "-d", str(BUILD / "doctrees")]
+# -j auto: the pages (each executes in its own kernel) are read and written in one process per core
+STRICT = ["-W", "--keep-going", "-j", "auto", "-b", "html", "-d", str(BUILD / "doctrees")]
 PREVIEW = ["-b", "html", "-D", "mpguide_gate=0", "-D", "nb_execution_mode=off", "-D", "plot_gallery=0"]
 
 
