@@ -13,6 +13,7 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import quiet_fit
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -74,20 +75,7 @@ def update_norms(where: str, plugin: str) -> list[float]:
         }
     )
     module = Clipped(where)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        **kwargs,
-    )
-    gen = torch.Generator().manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, DataLoader(TensorDataset(torch.randn(24, 6, generator=gen)), batch_size=4))
+    quiet_fit(module, 24, **kwargs)
     return module.update_norms
 
 
