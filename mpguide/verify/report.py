@@ -9,6 +9,7 @@ from typing import Any
 
 from .claims import evaluate_record
 from .records import short_paths
+from .throughput_config import Size
 from .tolerances import TOLERANCES
 from .verdicts import Verdict
 
@@ -347,8 +348,6 @@ def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
         KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
             that did not come from plot_15).
     """
-    from .throughput import Size  # imports Lightning: only for the page that shows the table
-
     rows = []
     for entry in entries:
         env = entry.record.get("env", {})
