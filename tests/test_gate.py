@@ -39,7 +39,9 @@ def test_missing_expected_record_is_an_error(tmp_path, good_record):
 
 def test_no_records_at_all_fails(tmp_path, capsys):
     assert gate.main([str(tmp_path)]) == 2
-    assert "nothing was verified" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no results records were found, so nothing was verified; run the examples" in err
+    assert "0 record error(s)" not in err  # one message, not a count of zero above a problem
 
 
 def test_check_raises_gate_failure(tmp_path, good_record):

@@ -467,8 +467,17 @@ def test_the_unreleased_column_is_last_named_by_its_commit_and_kept_out_of_the_r
     assert "**Lightning master (unreleased)** (commit 7f0c3436cd of 2026-07-20 on branch master" in text
     assert matrix_page.applies_sentence(sums, [("plot_99_fake", "c")]) == (
         "Holds on Lightning 2.5.5 and 2.6.6 (every release tested). On Lightning's unreleased master branch "
-        "(commit 7f0c3436cd, 2026-07-20) it does not hold (fail)."
+        "(commit 7f0c3436cd, 2026-07-20) it does not hold: the behaviour differs there."
     )
+    because = "the cache is on there"  # a section's own reason replaces the generic one, in both sentences
+    assert matrix_page.applies_sentence(sums, [("plot_99_fake", "c")], differs=because).endswith(
+        "it does not hold: the cache is on there."
+    )
+    sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "fail"
+    assert "Does not hold on 2.5.5: the cache is on there." in matrix_page.applies_sentence(
+        sums, [("plot_99_fake", "c")], differs=because
+    )
+    sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"
     sums[-1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"  # same as the newest release: no clause
     assert (
         matrix_page.applies_sentence(sums, [("plot_99_fake", "c")])

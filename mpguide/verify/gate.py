@@ -101,11 +101,14 @@ class GateReport:
 
     def failure_message(self) -> str:
         """Every failure and record error, one per line, under a count."""
+        if not self.records and not self.record_errors and not self.failures:
+            return (
+                "claim gate: no results records were found, so nothing was verified; run the examples "
+                "(python examples/plot_XX.py) or build the docs (nox -s docs), then judge their records"
+            )
         lines = [f"claim gate: {len(self.failures)} failed claim(s), {len(self.record_errors)} record error(s)"]
         lines += [f"  - {v.message()}" for v in self.failures]
         lines += [f"  - {e}" for e in self.record_errors]
-        if not self.records and not self.record_errors:
-            lines.append("  - no results records were found: nothing was verified")
         return "\n".join(lines)
 
     def summary(self) -> str:

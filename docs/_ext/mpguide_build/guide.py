@@ -14,6 +14,15 @@ from typing import Any
 
 #: Where each guide section's evidence is: section key -> (example, the claims its releases line
 #: rests on, as ``(example, claim id)`` pairs of the version matrix).
+#: What is different on a release where a section's claims do not hold (the applies-to line's reason; the
+#: generic "the behaviour differs there" otherwise). Autocast cache: Lightning opens its autocast with
+#: ``cache_enabled=True`` up to 2.5.4 (2.5.5 passes False) and again on its master branch (pull request
+#: #21616), ``lightning/pytorch/plugins/precision/amp.py``.
+DIFFERS: dict[str, str] = {
+    "autocast_cache": "Lightning's own autocast keeps a cast cache there, so a forward after `opt.step()` "
+    "inside `training_step` sees the weights from before the step",
+}
+
 SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "porting": (
         "plot_01_porting_to_manual",
@@ -261,8 +270,9 @@ def footer(section: str, prefix: str = "../") -> str:
         f'<a href="{prefix}auto_examples/{example}.html#verdicts">example {_example_number(example)}</a> {word}.'
     ]
     if claims:
+        differs = {"differs": DIFFERS[section]} if section in DIFFERS else {}
         lines.append(
-            f"**Lightning releases**: {matrix_page.applies_sentence(matrix_summary.load_matrix(), claims)} "
+            f"**Lightning releases**: {matrix_page.applies_sentence(matrix_summary.load_matrix(), claims, **differs)} "
             f'(<a href="{prefix}releases.html">every release and claim</a>)'
         )
     return "  \n".join(lines)  # a hard line break between the two lines

@@ -152,12 +152,16 @@ def _releases(versions: Sequence[str]) -> str:
     return versions[0] if len(versions) == 1 else ", ".join(versions[:-1]) + " and " + versions[-1]
 
 
-def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:
+def applies_sentence(
+    summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]], differs: str = "the behaviour differs there"
+) -> str:
     """The "Lightning releases" line of a guide section, drawn from the matrix, in words that cannot mislead.
 
     Args:
         summaries: from :func:`~mpguide_build.matrix_summary.load_matrix`.
         claims: the ``(example, claim id)`` pairs the section rests on.
+        differs: what is different on a release where the claims do not hold, after "Does not hold on
+            <releases>: " (the section knows why, for example "Lightning's own autocast caches casts there").
 
     Returns:
         One sentence per outcome of :func:`release_outcomes`, for example "Holds on Lightning 2.4.0 and
@@ -187,7 +191,7 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
             f"Holds on none of the Lightning releases tested ({_releases([s['lightning'] for s in ordered])})."
         )
     if DOES_NOT_HOLD in groups:
-        parts.append(f"Does not hold on {_releases(groups[DOES_NOT_HOLD])}: the behaviour differs there.")
+        parts.append(f"Does not hold on {_releases(groups[DOES_NOT_HOLD])}: {differs}.")
     if CANNOT_RUN in groups:
         apis = sorted(
             {
@@ -215,16 +219,19 @@ def applies_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
         parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
     if INCONCLUSIVE in groups:
         parts.append(f"Inconclusive on {_releases(groups[INCONCLUSIVE])} (the timing rounds could not decide).")
-    return " ".join(parts) + unreleased_clause(every, claims)
+    return " ".join(parts) + unreleased_clause(every, claims, differs)
 
 
-def unreleased_clause(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:
+def unreleased_clause(
+    summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]], differs: str = "the behaviour differs there"
+) -> str:
     """What the unreleased column says about ``claims`` when it differs from the newest release.
 
     Returns:
         ``""`` when there is no unreleased column or its cells equal the newest release's; else e.g.
-        ``" On Lightning's unreleased master branch (commit 7f0c3436cd, 2026-07-20) it does not hold
-        (fail)."`` or ``"... it holds."`` (with a leading space, to append to a sentence).
+        ``" On Lightning's unreleased master branch (commit 7f0c3436cd, 2026-07-20) it does not hold:
+        <differs>."`` (outcome classes in parentheses instead when it does not hold for another reason)
+        or ``"... it holds."`` (with a leading space, to append to a sentence).
     """
     branch = [s for s in summaries if is_unreleased(s)]
     released = sorted((s for s in summaries if not is_unreleased(s)), key=column_order)
@@ -240,7 +247,10 @@ def unreleased_clause(summaries: Sequence[dict[str, Any]], claims: Sequence[tupl
     )
     if words == {"pass"}:
         return where + " it holds."
-    return where + f" it does not hold ({' / '.join(sorted(words - {'pass'}))})."
+    classes = {outcome(branch[-1], ex, cid)[0] for ex, cid in claims} - {HOLDS}
+    if classes == {DOES_NOT_HOLD}:
+        return where + f" it does not hold: {differs}."
+    return where + f" it does not hold ({', '.join(sorted(classes))})."
 
 
 def torch_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]]) -> str:
