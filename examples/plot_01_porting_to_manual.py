@@ -371,7 +371,7 @@ class ReporterFixed(ReporterStep):
 # bitwise: the probe :class:`mpguide.verify.probes.WeightsDigest` (a Lightning callback, so the
 # modules above carry no measuring code) records a digest of their weights.
 
-from mpguide.verify import probes
+from mpguide.verify.probes import WeightsDigest
 
 recipes = {
     "automatic": TeacherStudent,
@@ -386,7 +386,7 @@ recipes = {
     "scheduler every batch": SchedulerEveryBatch,
     "teacher update in hook": TeacherUpdateInHook,
 }
-PROBES = {name: [probes.WeightsDigest] for name in recipes if name.startswith(("two towers", "#20970"))}
+probes = {name: [WeightsDigest] for name in recipes if name.startswith(("two towers", "#20970"))}
 RUNS = [
     # run id          recipe                     precision
     ("auto-fp32", "automatic", "32-true", {"label": "automatic, 32-true"}),
@@ -466,7 +466,7 @@ CLAIMS = [
 # 16-mixed goes through ``plugins=[MixedPrecision("16-mixed", "cpu")]`` so that a real
 # GradScaler runs), prints one line per run and writes the results record.
 
-record = runner.run_example("plot_01_porting_to_manual", recipes, RUNS, CLAIMS, probes=PROBES)
+record = runner.run_example("plot_01_porting_to_manual", recipes, RUNS, CLAIMS, probes=probes)
 
 # %%
 # Manual equals automatic, and mixed precision follows fp32
