@@ -306,7 +306,8 @@ trainer = pl.Trainer(
     enable_model_summary=False,
 )
 trainer.fit(model, digits_loader(batch_size=64))
-print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in model.factors[:3])}")
+scale = trainer.precision_plugin.scaler.get_scale()
+print(f"optimizer steps: {trainer.global_step} (two per batch), loss scale after the run: {scale:g}")
 
 # %%
 # Conclusion
