@@ -54,7 +54,8 @@ class FabricRecipe:
 
     Subclasses build their models in ``__init__`` (called after seeding), wrap models and
     optimizers in :meth:`setup` and set ``self.optimizers`` (a list, the first one's learning rate
-    is recorded), and implement :meth:`training_step`. :func:`train_run` drives the batches.
+    is recorded), and implement :meth:`training_step`. :func:`train_run` drives the batches. A recipe
+    holds training code only: what a run measures comes from probes (see :func:`train_run`).
     """
 
     fabric: Any = None
@@ -67,10 +68,6 @@ class FabricRecipe:
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """One iteration on ``batch`` (``images (B, 64) float32, labels (B,) int64``); returns the loss (0-dim)."""
         raise NotImplementedError
-
-    def record_extra(self) -> dict[str, Any]:
-        """JSON-ready measurements stored in the run's ``extra``."""
-        return {}
 
 
 def train_run(
@@ -96,8 +93,7 @@ def train_run(
     ``Fabric(callbacks=[...])``, and the loop calls ``fabric.call("on_train_start", recipe)`` once the
     recipe is set up and ``fabric.call("on_train_batch_end", recipe, loss, batch_idx)`` after each batch
     (a probe implements the hooks it needs); each probe's ``record_extra()`` then joins ``extra``
-    (:func:`mpguide.verify.runner.record_extra`), like a Trainer run's probes. The recipe's own
-    :meth:`FabricRecipe.record_extra` is merged first.
+    (:func:`mpguide.verify.runner.record_extra`), like a Trainer run's probes.
 
     Args:
         spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).
@@ -169,7 +165,6 @@ def train_run(
     result.extra["batches"] = len(result.loss)
     if skipped:
         result.extra["skipped_per_step"] = skipped
-    record_extra(result, recipe.record_extra)
     for probe in own:
         record_extra(result, probe.record_extra)
     return result
