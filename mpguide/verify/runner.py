@@ -219,10 +219,6 @@ def train_run(
         result.extra.update(probe.record_extra())
     for probe in own:
         record_extra(result, probe.record_extra)
-    # deprecated, for the examples not yet moved to probes: a record_extra() method of the module itself
-    extra = getattr(module, "record_extra", None)
-    if callable(extra):
-        record_extra(result, extra)
     return result
 
 
