@@ -66,10 +66,17 @@ sphinx_gallery_conf = {
     "capture_repr": (),
     "matplotlib_animations": False,
     "show_memory": False,
+    # each executed example's seconds, read by mpguide_build.buildtime for the build-time line
+    "junit": os.path.join("..", "sphinx-gallery-junit.xml"),
     "parallel": gallery_jobs if gallery_jobs > 1 else False,
     # matplotlib's reset, and on a GPU every Trainer.fit holds a shared device lock so that plot_15's
     # benchmark, which takes it exclusively, times an otherwise idle GPU (a string: workers import it)
-    "reset_modules": ("matplotlib", "mpguide_build.sphinx_ext.share_device_in_fits"),
+    # and each parallel worker gets its share of the cores (torch would start one thread per core in each)
+    "reset_modules": (
+        "matplotlib",
+        "mpguide_build.sphinx_ext.share_device_in_fits",
+        "mpguide_build.sphinx_ext.threads_per_worker",
+    ),
     # the file names' order (plot_01 ... plot_08), not sphinx-gallery's default (code size); a string,
     # because a function object in the configuration breaks the environment cache
     "within_subsection_order": "FileNameSortKey",

@@ -51,7 +51,8 @@ SITE_PYTHON = sys.executable if OWN_ENV else str(ROOT / ".nox" / "site" / "bin" 
 #: Build code (docs/_ext) importable by the modules the sessions call.
 BUILD_CODE = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "docs" / "_ext"), os.environ.get("PYTHONPATH")]))}
 SPHINX = ["-m", "sphinx", "-c", str(ROOT), str(ROOT / "docs")]
-STRICT = ["-W", "--keep-going", "-b", "html", "-d", str(BUILD / "doctrees")]
+# -j auto: the pages (each executes in its own kernel) are read and written in one process per core
+STRICT = ["-W", "--keep-going", "-j", "auto", "-b", "html", "-d", str(BUILD / "doctrees")]
 PREVIEW = ["-b", "html", "-D", "mpguide_gate=0", "-D", "nb_execution_mode=off", "-D", "plot_gallery=0"]
 
 
@@ -191,6 +192,28 @@ def _releases() -> list[str]:
     return list(RELEASES)
 
 
+def _matrix_column(session: nox.Session, column: list[str], packages: list[str], **install: object) -> None:
+    """Install ``packages`` (torch and the base pins first), then run one matrix column.
+
+    An install that fails is recorded as the column's outcome ("could not run": ``matrix error``).
+    MPGUIDE_MATRIX_EXAMPLES restricts the examples.
+    """
+    examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
+    only = ["--examples", *examples] if examples else []
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
+    try:
+        if TORCH and not any(p.startswith("torch==") for p in packages):
+            session.install(*TORCH)
+        session.install(*MATRIX_BASE)
+        session.install(*packages, "setuptools<81", **install)  # Lightning < 2.4 imports pkg_resources
+    except nox.command.CommandFailed:
+        message = f"pip install {' '.join(packages)} failed (see the nox log)"
+        matrix_cli = ["python", "-m", "mpguide_build.matrix"]
+        session.run(*matrix_cli, "error", *column, "--stage", "install", "--message", message, *only, env=env)
+        return
+    session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
+
+
 @nox.session
 @nox.parametrize("lightning", _releases())
 def matrix(session: nox.Session, lightning: str) -> None:
@@ -199,31 +222,7 @@ def matrix(session: nox.Session, lightning: str) -> None:
     ``nox -s matrix`` runs every release, ``nox -s matrix -k 2.6.6`` one; MPGUIDE_MATRIX_EXAMPLES restricts the
     examples. A release that cannot be installed is recorded as "could not run" (``matrix error``).
     """
-    examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
-    only = ["--examples", *examples] if examples else []
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
-    if TORCH:
-        session.install(*TORCH)
-    session.install(*MATRIX_BASE)
-    try:
-        session.install(f"lightning=={lightning}", "setuptools<81")  # Lightning < 2.4 imports pkg_resources
-    except nox.command.CommandFailed:
-        session.run(
-            "python",
-            "-m",
-            "mpguide_build.matrix",
-            "error",
-            "--lightning",
-            lightning,
-            "--stage",
-            "install",
-            "--message",
-            f"pip install lightning=={lightning} failed (see the nox log)",
-            *only,
-            env=env,
-        )
-        return
-    session.run("python", "-m", "mpguide_build.matrix", "run", "--lightning", lightning, *only, env=env)
+    _matrix_column(session, ["--lightning", lightning], [f"lightning=={lightning}"])
 
 
 def _torch_releases() -> list[str]:
@@ -246,28 +245,8 @@ def matrix_torch(session: nox.Session, torch: str) -> None:
     sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
     from mpguide_build.matrix import TORCH_LIGHTNING
 
-    examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
-    only = ["--examples", *examples] if examples else []
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
     column = ["--lightning", TORCH_LIGHTNING, "--torch", torch]
-    try:
-        session.install(f"torch=={torch}", *MATRIX_BASE, f"lightning=={TORCH_LIGHTNING}", "setuptools<81")
-    except nox.command.CommandFailed:
-        session.run(
-            "python",
-            "-m",
-            "mpguide_build.matrix",
-            "error",
-            *column,
-            "--stage",
-            "install",
-            "--message",
-            f"pip install torch=={torch} lightning=={TORCH_LIGHTNING} failed (see the nox log)",
-            *only,
-            env=env,
-        )
-        return
-    session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
+    _matrix_column(session, column, [f"torch=={torch}", f"lightning=={TORCH_LIGHTNING}"])
 
 
 @nox.session(name="matrix_main")
@@ -275,10 +254,10 @@ def matrix_main(session: nox.Session) -> None:
     """Lightning's development branch (``master``, unreleased) on the site's torch: every example, one column.
 
     ``MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning(.git) nox -s matrix_main`` (a clone or a bare mirror;
-    or pass the path after ``--``). Its HEAD is exported with ``git archive`` (only what the install needs:
-    a mirror may lack the large files of docs/) and installed with ``PACKAGE_NAME=lightning`` (Lightning's
-    setup.py then builds the unified ``lightning`` package). Writes results/matrix/lightning-master.json,
-    naming the commit and its committer date. Skips without a repository copy (CI has none).
+    or pass the path after ``--``). ``mpguide_build.gitsource`` exports its HEAD's installable files, which
+    are installed with ``PACKAGE_NAME=lightning`` (Lightning's setup.py then builds the unified ``lightning``
+    package). Writes results/matrix/lightning-master.json, naming the commit and its committer date. Skips
+    without a repository copy (CI has none).
     """
     sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
     from mpguide_build.matrix import MAIN_BRANCH
@@ -288,61 +267,18 @@ def matrix_main(session: nox.Session) -> None:
         session.skip(
             "no copy of Lightning's git repository: MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning nox -s matrix_main"
         )
-    head = subprocess.run(["git", "-C", git_dir, "log", "-1", "--format=%H %cI"], capture_output=True, text=True)
-    if head.returncode:
-        session.error(
-            f"{git_dir}: not a git repository ({head.stderr.strip()}); point MPGUIDE_LIGHTNING_GIT at a "
-            "clone or a bare mirror of Lightning-AI/pytorch-lightning"
-        )
-    commit, date = head.stdout.split()
     src = Path(session.create_tmp()) / "lightning-src"
-    shutil.rmtree(src, ignore_errors=True)
-    src.mkdir(parents=True)
-    archive = subprocess.run(
-        [
-            "git",
-            "-C",
-            git_dir,
-            "archive",
-            "HEAD",
-            "setup.py",
-            "pyproject.toml",
-            "README.md",
-            "LICENSE",
-            "requirements.txt",
-            "requirements",
-            "src",
-            ".actions",
-        ],
+    exported = subprocess.run(
+        [sys.executable, "-m", "mpguide_build.gitsource", git_dir, str(src)],
         capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
-    only = ["--examples", *examples] if examples else []
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "docs" / "_ext")},
+    )
+    if exported.returncode:
+        session.error(exported.stderr.strip())
+    commit, date = exported.stdout.split()
     column = ["--lightning", MAIN_BRANCH, "--git-commit", commit, "--git-date", date]
-    if TORCH:
-        session.install(*TORCH)
-    session.install(*MATRIX_BASE)
-    try:
-        session.install(str(src), "setuptools<81", env={"PACKAGE_NAME": "lightning"})
-    except nox.command.CommandFailed:
-        session.run(
-            "python",
-            "-m",
-            "mpguide_build.matrix",
-            "error",
-            *column,
-            "--stage",
-            "install",
-            "--message",
-            f"pip install of {git_dir} at {commit[:10]} failed (see the nox log)",
-            *only,
-            env=env,
-        )
-        return
-    session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
+    _matrix_column(session, column, [str(src)], env={"PACKAGE_NAME": "lightning"})
 
 
 @nox.session(venv_backend="none", requires=["site"])

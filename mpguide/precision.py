@@ -156,6 +156,24 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
             return torch.autocast(self.device, enabled=False)
         return super().autocast_context_manager()
 
+    @override
+    @contextmanager
+    def forward_context(self) -> Generator[None, None, None]:
+        """The region ``training_step`` runs in: Lightning's, except that ``"32-true"`` opens no autocast.
+
+        Lightning 2.6.6's ``MixedPrecision.forward_context`` enters :meth:`autocast_context_manager`,
+        so the override above sufficed; its master branch (commit 7f0c343, pull request #21616)
+        builds ``torch.autocast(device, dtype=...)`` itself, with float16 for any precision other than
+        bf16-mixed, so ``"32-true"`` ran fp16 autocast there (found by the version matrix's master
+        column). The mixed precisions keep the parent's region, with its cache policy.
+        """
+        if self.precision == "32-true":
+            with self.autocast_context_manager():
+                yield
+        else:
+            with super().forward_context():
+                yield
+
     def _no_autocast(self) -> torch.autocast:
         """Optimizer math runs outside autocast, as in automatic optimization."""
         return torch.autocast(self.device, enabled=False)

@@ -175,3 +175,33 @@ def built_site(tmp_path_factory):
     proc = sphinx_build(site, out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return out, proc
+
+
+def quiet_fit(module, samples: int, features: int = 6, batch_size: int = 4, **trainer_kwargs):
+    """Fit ``module`` for one epoch on CPU over ``samples`` seeded random rows, without logs or warnings.
+
+    The small real Trainer runs of the plugin tests: no logger, progress bar, summary or checkpoint;
+    a ``TensorDataset`` of ``torch.randn(samples, features)`` (generator seed 0) in batches of
+    ``batch_size``. Returns the Trainer.
+    """
+    import warnings
+
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        **trainer_kwargs,
+    )
+    data = TensorDataset(torch.randn(samples, features, generator=torch.Generator().manual_seed(0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(data, batch_size=batch_size))
+    return trainer

@@ -210,6 +210,7 @@ DOCUMENTED_SESSIONS = (
 SESSION_MODULES = [
     ("mpguide_build.tasks", "--help"),
     ("mpguide_build.matrix", "--help"),
+    ("mpguide_build.gitsource", "--help"),
     ("mpguide_build.reference", "--help"),
     ("mpguide.verify.gate", "--help"),
     ("upstream.run", "--help"),

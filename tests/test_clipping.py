@@ -8,13 +8,11 @@ gradients clips them to norm 1 and the step then divides by the scale: 0.1 / 102
 
 from __future__ import annotations
 
-import warnings
-
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import quiet_fit
 from lightning.pytorch.plugins.precision import MixedPrecision
-from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide.precision import ManualMixedPrecision
 from mpguide.steps import step_skip_aware
@@ -74,20 +72,7 @@ def update_norms(where: str, plugin: str) -> list[float]:
         }
     )
     module = Clipped(where)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        **kwargs,
-    )
-    gen = torch.Generator().manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, DataLoader(TensorDataset(torch.randn(24, 6, generator=gen)), batch_size=4))
+    quiet_fit(module, 24, **kwargs)
     return module.update_norms
 
 
@@ -146,20 +131,7 @@ def test_the_skip_is_decided_on_the_gradients_the_step_sees(plugin):
         else {"plugins": [ManualMixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=256.0))]}
     )
     module = Repaired()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        **kwargs,
-    )
-    gen = torch.Generator().manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, DataLoader(TensorDataset(torch.randn(16, 6, generator=gen)), batch_size=4))
+    trainer = quiet_fit(module, 16, **kwargs)
     assert module.applied == [True] * 4
     if plugin == "ours":
         assert trainer.precision_plugin.scaler.get_scale() == 256.0

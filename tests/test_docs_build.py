@@ -4,7 +4,7 @@ through a real divergence (a correct run swapped for a broken recipe)."""
 import json
 
 import pytest
-from conftest import copy_site, sphinx_build
+from conftest import ROOT, copy_site, sphinx_build
 
 pytestmark = pytest.mark.slow
 
@@ -12,6 +12,9 @@ pytestmark = pytest.mark.slow
 def test_strict_build_passes_and_renders_this_builds_results(built_site):
     out, proc = built_site
     assert "[mpguide] claim gate:" in proc.stdout and "passed" in proc.stdout
+    # the build-time line counts every example and notebook page this clean build executed
+    examples = len(list((ROOT / "examples").glob("plot_*.py")))
+    assert f"{examples} example(s) executed" in proc.stdout and "wall / (examples + pages) = " in proc.stdout
     page = (out / "html" / "model" / "manual_optimization.html").read_text()
     evidence = (out / "html" / "verification.html").read_text()
     record = json.loads((out / "results" / "plot_01_porting_to_manual.json").read_text())
@@ -50,3 +53,26 @@ def test_strict_build_fails_when_a_match_claim_diverges(tmp_path):
         "[manual port = automatic (bf16)]: max rel. diff ="
     ) in out
     assert "threshold <= 0.001" in out
+
+
+def test_preview_build_executes_nothing_and_passes(tmp_path):
+    """`nox -s docs_preview`: no example and no page cell runs (no page may force its execution)."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    preview = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PREVIEW"
+    )
+    site = copy_site(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MPGUIDE_")}
+    env.update(MPLBACKEND="Agg", MPGUIDE_RESULTS_DIR=str(tmp_path / "results"))
+    cmd = [sys.executable, "-m", "sphinx", "-c", str(site), str(site / "docs"), str(tmp_path / "html"), *preview]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert (tmp_path / "html" / "model" / "manual_optimization.html").is_file()
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").glob("*.json"))

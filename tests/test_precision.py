@@ -304,3 +304,22 @@ def test_step_was_skipped_without_a_scaler_and_for_foreign_optimizers():
     assert not plugin.step_was_skipped(module.trainer.optimizers[0])
     with pytest.raises(ValueError, match="was not returned by configure_optimizers"):
         plugin.step_was_skipped(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
+
+
+def test_fp32_opens_no_autocast_even_when_lightning_builds_its_own(monkeypatch):
+    """Lightning's master branch (7f0c343, pull request #21616) builds ``torch.autocast(device, dtype)`` in
+    ``MixedPrecision.forward_context`` instead of entering ``autocast_context_manager()``; with float16 for any
+    precision but bf16-mixed. Imitated here: the plugin's 32-true must still run ``training_step`` in fp32."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def master_like_forward_context(self):
+        with torch.autocast(self.device, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.half):
+            yield
+
+    monkeypatch.setattr(MixedPrecision, "forward_context", master_like_forward_context)
+    with ManualMixedPrecision("32-true", "cpu").forward_context():
+        assert not torch.is_autocast_enabled("cpu")
+        assert (torch.nn.Linear(4, 4)(torch.randn(2, 4))).dtype == torch.float32
+    with ManualMixedPrecision("bf16-mixed", "cpu").forward_context():  # the mixed precisions keep Lightning's region
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16

@@ -8,13 +8,11 @@ with ``metrics=``, and a missing one is refused before the optimizer steps, nami
 
 from __future__ import annotations
 
-import warnings
-
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import quiet_fit
 from lightning.pytorch.plugins.precision import MixedPrecision
-from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide.precision import ManualMixedPrecision
 from mpguide.steps import step_skip_aware
@@ -73,21 +71,8 @@ class Plateau(pl.LightningModule):
 
 
 def fit(module, name, batches=8):
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        **(PRECISIONS[name]() if callable(PRECISIONS[name]) else PRECISIONS[name]),
-    )
-    gen = torch.Generator().manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, DataLoader(TensorDataset(torch.randn(batches * 4, 6, generator=gen)), batch_size=4))
-    return trainer
+    precision = PRECISIONS[name]() if callable(PRECISIONS[name]) else PRECISIONS[name]
+    return quiet_fit(module, batches * 4, **precision)
 
 
 @pytest.mark.parametrize("name", list(PRECISIONS))

@@ -22,6 +22,8 @@ What it does, in build order:
    failure naming example, claim, runs, metric, threshold, record and hardware. An inconclusive
    claim (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
    a pass): ...``, logged at info level: a Sphinx warning would fail the ``-W`` build by noise.
+5. ``build-finished``, last: one line with the build's wall time, the examples' and pages' summed
+   execution times and their ratio (:mod:`mpguide_build.buildtime`); printed, never judged.
 
 Configuration values (``conf.py``): ``mpguide_results_dir``, ``mpguide_reference_dir``,
 ``mpguide_examples_dir``, ``mpguide_gallery_dir`` (absolute paths), ``mpguide_record_pages``
@@ -42,7 +44,7 @@ from mpguide.verify import gate
 from mpguide.verify.declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
 from mpguide.verify.records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
-from . import matrix
+from . import buildtime, matrix
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +217,31 @@ def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
         logger.info(f"[mpguide] {line.strip()}", color="darkred" if "INCONCLUSIVE" in line else None)
 
 
+def _on_build_finished_time(app: Sphinx, exception: Exception | None) -> None:
+    """Print how well the build overlapped its examples and pages (:mod:`mpguide_build.buildtime`)."""
+    if exception is None:
+        logger.info(f"[mpguide] {buildtime.measure(app).line()}")
+
+
+def threads_per_worker(gallery_conf: dict[str, Any], fname: Any, when: str) -> None:
+    """sphinx-gallery ``reset_modules`` hook: split the cores between the parallel example workers.
+
+    torch starts one intra-op thread per core in every process, so two workers on two cores run
+    four threads on two cores. The examples' models are small (a few thousand weights, batches of
+    32-64), whose steps gain nothing from a second thread and lose to the switching. Each worker
+    therefore gets ``cores // workers`` threads (at least one); a serial gallery keeps torch's
+    default. Verdicts do not change: every claim compares runs of one example, which share the
+    thread count, and the throughput example sets its own threads around each timed window
+    (:mod:`mpguide.verify.throughput`).
+    """
+    workers = gallery_conf.get("parallel") or 1
+    if when != "before" or workers is True or int(workers) <= 1:
+        return
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def share_device_in_fits(gallery_conf: dict[str, Any], fname: Any, when: str) -> None:
     """sphinx-gallery ``reset_modules`` hook: every ``Trainer.fit`` of the examples holds the device lock.
 
@@ -262,4 +289,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     from .pagecheck import on_build_finished as check_pages  # after the gate: page elements shown
 
     app.connect("build-finished", check_pages, priority=600)
+    app.connect("build-finished", _on_build_finished_time, priority=900)  # last: after the JUnit file
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
