@@ -240,7 +240,9 @@ def train_run(
         preset: size (epochs, global batch size).
         plugin_factory: precision plugin factory ``(precision, accelerator) -> plugin`` or ``None``.
         probes: the example's measuring callbacks for this recipe (zero-argument factories); in a DDP
-            run every rank records its own and reports their ``record_extra()``.
+            run every rank records its own and reports their ``record_extra()``, called from
+            :class:`RankRecorder`'s ``on_train_end`` (before theirs: a probe measures in earlier hooks or
+            in ``record_extra`` itself).
 
     Returns:
         The merged :class:`mpguide.verify.runner.RunResult`. An exception in any rank is stored in
