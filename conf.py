@@ -100,8 +100,8 @@ myst_heading_anchors = 3
 # as plain text instead of links, and only those are exempt.
 nitpicky = True
 nitpick_ignore_regex = [
-    # the pydantic models of the record schema render as field reprs, not as API; the module is read in its source
-    (r"py:.*", r"mpguide\.verify\.schema(\..*)?|Record"),
+    # the pydantic models of the record and summary schemas render as field reprs, not as API; read in the source
+    (r"py:.*", r"mpguide\.verify\.(summary_)?schema(\..*)?|Record"),
     (
         r"py:.*",
         r"(ast|time|docutils|pathlib|json|os|numpy|np|torch|lightning|sklearn|sphinx|matplotlib|typing|collections|warnings)(\..*)?",
@@ -126,7 +126,7 @@ html_theme_options = {
     "logo": {"text": "mpguide"},
     "header_links_before_dropdown": 3,
     "navigation_with_keys": False,
-    "show_toc_level": 2,
+    "show_toc_level": 3,  # the page title is level 1: its sections (2) and their subsections (3) always show
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }

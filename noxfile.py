@@ -187,7 +187,7 @@ MATRIX_BASE = _pins("scikit-learn", "numpy", "matplotlib", "pydantic", "pytest")
 
 def _releases() -> list[str]:
     sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix import RELEASES
+    from mpguide_build.matrix_summary import RELEASES
 
     return list(RELEASES)
 
@@ -227,7 +227,7 @@ def matrix(session: nox.Session, lightning: str) -> None:
 
 def _torch_releases() -> list[str]:
     sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix import TORCH_RELEASES
+    from mpguide_build.matrix_summary import TORCH_RELEASES
 
     return list(TORCH_RELEASES)
 
@@ -237,13 +237,13 @@ def _torch_releases() -> list[str]:
 def matrix_torch(session: nox.Session, torch: str) -> None:
     """The examples whose claims depend on torch, with Lightning TORCH_LIGHTNING on an older torch release.
 
-    Writes results/matrix/torch-X+lightning-2.6.6.json (mpguide_build.matrix.TORCH_EXAMPLES, the plugin tests
+    Writes results/matrix/torch-X+lightning-2.6.6.json (mpguide_build.matrix_summary.TORCH_EXAMPLES, the plugin tests
     and the minimal autocast-cache reproduction). Not part of CI: torch X comes from PyPI as a CUDA build
     (2.5-3 GB with its CUDA libraries on x86_64 Linux) and runs on the CPU. ``nox -s matrix_torch -k 2.10.0``
     runs one release; MPGUIDE_MATRIX_EXAMPLES restricts the examples.
     """
     sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix import TORCH_LIGHTNING
+    from mpguide_build.matrix_summary import TORCH_LIGHTNING
 
     column = ["--lightning", TORCH_LIGHTNING, "--torch", torch]
     _matrix_column(session, column, [f"torch=={torch}", f"lightning=={TORCH_LIGHTNING}"])
@@ -260,7 +260,7 @@ def matrix_main(session: nox.Session) -> None:
     without a repository copy (CI has none).
     """
     sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix import MAIN_BRANCH
+    from mpguide_build.matrix_summary import MAIN_BRANCH
 
     git_dir = (session.posargs or [os.environ.get("MPGUIDE_LIGHTNING_GIT", "")])[0]
     if not git_dir:

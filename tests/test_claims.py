@@ -3,7 +3,7 @@ import math
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import claims
+from mpguide.verify import claims, metrics, tolerances
 from mpguide.verify.claims import ClaimSpecError, evaluate_record
 
 
@@ -27,7 +27,7 @@ def test_diverged_curve_fails_match(good_record):
 
 def test_match_threshold_is_inclusive_and_tight():
     ref = curve()
-    tol = claims.TOLERANCES["mixed-vs-fp32"].value
+    tol = tolerances.TOLERANCES["mixed-vs-fp32"].value
     just_in = make_record(
         [run("a", [v * (1 + 0.99 * tol) for v in ref]), run("b", ref)], [claims.match("a", "b", "mixed-vs-fp32")]
     )
@@ -48,7 +48,7 @@ def test_one_spike_does_not_make_a_pitfall():
     ref = curve()
     spiky = list(ref)
     spiky[40] = ref[40] * 2.5
-    assert claims.relative_gap(spiky, ref).max() > claims.TOLERANCES["pitfall-gap"].value
+    assert metrics.relative_gap(spiky, ref).max() > tolerances.TOLERANCES["pitfall-gap"].value
     rec = make_record([run("a", spiky), run("b", ref)], [claims.diverge("a", "b")])
     assert not evaluate_record(rec)[0].passed  # judged on the mean gap, not the max
 
@@ -58,7 +58,7 @@ def test_warmup_is_ignored():
     early = [v * 3 if i < 3 else v for i, v in enumerate(ref)]
     rec = make_record([run("a", early), run("b", ref)], [claims.match("a", "b", "mixed-vs-fp32")])
     # the EMA still carries the early difference for a while, so only the first steps are free
-    assert claims.warmup_steps(60) == 6
+    assert metrics.warmup_steps(60) == 6
     assert (
         evaluate_record(rec)[0].value
         < evaluate_record(
@@ -116,8 +116,8 @@ def test_raises_claim():
 
 def test_threshold_comes_from_library_not_record(good_record, monkeypatch):
     good_record["claims"][1]["threshold"] = "<= 1000"  # a stale or tampered number in the file
-    strict = claims.Tolerance("mixed-vs-fp32", "max", 1e-6, "test")
-    monkeypatch.setitem(claims.TOLERANCES, "mixed-vs-fp32", strict)
+    strict = tolerances.Tolerance("mixed-vs-fp32", "max", 1e-6, "test")
+    monkeypatch.setitem(tolerances.TOLERANCES, "mixed-vs-fp32", strict)
     assert not evaluate_record(good_record)[1].passed
 
 
@@ -156,11 +156,11 @@ def test_message_names_everything(good_record):
 
 
 def test_smooth_and_gap_shapes():
-    assert list(claims.smooth([1.0, 0.0])) == [1.0, 0.9]
+    assert list(metrics.smooth([1.0, 0.0])) == [1.0, 0.9]
     with pytest.raises(ValueError, match="different lengths"):
-        claims.relative_gap([1.0] * 10, [1.0] * 11)
+        metrics.relative_gap([1.0] * 10, [1.0] * 11)
     with pytest.raises(ValueError, match="leave nothing"):
-        claims.relative_gap([1.0] * 3, [1.0] * 3)
+        metrics.relative_gap([1.0] * 3, [1.0] * 3)
 
 
 def test_warns_and_no_warning():

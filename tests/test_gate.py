@@ -115,7 +115,7 @@ def cells_of(table, columns):
 def test_verdict_table_stays_aligned_with_very_long_run_ids(tmp_path, fake_examples, capsys):
     from conftest import curve, make_record, run
 
-    from mpguide.verify import claims
+    from mpguide.verify import verdicts
 
     (fake_examples / "plot_97_long.py").write_text(
         f'RUNS = [("auto", "auto", "32-true"), ("{LONG}", "manual", "32-true")]\n'
@@ -134,7 +134,7 @@ def test_verdict_table_stays_aligned_with_very_long_run_ids(tmp_path, fake_examp
     runs = [" ".join(row[2]).replace(" ", "") for row in rows[:2]]
     assert runs == [f"{LONG}vsauto", f"autovs{LONG}"]  # wrapped, nothing lost
     assert all(len(row[2]) > 1 for row in rows[:2]) and all(row[5] == [row[5][0]] for row in rows)
-    assert claims.hardware_label(make_record([], [])["env"]) == rows[0][5][0]
+    assert verdicts.hardware_label(make_record([], [])["env"]) == rows[0][5][0]
 
 
 def test_report_summary_wraps_long_titles_and_line_breaks(good_record):

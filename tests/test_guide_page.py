@@ -9,12 +9,15 @@ snippet            runs in
 =================  ========================================================================
 recipe             this file (its ``Model`` class, 16-mixed with a CPU GradScaler)
 porting            this file (manual step + teacher update + per-epoch scheduler, bf16-mixed)
-autocast_cache     this file (no_grad teacher forward, bf16-mixed)
+autocast_cache     this file (#20970's step fixed: no_grad teacher forward, per-batch scheduler,
+                   set_to_none, teacher update; bf16-mixed)
 optimizer_math     this file (step outside autocast, 16-mixed)
 accumulation       this file (16-mixed, window of 4)
 clipping           this file (the hook, 16-mixed)
 no_gradient_step   this file: the guard keeps a generator without gradients from crashing
                    16-mixed, and the same step without the guard raises "No inf checks"
+alternating_windows  this file, with no_gradient_step's has_gradients ("as above"): #20116's
+                   step fixed; the same two checks as no_gradient_step
 schedulers         this file (step_skip_aware, 16-mixed)
 ddp                this file (one process: ``toggle_model(sync_grad=...)`` is a no-op there)
 gradient_penalty   not a hook; plot_10_gradient_penalty runs it (``scaled_input_grad``)
@@ -155,6 +158,10 @@ def _harness(optimizers: str = "one", reaches: bool = True):
             return F.cross_entropy(self.net(x), y)
 
         critic_loss = compute_loss
+        n_batches_per_optimizer = 2  # the #20116 snippet's window
+
+        def inner_training_step(self, batch, batch_idx, compute_model_1_loss):  # model 1: opts[0] (other)
+            return self.generator_loss(batch) if compute_model_1_loss else self.critic_loss(batch)
 
         def training_step(self, batch, batch_idx):  # the guide's recipe, for snippets that are a hook only
             opt = self.optimizers()
@@ -194,11 +201,12 @@ def _harness(optimizers: str = "one", reaches: bool = True):
 RUNS = {
     "recipe": ("16-mixed", None),
     "porting": ("bf16-mixed", "sched"),
-    "autocast_cache": ("bf16-mixed", "one"),
+    "autocast_cache": ("bf16-mixed", "sched"),
     "optimizer_math": ("16-mixed", "one"),
     "accumulation": ("16-mixed", "one"),
     "clipping": ("16-mixed", "one"),
     "no_gradient_step": ("16-mixed", "two"),
+    "alternating_windows": ("16-mixed", "two"),
     "schedulers": ("16-mixed", "sched"),
     "ddp": ("16-mixed", "one"),
 }
@@ -210,11 +218,18 @@ def _guide_snippet(key: str) -> Snippet:
     return found[0]
 
 
+#: snippet key -> the snippet whose helpers it uses ("as above" on the page)
+USES = {"alternating_windows": "no_gradient_step"}
+
+
 def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool = True):
     import lightning.pytorch as L
     import torch
 
     namespace = {"torch": torch, "L": L}
+    if snippet.key in USES:
+        above = _guide_snippet(USES[snippet.key])
+        exec(compile(above.code, above.where, "exec"), namespace)
     exec(compile(snippet.code, snippet.where, "exec"), namespace)
     if optimizers is None:
         return namespace["Model"]()
@@ -244,12 +259,16 @@ def test_each_hook_snippet_trains_in_a_real_trainer(key):
 
 
 @pytest.mark.slow
-def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
+@pytest.mark.parametrize(
+    ("key", "guard"),
+    [("no_gradient_step", "if has_gradients(opt):"), ("alternating_windows", " and has_gradients(opt)")],
+)
+def test_the_guard_snippet_is_what_keeps_16_mixed_alive(key, guard):
     """The no-gradient guard of the guide, against the same step without it, on a generator whose
     loss never reaches its weights: with the guard 16-mixed trains; without it, it raises."""
     from mpguide.data import digits_loader
 
-    snippet = _guide_snippet("no_gradient_step")
+    snippet = _guide_snippet(key)
     module = _module_from(snippet, "two", reaches=False)
     before = _weights(module)
     _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
@@ -257,7 +276,10 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
     assert not bool((before["net.weight"] == after["net.weight"]).all())  # the critic trained
     assert bool((before["other.weight"] == after["other.weight"]).all())  # the generator had nothing to step
     unguarded = Snippet(
-        snippet.key, snippet.code.replace("if has_gradients(opt):", "if True:"), snippet.line, snippet.path
+        snippet.key,
+        snippet.code.replace(guard, "if True:" if guard.startswith("if") else ""),
+        snippet.line,
+        snippet.path,
     )
     assert unguarded.code != snippet.code
     with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):

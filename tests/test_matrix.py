@@ -6,12 +6,14 @@ import pytest
 from conftest import curve, make_record, run
 
 from mpguide.verify import claims, records
-from mpguide_build import matrix
+from mpguide_build import matrix, matrix_outcomes, matrix_page, matrix_summarize, matrix_summary
 
 
 def summary(version, verdicts, status="ran", examples_dir=None):
     """A summary of example plot_99_fake whose claims have the given verdicts ({claim id: verdict})."""
-    out = matrix.new_summary(version, status, None if status == "ran" else {"stage": "install", "message": "boom"})
+    out = matrix_summarize.new_summary(
+        version, status, None if status == "ran" else {"stage": "install", "message": "boom"}
+    )
     out["examples"]["plot_99_fake"] = {
         "example_sha256": records.file_digest(examples_dir / "plot_99_fake.py") if examples_dir else None,
         "status": "ran",
@@ -51,14 +53,14 @@ def test_summarize_example_keeps_the_gates_verdicts(fake_examples, tmp_path):
     )
     rec["runs"][3]["extra"]["stalled"] = True
     records.write_record(rec, tmp_path / "plot_99_fake.json")
-    entry = matrix.summarize_example("plot_99_fake", tmp_path, "2.4.0", examples=fake_examples)
+    entry = matrix_summarize.summarize_example("plot_99_fake", tmp_path, "2.4.0", examples=fake_examples)
     verdicts = {c["id"]: c["verdict"] for c in entry["claims"]}
     assert verdicts == {
         "match(manual, auto)": "fail",
         "match(bf16, auto)": "pass",
         "diverge(broken, auto)": "pass",
         "expect(broken) [stalled]": "pass",
-        matrix.RUNS_ROW: "pass",
+        matrix_summary.RUNS_ROW: "pass",
     }
     assert entry["runs"]["bf16"] == {"precision": "bf16-mixed", "plugin": None, "error": None}  # what outcome() reads
     port = next(c for c in entry["claims"] if c["id"] == "match(manual, auto)")
@@ -66,47 +68,49 @@ def test_summarize_example_keeps_the_gates_verdicts(fake_examples, tmp_path):
 
 
 def test_missing_record_is_could_not_run(fake_examples, tmp_path):
-    entry = matrix.summarize_example("plot_99_fake", tmp_path, "2.2.5", "TypeError: boom", examples=fake_examples)
+    entry = matrix_summarize.summarize_example(
+        "plot_99_fake", tmp_path, "2.2.5", "TypeError: boom", examples=fake_examples
+    )
     assert entry["status"] == "could not run" and entry["error"] == "TypeError: boom" and entry["claims"] == []
 
 
 def test_staleness_names_changed_new_and_removed_examples_and_the_library(fake_examples):
     good = summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples)
-    assert matrix.staleness(good, fake_examples) == []
+    assert matrix_summary.staleness(good, fake_examples) == []
     (fake_examples / "plot_99_fake.py").write_text((fake_examples / "plot_99_fake.py").read_text() + "\n# edit\n")
-    assert matrix.staleness(good, fake_examples) == [
+    assert matrix_summary.staleness(good, fake_examples) == [
         "Lightning 2.6.6: examples/plot_99_fake.py changed since the matrix was produced"
     ]
     (fake_examples / "plot_98_new.py").write_text("")
     good["examples"]["plot_97_gone"] = good["examples"]["plot_99_fake"]
     good["library_sha256"] = "0" * 64
-    reasons = " | ".join(matrix.staleness(good, fake_examples))
+    reasons = " | ".join(matrix_summary.staleness(good, fake_examples))
     assert "plot_98_new.py is not in the matrix" in reasons and "plot_97_gone, which no longer exists" in reasons
     assert "mpguide library changed" in reasons
 
 
 def test_check_current_fails_with_the_fix(fake_examples, tmp_path):
-    matrix.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    matrix_summary.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
     only = {"main": None, "torch_releases": ()}
-    matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), **only)
-    with pytest.raises(matrix.MatrixError, match=r"Lightning 2\.4\.0: no summary[\s\S]*nox -s matrix"):
-        matrix.check_current(tmp_path, fake_examples, releases=("2.4.0", "2.6.6"), **only)
+    matrix_summary.check_current(tmp_path, fake_examples, releases=("2.6.6",), **only)
+    with pytest.raises(matrix_summary.MatrixError, match=r"Lightning 2\.4\.0: no summary[\s\S]*nox -s matrix"):
+        matrix_summary.check_current(tmp_path, fake_examples, releases=("2.4.0", "2.6.6"), **only)
     data = json.loads((tmp_path / "lightning-2.6.6.json").read_text())
     data["library_sha256"] = "f" * 64
     (tmp_path / "lightning-2.6.6.json").write_text(json.dumps(data))
-    with pytest.raises(matrix.MatrixError, match="library changed"):
-        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), **only)
+    with pytest.raises(matrix_summary.MatrixError, match="library changed"):
+        matrix_summary.check_current(tmp_path, fake_examples, releases=("2.6.6",), **only)
 
 
 def test_corrupt_or_foreign_summary_is_refused(tmp_path):
     (tmp_path / "lightning-2.4.0.json").write_text("{")
-    with pytest.raises(matrix.MatrixError, match=r"lightning-2\.4\.0\.json: not valid JSON"):
-        matrix.load_matrix(tmp_path)
+    with pytest.raises(matrix_summary.MatrixError, match=r"lightning-2\.4\.0\.json: not valid JSON"):
+        matrix_summary.load_matrix(tmp_path)
     (tmp_path / "lightning-2.4.0.json").write_text(json.dumps({"schema": "other"}))
-    with pytest.raises(matrix.MatrixError, match="not a matrix summary"):
-        matrix.load_matrix(tmp_path)
-    with pytest.raises(matrix.MatrixError, match="no matrix summaries"):
-        matrix.load_matrix(tmp_path / "empty")
+    with pytest.raises(matrix_summary.MatrixError, match="not a matrix summary"):
+        matrix_summary.load_matrix(tmp_path)
+    with pytest.raises(matrix_summary.MatrixError, match="no matrix summaries"):
+        matrix_summary.load_matrix(tmp_path / "empty")
 
 
 def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
@@ -115,7 +119,7 @@ def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
         summary("2.2.5", {"c1": "fail", "c2": "pass"}),
         summary("2.3.3", {}, status="could not run"),
     ]
-    text = matrix.render_table(sums)
+    text = matrix_page.render_table(sums)
     header = next(line for line in text.splitlines() if line.startswith("| claim"))
     assert header.index("2.2.5") < header.index("2.3.3") < header.index("2.6.6")
     assert "**plot\\_99\\_fake**" in text or "**plot_99_fake**" in text  # one table per example, named
@@ -123,33 +127,33 @@ def test_table_has_a_row_per_claim_a_column_per_release_and_linked_messages():
     assert row.count("<a href=") == 3 and "<b>does not hold</b>" in row and "<b>cannot run</b>" in row
     anchor = row.split('href="#')[1].split('"')[0]
     assert f'<li id="{anchor}"><b>does not hold</b>: message of c1 on 2.2.5</li>' in text
-    assert all(f"* **{o}**: " in text for o in matrix.OUTCOMES)  # the legend explains every word
+    assert all(f"* **{o}**: " in text for o in matrix_outcomes.OUTCOMES)  # the legend explains every word
     assert "could not be installed: boom" in text
 
 
 def test_applies_sentence_is_drawn_from_the_table():
     sums = [summary(v, {"c": w}) for v, w in (("2.2.5", "fail"), ("2.4.0", "pass"), ("2.6.6", "pass"))]
     assert (
-        matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+        matrix_page.applies_sentence(sums, [("plot_99_fake", "c")])
         == "Holds on Lightning 2.4.0 and 2.6.6. Does not hold on 2.2.5: the behaviour differs there."
     )
     sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"
     assert (
-        matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+        matrix_page.applies_sentence(sums, [("plot_99_fake", "c")])
         == "Holds on Lightning 2.2.5, 2.4.0 and 2.6.6 (every release tested)."
     )
     sums[1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "fail"
-    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]).startswith(
+    assert matrix_page.applies_sentence(sums, [("plot_99_fake", "c")]).startswith(
         "Holds on Lightning 2.2.5 and 2.6.6. Does not hold on 2.4.0"
     )
-    with pytest.raises(matrix.MatrixError, match="no release of the matrix has claim"):
-        matrix.applies_sentence(sums, [("plot_99_fake", "typo")])
+    with pytest.raises(matrix_summary.MatrixError, match="no release of the matrix has claim"):
+        matrix_page.applies_sentence(sums, [("plot_99_fake", "typo")])
 
 
 def _failing(version, message, observed="x", runs=None, stored_runs=None, device="CPU (2 cores)"):
     """A summary of plot_99_fake whose claim "c" failed with ``message``; ``runs``: the summary's
     ``runs`` field (run id -> precision, plugin, error), as summaries store it."""
-    out = summary(version, {"c": "fail", matrix.RUNS_ROW: "fail" if stored_runs else "pass"})
+    out = summary(version, {"c": "fail", matrix_summary.RUNS_ROW: "fail" if stored_runs else "pass"})
     out["device"] = device
     entry = out["examples"]["plot_99_fake"]
     entry["claims"][0].update(message=message, observed=observed)
@@ -173,7 +177,7 @@ def _r(precision, error=None, plugin=None):
                 message="expect(a) FAILED: stale_after_step = True",
                 runs={"a": _r("bf16-mixed"), "b": _r("32-true")},
             ),
-            matrix.DOES_NOT_HOLD,
+            matrix_outcomes.DOES_NOT_HOLD,
         ),
         # a run of the claim raised AttributeError: an API is missing on that release
         (
@@ -185,7 +189,7 @@ def _r(precision, error=None, plugin=None):
                     "b": _r("32-true"),
                 },
             ),
-            matrix.CANNOT_RUN,
+            matrix_outcomes.CANNOT_RUN,
         ),
         # the plugin's run raised UnsupportedVersionError
         (
@@ -201,7 +205,7 @@ def _r(precision, error=None, plugin=None):
                     "b": _r("32-true"),
                 },
             ),
-            matrix.PLUGIN_REFUSES,
+            matrix_outcomes.PLUGIN_REFUSES,
         ),
         # a raises claim whose run raised the refusal instead of the expected error
         (
@@ -211,7 +215,7 @@ def _r(precision, error=None, plugin=None):
                 observed="UnsupportedVersionError: ManualMixedPrecision was",
                 runs={"a": _r("16-mixed"), "b": _r("32-true")},
             ),
-            matrix.PLUGIN_REFUSES,
+            matrix_outcomes.PLUGIN_REFUSES,
         ),
         # 16-mixed on a CPU on 2.3: the GradScaler is disabled there
         (
@@ -220,7 +224,7 @@ def _r(precision, error=None, plugin=None):
                 message="raises(a) FAILED: got no exception",
                 runs={"a": _r("16-mixed"), "b": _r("32-true")},
             ),
-            matrix.CPU_ARTIFACT,
+            matrix_outcomes.CPU_ARTIFACT,
         ),
         # the same failure of a 16-mixed run on 2.4.0 is a real difference (its CPU GradScaler works)
         (
@@ -229,7 +233,7 @@ def _r(precision, error=None, plugin=None):
                 message="raises(a) FAILED: got no exception",
                 runs={"a": _r("16-mixed"), "b": _r("32-true")},
             ),
-            matrix.DOES_NOT_HOLD,
+            matrix_outcomes.DOES_NOT_HOLD,
         ),
         # ... and on 2.3.3 on a GPU it is a real difference too
         (
@@ -239,12 +243,12 @@ def _r(precision, error=None, plugin=None):
                 device="NVIDIA H200",
                 runs={"a": _r("16-mixed"), "b": _r("32-true")},
             ),
-            matrix.DOES_NOT_HOLD,
+            matrix_outcomes.DOES_NOT_HOLD,
         ),
         # a bf16-mixed claim failing on 2.3.3 on a CPU is no CPU artifact
         (
             dict(version="2.3.3", message="match(a, b) FAILED", runs={"a": _r("bf16-mixed"), "b": _r("32-true")}),
-            matrix.DOES_NOT_HOLD,
+            matrix_outcomes.DOES_NOT_HOLD,
         ),
         # summaries written before runs were stored: the error is read from the implicit checks' message
         (
@@ -254,17 +258,17 @@ def _r(precision, error=None, plugin=None):
                 stored_runs="plot_99_fake: completes(a) FAILED [a trains to the end]: exception = AttributeError: "
                 "'DigitsGAN' object has no attribute 'toggled_optimizer', threshold none. unexpected",
             ),
-            matrix.CANNOT_RUN,
+            matrix_outcomes.CANNOT_RUN,
         ),
     ],
 )
 def test_outcome_classes_from_stored_summaries(case, expected):
     s = _failing(**case)
-    got, why = matrix.outcome(s, "plot_99_fake", "c")
+    got, why = matrix_outcomes.outcome(s, "plot_99_fake", "c")
     assert got == expected, why
-    if expected == matrix.CANNOT_RUN:
+    if expected == matrix_outcomes.CANNOT_RUN:
         assert "`toggled_optimizer` is missing" in why
-    assert matrix.outcome(summary("2.6.6", {"c": "pass"}), "plot_99_fake", "c")[0] == matrix.HOLDS
+    assert matrix_outcomes.outcome(summary("2.6.6", {"c": "pass"}), "plot_99_fake", "c")[0] == matrix_outcomes.HOLDS
 
 
 def test_applies_sentence_gives_each_outcome_its_words_and_never_says_not_affected():
@@ -285,8 +289,15 @@ def test_applies_sentence_gives_each_outcome_its_words_and_never_says_not_affect
         runs={"a": _r("16-mixed", "UnsupportedVersionError: no", "ManualMixedPrecision"), "b": _r("32-true")},
     )
     differs = _failing("2.5.4", "expect(a) FAILED", runs={"a": _r("bf16-mixed"), "b": _r("32-true")})
-    sums = [cpu("2.2.5"), cpu("2.3.3"), api, differs, refused, summary("2.6.6", {"c": "pass", matrix.RUNS_ROW: "pass"})]
-    text = matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+    sums = [
+        cpu("2.2.5"),
+        cpu("2.3.3"),
+        api,
+        differs,
+        refused,
+        summary("2.6.6", {"c": "pass", matrix_summary.RUNS_ROW: "pass"}),
+    ]
+    text = matrix_page.applies_sentence(sums, [("plot_99_fake", "c")])
     assert text == (
         "Holds on Lightning 2.6.6. Does not hold on 2.5.4: the behaviour differs there. "
         "The example cannot run on 2.4.0 (`toggled_optimizer` is missing). "
@@ -295,7 +306,7 @@ def test_applies_sentence_gives_each_outcome_its_words_and_never_says_not_affect
         "they are unaffected)."
     )
     assert "not on" not in text and "(fail)" not in text
-    table = matrix.render_table(sums)
+    table = matrix_page.render_table(sums)
     row = next(line for line in table.splitlines() if "title of c" in line and "title of c1" not in line)
     for word in ("CPU-only artifact", "cannot run", "does not hold", "plugin refuses", "holds"):
         assert word in row, (word, row)
@@ -375,7 +386,7 @@ def test_rate_ratio_refuses_lists_it_cannot_pair(extra, message):
 
 def test_committed_matrix_is_current():
     """CI fails when results/matrix was produced from other example or library sources."""
-    matrix.check_current()
+    matrix_summary.check_current()
 
 
 @pytest.mark.parametrize(
@@ -406,7 +417,7 @@ def test_a_partial_rerun_keeps_the_other_examples_of_the_same_library(tmp_path):
     old = summary("2.4.0", {"c": "pass"})
     old["examples"]["plot_98_other"] = dict(old["examples"]["plot_99_fake"], example_sha256="aa")
     old["plugin_tests"] = {"status": "pass", "passed": 15, "failed": 0, "message": "15 passed"}
-    matrix.write_summary(old, tmp_path)
+    matrix_summary.write_summary(old, tmp_path)
     new = summary("2.4.0", {"c": "fail"})  # reran plot_99_fake only, without the plugin tests
     merged = matrix.merge_into_previous(new, tmp_path)
     assert merged["plugin_tests"]["passed"] == 15
@@ -446,24 +457,24 @@ def torch_summary(pin, verdicts, examples_dir=None, lost=None):
 
 def test_the_unreleased_column_is_last_named_by_its_commit_and_kept_out_of_the_release_sentence(tmp_path):
     for s in (summary("2.5.5", {"c": "pass"}), summary("2.6.6", {"c": "pass"}), branch_summary({"c": "fail"})):
-        matrix.write_summary(s, tmp_path)
+        matrix_summary.write_summary(s, tmp_path)
     assert (tmp_path / "lightning-master.json").exists()
-    sums = matrix.load_matrix(tmp_path)
-    assert [matrix.column_label(s) for s in sums] == ["2.5.5", "2.6.6", "master (unreleased)"]
-    text = matrix.render_table(sums)
+    sums = matrix_summary.load_matrix(tmp_path)
+    assert [matrix_summary.column_label(s) for s in sums] == ["2.5.5", "2.6.6", "master (unreleased)"]
+    text = matrix_page.render_table(sums)
     header = next(line for line in text.splitlines() if line.startswith("| claim"))
     assert header.endswith("| master (unreleased) |")
     assert "**Lightning master (unreleased)** (commit 7f0c3436cd of 2026-07-20 on branch master" in text
-    assert matrix.applies_sentence(sums, [("plot_99_fake", "c")]) == (
+    assert matrix_page.applies_sentence(sums, [("plot_99_fake", "c")]) == (
         "Holds on Lightning 2.5.5 and 2.6.6 (every release tested). On Lightning's unreleased master branch "
         "(commit 7f0c3436cd, 2026-07-20) it does not hold (fail)."
     )
     sums[-1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"  # same as the newest release: no clause
     assert (
-        matrix.applies_sentence(sums, [("plot_99_fake", "c")])
+        matrix_page.applies_sentence(sums, [("plot_99_fake", "c")])
         == "Holds on Lightning 2.5.5 and 2.6.6 (every release tested)."
     )
-    assert matrix.passing_releases(sums, [("plot_99_fake", "c")]) == ["2.5.5", "2.6.6"]
+    assert matrix_page.passing_releases(sums, [("plot_99_fake", "c")]) == ["2.5.5", "2.6.6"]
 
 
 @pytest.mark.parametrize(
@@ -477,24 +488,28 @@ def test_a_branch_column_without_commit_and_date_is_refused(tmp_path, source, me
     bad = branch_summary({"c": "pass"})
     bad["source"] = source
     (tmp_path / "lightning-master.json").write_text(json.dumps(bad))
-    with pytest.raises(matrix.MatrixError, match=rf"lightning-master\.json: .*{message}"):
-        matrix.load_matrix(tmp_path)
+    with pytest.raises(matrix_summary.MatrixError, match=rf"lightning-master\.json: .*{message}"):
+        matrix_summary.load_matrix(tmp_path)
 
 
 def test_check_current_wants_the_branch_and_torch_columns_with_their_commands(fake_examples, tmp_path):
-    matrix.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
-    with pytest.raises(matrix.MatrixError) as error:
-        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
+    matrix_summary.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    with pytest.raises(matrix_summary.MatrixError) as error:
+        matrix_summary.check_current(
+            tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",)
+        )
     text = str(error.value)
     assert "Lightning master (unreleased): no summary" in text and "Lightning 2.6.6, torch 2.9.1: no summary" in text
     assert "MPGUIDE_LIGHTNING_GIT=" in text and "nox -s matrix_torch" in text and "nox -s matrix_main" in text
-    matrix.write_summary(branch_summary({"c": "pass"}, examples_dir=fake_examples), tmp_path)
-    matrix.write_summary(torch_summary("2.9.1", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    matrix_summary.write_summary(branch_summary({"c": "pass"}, examples_dir=fake_examples), tmp_path)
+    matrix_summary.write_summary(torch_summary("2.9.1", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
     assert (tmp_path / "torch-2.9.1+lightning-2.6.6.json").exists()
-    matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
+    matrix_summary.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
     (fake_examples / "plot_99_fake.py").write_text((fake_examples / "plot_99_fake.py").read_text() + "\n# edit\n")
-    with pytest.raises(matrix.MatrixError) as error:
-        matrix.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
+    with pytest.raises(matrix_summary.MatrixError) as error:
+        matrix_summary.check_current(
+            tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",)
+        )
     assert "Lightning master (unreleased): examples/plot_99_fake.py changed" in str(error.value)
     assert "Lightning 2.6.6, torch 2.9.1: examples/plot_99_fake.py changed" in str(error.value)
 
@@ -502,9 +517,9 @@ def test_check_current_wants_the_branch_and_torch_columns_with_their_commands(fa
 def test_a_torch_column_expects_only_its_examples(fake_examples):
     pinned = torch_summary("2.9.1", {"c": "pass"}, examples_dir=fake_examples)
     (fake_examples / "plot_98_other.py").write_text("")  # out of its scope: not missing there
-    assert matrix.staleness(pinned, fake_examples) == []
+    assert matrix_summary.staleness(pinned, fake_examples) == []
     pinned["scope"].append("plot_98_other")  # in scope but absent from the summary: missing
-    assert matrix.staleness(pinned, fake_examples) == [
+    assert matrix_summary.staleness(pinned, fake_examples) == [
         "Lightning 2.6.6, torch 2.9.1: examples/plot_98_other.py is not in the matrix"
     ]
 
@@ -513,18 +528,18 @@ def test_torch_columns_render_not_run_outside_their_scope_and_name_the_torch():
     site = summary("2.6.6", {"c": "pass"})
     site["examples"]["plot_98_other"] = site["examples"]["plot_99_fake"]
     old, new = torch_summary("2.9.1", {"c": "fail"}), torch_summary("2.10.0", {"c": "pass"})
-    text = matrix.render_table([site, new, old])
+    text = matrix_page.render_table([site, new, old])
     header = next(line for line in text.splitlines() if line.startswith("| claim"))
     assert header.index("2.6.6, torch 2.9.1") < header.index("2.6.6, torch 2.10.0") < header.rindex("| 2.6.6 |")
     other = text.split("**plot_98_other**")[1].split("**plot")[0]
     assert other.count(">not run<") == 2 and "not part of the column Lightning 2.6.6, torch 2.9.1" in text
     site["torch"] = "2.13.0+cpu"
     assert (
-        matrix.torch_sentence([site, old, new], [("plot_99_fake", "c")])
+        matrix_page.torch_sentence([site, old, new], [("plot_99_fake", "c")])
         == "With Lightning 2.6.6 this holds on torch 2.10.0+cu128, 2.13.0+cpu; not on torch 2.9.1+cu128 (fail)."
     )
-    with pytest.raises(matrix.MatrixError, match="no column of the matrix has claim"):
-        matrix.torch_sentence([old], [("plot_99_fake", "typo")])
+    with pytest.raises(matrix_summary.MatrixError, match="no column of the matrix has claim"):
+        matrix_page.torch_sentence([old], [("plot_99_fake", "typo")])
 
 
 def test_the_autocast_cache_probe_reports_a_lost_gradient():
@@ -548,11 +563,11 @@ def test_cache_bug_sentence_names_the_affected_torch_releases():
         dict(summary("2.6.6", {}), autocast_cache_probe={"torch": "2.13.0+cpu", "gradient_lost": False}),
     ]
     assert (
-        matrix.cache_bug_sentence(sums)
+        matrix_page.cache_bug_sentence(sums)
         == "Measured: torch 2.9.1+cu128 loses the gradient; torch 2.10.0+cu128, 2.13.0+cpu do not."
     )
-    with pytest.raises(matrix.MatrixError, match="autocast_cache_probe"):
-        matrix.cache_bug_sentence([summary("2.6.6", {})])
+    with pytest.raises(matrix_summary.MatrixError, match="autocast_cache_probe"):
+        matrix_page.cache_bug_sentence([summary("2.6.6", {})])
 
 
 def test_a_torch_column_refuses_an_environment_with_another_torch(tmp_path):
@@ -563,5 +578,7 @@ def test_a_torch_column_refuses_an_environment_with_another_torch(tmp_path):
     out = matrix.run_release(lightning.__version__, tmp_path, ["plot_99_fake"], torch_pin="2.10.0")
     assert out["status"] == "could not run" and out["error"]["stage"] == "import"
     assert out["error"]["message"] == f"this environment imports torch {torch.__version__}, not 2.10.0"
-    assert matrix.load(tmp_path / f"torch-2.10.0+lightning-{lightning.__version__}.json")["error"] == out["error"]
-    assert matrix.cell(out, "plot_99_fake", "c")[0] == "could not run"
+    assert (
+        matrix_summary.load(tmp_path / f"torch-2.10.0+lightning-{lightning.__version__}.json")["error"] == out["error"]
+    )
+    assert matrix_outcomes.cell(out, "plot_99_fake", "c")[0] == "could not run"

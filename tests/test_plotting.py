@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import plotting
+from mpguide.verify import overlap, plotting
 
 
 def _labels(ax) -> list[str]:
@@ -27,7 +27,7 @@ def test_overlap_partner_finds_a_covered_series_and_only_that():
     ref = curve()
     close = [v * 1.001 for v in ref]  # 0.1 %: drawn on top of each other
     apart = [v * 1.5 for v in ref]  # clearly apart
-    partners = plotting.overlap_partner([ref, apart, close])
+    partners = overlap.overlap_partner([ref, apart, close])
     assert partners[1] is None, "a curve 50 % above the others does not overlap them"
     assert partners[2] is None, "the last curve drawn covers, it is not covered"
     later, near, common, rel = partners[0]
@@ -37,12 +37,12 @@ def test_overlap_partner_finds_a_covered_series_and_only_that():
 
 def test_overlap_partner_on_a_log_axis_ignores_zeros_and_judges_decades():
     ones, tiny = [1.0] * 50, [1e-6] * 50
-    assert plotting.overlap_partner([ones, tiny], log=True) == [None, None]
+    assert overlap.overlap_partner([ones, tiny], log=True) == [None, None]
     with_zero = [0.0] + [1.0 + 1e-7] * 49
-    found = plotting.overlap_partner([ones, with_zero, tiny], log=True)[0]  # the axis spans 6 decades
+    found = overlap.overlap_partner([ones, with_zero, tiny], log=True)[0]  # the axis spans 6 decades
     assert found is not None and found[:3] == (1, 49, 49), "the zero (no value on a log axis) is left out"
     # alone on their axis, the two would be autoscaled apart: 1e-7 is then the whole range
-    assert plotting.overlap_partner([ones, with_zero], log=True)[0] is None
+    assert overlap.overlap_partner([ones, with_zero], log=True)[0] is None
 
 
 def test_a_covered_loss_curve_gets_markers_and_names_what_covers_it():
@@ -54,7 +54,7 @@ def test_a_covered_loss_curve_gets_markers_and_names_what_covers_it():
     plotting.plot_loss_curves(ax, rec, ["a", "b", "c"], "t")
     labels = _labels(ax)
     assert labels[0].replace("\n", " ").startswith("a (markers: under b at 140 of 140 batches, at most 0.05 % apart)")
-    assert labels[1:] == ["b", "c", plotting.RAW_LABEL], "curves that are visible carry no note"
+    assert labels[1:] == ["b", "c", overlap.RAW_LABEL], "curves that are visible carry no note"
     assert _line(ax, "a (markers").get_marker() not in ("None", "", None)
     assert _line(ax, "c").get_marker() in ("None", "", None)
     # the markers are drawn again above every line, so the covered curve shows through
@@ -67,8 +67,8 @@ def test_raw_lines_have_a_legend_entry_only_when_drawn():
     fig, (ax1, ax2) = plotting.figure(1, 2, 8, 4)
     plotting.plot_loss_curves(ax1, rec, ["a"], "t")
     plotting.plot_loss_curves(ax2, rec, ["bad"], "t")
-    assert plotting.RAW_LABEL in _labels(ax1)
-    assert plotting.RAW_LABEL not in _labels(ax2), "no faint line is drawn for a run that raised"
+    assert overlap.RAW_LABEL in _labels(ax1)
+    assert overlap.RAW_LABEL not in _labels(ax2), "no faint line is drawn for a run that raised"
 
 
 def _factor_record(values_stock, values_fixed):

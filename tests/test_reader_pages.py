@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import plotting, report
+from mpguide.verify import overlap, plotting, report
 
 
 def _record():
@@ -65,7 +65,7 @@ def test_identical_curves_are_drawn_once_with_one_entry():
     assert labels[1:] == [
         "automatic = manual, bf16-mixed (identical, drawn once)",
         "manual, 16-mixed (raised AssertionError, no curve)",
-        plotting.RAW_LABEL,
+        overlap.RAW_LABEL,
     ]
     styles = {line.get_label(): line.get_linestyle() for line in ax.get_lines() if not line.get_label().startswith("_")}
     assert len(set(list(styles.values())[:2])) == 2, "fp32 and bf16 must not share a line style"

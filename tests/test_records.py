@@ -186,11 +186,11 @@ def test_schema_fields_cover_what_runs_and_declarations_write():
     """The lists of known fields cannot drift from what a run records and a claim declares."""
     import dataclasses
 
-    from mpguide.verify import declarations
+    from mpguide.verify import declaration_check, declarations
     from mpguide.verify.runner import RunResult
 
     assert {f.name for f in dataclasses.fields(RunResult)} == records.SCHEMA_FIELDS["run"]
-    assert set(declarations.CLAIM_KEYS) | {"title"} <= records.SCHEMA_FIELDS["claim"]
+    assert set(declaration_check.CLAIM_KEYS) | {"title"} <= records.SCHEMA_FIELDS["claim"]
     assert set(declarations.RUN_KEYS) <= records.SCHEMA_FIELDS["run"]
     assert set(records.run_env({})) == records.SCHEMA_FIELDS["run_env"]
     assert set(records.environment("cpu")) == records.SCHEMA_FIELDS["env"]

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 from mpguide.precision import ManualMixedPrecision
-from mpguide.verify import claims, declarations, hardware, runner
+from mpguide.verify import declarations, hardware, judging, runner, verdicts
 
 TINY = hardware.Preset("tiny", epochs=1, batch_size=64)
 pytestmark = pytest.mark.slow
@@ -50,11 +50,11 @@ def train(ns: dict, example: str, run_id: str, recipe: str | None = None) -> dic
     return dict(result.__dict__)
 
 
-def judge(ns: dict, example: str, title_part: str, runs: dict) -> claims.Verdict:
+def judge(ns: dict, example: str, title_part: str, runs: dict) -> verdicts.Verdict:
     """Judge the example's claim whose title contains ``title_part`` on ``runs`` (run id -> run)."""
     declaration = declarations.from_tables(example, ns["RUNS"], ns["CLAIMS"])
     (claim,) = [c for c in declaration.claims if title_part in (c.get("title") or "")]
-    return claims._evaluate_claim(claim, runs, lambda **kw: claims.Verdict(example=example, **kw))
+    return judging.evaluate_claim(claim, runs, lambda **kw: verdicts.Verdict(example=example, **kw))
 
 
 def test_20116_posted_step_keeps_one_micro_batch_and_the_fix_all_three(two):

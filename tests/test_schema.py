@@ -289,7 +289,7 @@ def test_truncated_real_records_exit_2(fresh_record, tmp_path):
 
 
 def test_run_env_of_another_type_is_a_record_error_not_a_traceback(fresh_record, tmp_path):
-    """Measured at a31c63a: source.run_env as a list raised AttributeError in gate.integrity_problems."""
+    """Measured at a31c63a: source.run_env as a list raised AttributeError in integrity.integrity_problems."""
     for new in ([], "x", 3):
         status, err = judge_file(_write(tmp_path, apply(fresh_record, "source.run_env", "set", new), False), False)
         assert status == 2 and "field 'source.run_env' should be object" in err, err
@@ -345,14 +345,14 @@ def test_the_docs_build_refuses_a_malformed_record_before_any_page_runs(fresh_re
     ],
 )
 def test_matrix_summaries_are_typed(tmp_path, mutate, message):
-    from mpguide_build import matrix
+    from mpguide_build import matrix_summary
 
-    summary = json.loads(sorted(matrix.MATRIX_DIR.glob("lightning-*.json"))[-1].read_text())
-    matrix.validate(copy.deepcopy(summary), "s.json")  # the committed summary is valid
+    summary = json.loads(sorted(matrix_summary.MATRIX_DIR.glob("lightning-*.json"))[-1].read_text())
+    matrix_summary.validate(copy.deepcopy(summary), "s.json")  # the committed summary is valid
     mutate(summary)
     (tmp_path / "lightning-9.9.9.json").write_text(json.dumps(summary))
-    with pytest.raises(matrix.MatrixError, match=re.escape(message)):
-        matrix.load_matrix(tmp_path)
+    with pytest.raises(matrix_summary.MatrixError, match=re.escape(message)):
+        matrix_summary.load_matrix(tmp_path)
 
 
 def test_the_readers_wheel_declares_the_schema_library():

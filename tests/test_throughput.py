@@ -18,31 +18,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpguide.verify import hardware, throughput
+from mpguide.verify import hardware, throughput, throughput_config, throughput_windows
 
-TINY = throughput.Size(width=32, layers=2, batch=16, warmup=2, steps=2, rounds=2, tuned=True)
+TINY = throughput_config.Size(width=32, layers=2, batch=16, warmup=2, steps=2, rounds=2, tuned=True)
 
 
 def test_variant_keys_are_record_safe():
-    assert throughput.variant_key("plain loop") == "plain_loop"
-    assert throughput.variant_key("manual, compiled + fused SGD") == "manual_compiled_fused_sgd"
+    assert throughput_config.variant_key("plain loop") == "plain_loop"
+    assert throughput_config.variant_key("manual, compiled + fused SGD") == "manual_compiled_fused_sgd"
     for p in hardware.PRECISIONS:  # one record per precision: keys must differ within it
-        keys = [throughput.variant_key(v) for v in throughput.variants_for(p, TINY)]
+        keys = [throughput_config.variant_key(v) for v in throughput_config.variants_for(p, TINY)]
         assert len(keys) == len(set(keys)), keys
 
 
 def test_tuned_variants_only_when_the_size_asks():
-    untuned = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=1)
-    assert throughput.variants_for("bf16-mixed", untuned) == throughput.VARIANTS
-    assert throughput.variants_for("bf16-mixed", TINY)[3:] == tuple(throughput.TUNED["bf16-mixed"])
-    assert all(size.tuned == (accel == "cuda") for (accel, _), size in throughput.SIZES.items())
+    untuned = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=1)
+    assert throughput_config.variants_for("bf16-mixed", untuned) == throughput_config.VARIANTS
+    assert throughput_config.variants_for("bf16-mixed", TINY)[3:] == tuple(throughput_config.TUNED["bf16-mixed"])
+    assert all(size.tuned == (accel == "cuda") for (accel, _), size in throughput_config.SIZES.items())
 
 
 def test_every_variant_leads_one_round(monkeypatch):
     calls: list[tuple[str, str]] = []
 
     def fake_lightning(net, manual, batch, size, precision, accelerator, tuning=None, slowdown=0.0):
-        tuning = tuning or throughput.Tuning()
+        tuning = tuning or throughput_config.Tuning()
         calls.append((precision, "automatic" if not manual else repr(tuning)))
         return 1.0
 
@@ -50,10 +50,10 @@ def test_every_variant_leads_one_round(monkeypatch):
         calls.append((precision, "plain"))
         return 1.0
 
-    monkeypatch.setattr(throughput, "_lightning_window", fake_lightning)
-    monkeypatch.setattr(throughput, "_plain_window", fake_plain)
-    n = len(throughput.variants_for("bf16-mixed", TINY))
-    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=n, tuned=True)
+    monkeypatch.setattr(throughput, "lightning_window", fake_lightning)
+    monkeypatch.setattr(throughput, "plain_window", fake_plain)
+    n = len(throughput_config.variants_for("bf16-mixed", TINY))
+    size = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=n, tuned=True)
     out = throughput.interleaved(("bf16-mixed",), size, "cpu", progress=lambda line: None)
     firsts = {calls[r * n] for r in range(n)}
     assert len(firsts) == n, f"a variant led more than one round: {calls}"
@@ -66,8 +66,8 @@ def test_tuned_variants_train_for_real_and_undo_tf32():
     before = torch.get_float32_matmul_precision()
     out = throughput.interleaved(("32-true", "bf16-mixed"), TINY, "cpu", progress=lambda line: None)
     assert torch.get_float32_matmul_precision() == before
-    assert set(out["32-true"].seconds) == {*throughput.VARIANTS, "manual, TF32 matmuls"}
-    assert set(out["bf16-mixed"].seconds) == {*throughput.VARIANTS, *throughput.TUNED["bf16-mixed"]}
+    assert set(out["32-true"].seconds) == {*throughput_config.VARIANTS, "manual, TF32 matmuls"}
+    assert set(out["bf16-mixed"].seconds) == {*throughput_config.VARIANTS, *throughput_config.TUNED["bf16-mixed"]}
     for timing in out.values():
         assert all(len(w) == TINY.rounds and min(w) > 0 for w in timing.seconds.values())
     rates = out["bf16-mixed"].rates()
@@ -147,9 +147,9 @@ def test_speedup_rows_of_the_guide_table():
 
     from mpguide.verify import gate, report
 
-    size = throughput.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
+    size = throughput_config.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
     timing = throughput.Timing(
-        "bf16-mixed", size, {v: [0.25, 0.25] for v in throughput.variants_for("bf16-mixed", size)}
+        "bf16-mixed", size, {v: [0.25, 0.25] for v in throughput_config.variants_for("bf16-mixed", size)}
     )
     timing.seconds["manual, compiled"] = [0.2, 0.2]  # 100 steps/s against the manual loop's 80
     run = {
@@ -167,7 +167,7 @@ def test_speedup_rows_of_the_guide_table():
     )
     cpu = gate.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
     rows = report.speedup_rows([cpu, gpu])
-    assert [r["variant"] for r in rows] == ["manual", *throughput.TUNED["bf16-mixed"]]
+    assert [r["variant"] for r in rows] == ["manual", *throughput_config.TUNED["bf16-mixed"]]
     compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
     tflops = 100 * size.flops_per_step() / 1e12
     assert compiled["record"].startswith("reference: NVIDIA H200") and "preset full, 2026-12-01" in compiled["record"]
@@ -248,14 +248,14 @@ def test_short_windows_get_more_steps(monkeypatch):
         seen.append(size.steps)
         return 0.005 * size.steps
 
-    monkeypatch.setattr(throughput, "_plain_window", fake_plain)
-    monkeypatch.setattr(throughput, "_lightning_window", fake_lightning)
-    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=3, rounds=2, min_window_s=0.05)
+    monkeypatch.setattr(throughput, "plain_window", fake_plain)
+    monkeypatch.setattr(throughput, "lightning_window", fake_lightning)
+    size = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=3, rounds=2, min_window_s=0.05)
     out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None)
     assert seen[0] == 3 and set(seen[1:]) == {10}, seen  # one calibration window, then 50 ms / 5 ms
     assert out["32-true"].size.steps == 10 and out["32-true"].steps_per_s("manual") == pytest.approx(200.0)
     assert out["32-true"].summary()["manual"]["steps_per_window"] == 10
-    slow = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=30, rounds=1, min_window_s=0.05)
+    slow = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=30, rounds=1, min_window_s=0.05)
     seen.clear()
     assert throughput.interleaved(("32-true",), slow, "cpu", progress=lambda line: None)["32-true"].size.steps == 30
 
@@ -267,12 +267,12 @@ def test_lock_refuses_an_unknown_accelerator():
 
 
 # ----------------------------------------------------------------------------------------------
-# The rule that decides the parity claims (mpguide.verify.claims.decide_paired), on synthetic rounds
+# The rule that decides the parity claims (mpguide.verify.metrics.decide_paired), on synthetic rounds
 
-from mpguide.verify import claims, gate, report  # noqa: E402
-from mpguide_build import matrix  # noqa: E402
+from mpguide.verify import claims, gate, metrics, report, tolerances, verdicts  # noqa: E402
+from mpguide_build import matrix_outcomes, matrix_summarize  # noqa: E402
 
-CPU_BAND = claims.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
+CPU_BAND = tolerances.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
 
 
 def _noisy(centre: float, n: int, spread: float, seed: int = 0) -> list[float]:
@@ -284,35 +284,35 @@ def _noisy(centre: float, n: int, spread: float, seed: int = 0) -> list[float]:
 
 
 def test_median_interval_has_the_binomial_coverage():
-    assert claims.median_interval([1.0, 2, 3, 4, 5]) is None  # min..max of 5 covers only 93.75 %
-    low, high, k, coverage = claims.median_interval([6.0, 1, 5, 2, 4, 3])
+    assert metrics.median_interval([1.0, 2, 3, 4, 5]) is None  # min..max of 5 covers only 93.75 %
+    low, high, k, coverage = metrics.median_interval([6.0, 1, 5, 2, 4, 3])
     assert (low, high, k) == (1.0, 6.0, 1) and coverage == pytest.approx(1 - 2 / 64)
-    low, high, k, coverage = claims.median_interval(list(range(1, 10)))
+    low, high, k, coverage = metrics.median_interval(list(range(1, 10)))
     assert (low, high, k) == (2, 8, 2) and coverage == pytest.approx(1 - 2 * 10 / 512)
-    low, high, k, coverage = claims.median_interval(list(range(1, 21)))
+    low, high, k, coverage = metrics.median_interval(list(range(1, 21)))
     assert k == 6 and coverage >= 0.95 and (low, high) == (6, 15)
 
 
 def test_clear_parity_passes():
-    decision = claims.decide_paired(_noisy(1.0, 6, 0.05), CPU_BAND)
+    decision = metrics.decide_paired(_noisy(1.0, 6, 0.05), CPU_BAND)
     assert decision.verdict == "pass" and 0.85 <= decision.low <= decision.high <= 1.15
 
 
 def test_a_clear_30_percent_slowdown_fails():
-    decision = claims.decide_paired(_noisy(1 / 1.3, 6, 0.05), CPU_BAND)  # each step 30 % longer
+    decision = metrics.decide_paired(_noisy(1 / 1.3, 6, 0.05), CPU_BAND)  # each step 30 % longer
     assert decision.verdict == "fail" and decision.high < 0.85
-    fast = claims.decide_paired(_noisy(1.3, 6, 0.05), CPU_BAND)  # 30 % faster breaks parity too
+    fast = metrics.decide_paired(_noisy(1.3, 6, 0.05), CPU_BAND)  # 30 % faster breaks parity too
     assert fast.verdict == "fail" and fast.low > 1.15
 
 
 def test_noise_across_the_band_edge_is_inconclusive_at_any_number_of_rounds():
     for n in (6, 12, 20):
-        decision = claims.decide_paired(_noisy(0.85, n, 0.2, seed=n), CPU_BAND)  # median on the edge
+        decision = metrics.decide_paired(_noisy(0.85, n, 0.2, seed=n), CPU_BAND)  # median on the edge
         assert decision.verdict == "inconclusive", (n, decision)
-    assert claims.decide_paired([1.0] * 5, CPU_BAND).verdict == "inconclusive"  # too few rounds for 95 %
+    assert metrics.decide_paired([1.0] * 5, CPU_BAND).verdict == "inconclusive"  # too few rounds for 95 %
     one_bad = [1.0, 1.01, 0.99, 1.0, 0.7, 1.02]  # one outlier round: min..max reaches outside
-    assert claims.decide_paired(one_bad, CPU_BAND).verdict == "inconclusive"
-    assert claims.decide_paired(one_bad + [1.0, 0.99, 1.01], CPU_BAND).verdict == "pass"  # k = 2 drops it
+    assert metrics.decide_paired(one_bad, CPU_BAND).verdict == "inconclusive"
+    assert metrics.decide_paired(one_bad + [1.0, 0.99, 1.01], CPU_BAND).verdict == "pass"  # k = 2 drops it
 
 
 def _record_with(manual: list[float], automatic: list[float]) -> dict:
@@ -342,7 +342,7 @@ def test_inconclusive_is_never_reported_as_pass(capsys):
     assert verdict.status == "inconclusive" and not verdict.passed and not verdict.failed and verdict.undecided
     assert "inconclusive" in verdict.message() and "passed" not in verdict.message()
     with pytest.raises(ValueError, match="inconclusive and cannot also pass"):
-        claims.Verdict("x", "rate_ratio", ["r"], "t", "m", 1.0, "t", passed=True, inconclusive=True)
+        verdicts.Verdict("x", "rate_ratio", ["r"], "t", "m", 1.0, "t", passed=True, inconclusive=True)
     # the gate: not a failure, not a pass, one line of its own
     found = gate.GateReport(verdicts=claims.evaluate_record(record), records=[Path("x.json")])
     assert found.ok and found.inconclusive == [verdict] and not found.failures
@@ -355,7 +355,10 @@ def test_inconclusive_is_never_reported_as_pass(capsys):
     assert "0 of 1 checks in the table hold, 1 inconclusive (not a pass)" in text.splitlines()[-1]
     assert report.verdict_rows([verdict])[0]["verdict"] == "inconclusive"
     # the version matrix cell
-    assert matrix._word(verdict.status) == "inconclusive" and matrix.CELL_WORDS["inconclusive"] == "inconclusive"
+    assert (
+        matrix_summarize._word(verdict.status) == "inconclusive"
+        and matrix_outcomes.CELL_WORDS["inconclusive"] == "inconclusive"
+    )
 
 
 def test_the_sphinx_build_logs_inconclusive_claims_without_failing(monkeypatch):
@@ -387,7 +390,7 @@ def test_the_example_stops_when_its_parity_claims_are_decided(monkeypatch):
     decl = declarations.read(declarations.example_file("plot_15_throughput"))
     tables = (list(_tables("RUNS")), list(_tables("CLAIMS")))
     assert len([c for c in decl.claims if c.get("only_on") == "cpu"]) == 5
-    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=6, max_rounds=9)
+    size = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=6, max_rounds=9)
 
     def timings(*manual: float) -> dict:  # manual's window seconds, repeated over 6 rounds (others: 1 s)
         out = {}
@@ -427,12 +430,12 @@ def _fake_windows(monkeypatch, seconds_of):
         rounds["plain loop"] = rounds.get("plain loop", 0) + 1
         return seconds_of("plain loop", rounds["plain loop"] - 1) * (1 + slowdown)
 
-    monkeypatch.setattr(throughput, "_lightning_window", lightning)
-    monkeypatch.setattr(throughput, "_plain_window", plain)
+    monkeypatch.setattr(throughput, "lightning_window", lightning)
+    monkeypatch.setattr(throughput, "plain_window", plain)
 
 
 def test_rounds_go_on_until_decided_or_the_cap(monkeypatch):
-    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=6, max_rounds=12)
+    size = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=6, max_rounds=12)
     tables = (_tables("RUNS"), _tables("CLAIMS"))
     until = throughput.claims_decided(*tables, "cpu")
     # quiet: every round agrees, so 6 rounds decide every claim
@@ -462,8 +465,8 @@ def test_rounds_go_on_until_decided_or_the_cap(monkeypatch):
 
 def test_injected_slowdown_reaches_the_timed_variant_only(monkeypatch):
     _fake_windows(monkeypatch, lambda v, r: 1.0)
-    size = throughput.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=6, max_rounds=6)
-    monkeypatch.setenv(throughput.SLOWDOWN_ENV, "manual=0.3")
+    size = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=2, rounds=6, max_rounds=6)
+    monkeypatch.setenv(throughput_windows.SLOWDOWN_ENV, "manual=0.3")
     lines: list[str] = []
     out = throughput.interleaved(("32-true",), size, "cpu", progress=lines.append)
     assert out["32-true"].seconds["manual"] == [pytest.approx(1.3)] * 6
@@ -471,7 +474,7 @@ def test_injected_slowdown_reaches_the_timed_variant_only(monkeypatch):
     assert lines[0].startswith("  TEST HOOK: injected slowdown {'manual': 0.3}")
     for bad in ("manual", "manual=fast", "manaul=0.3", "manual=-0.1"):
         with pytest.raises(hardware.ConfigurationError, match="must be 'variant=fraction'"):
-            throughput.parse_slowdown(bad)
+            throughput_windows.parse_slowdown(bad)
 
 
 def test_the_slowdown_hook_really_lengthens_a_step(monkeypatch):
@@ -482,8 +485,8 @@ def test_the_slowdown_hook_really_lengthens_a_step(monkeypatch):
         now[0] += 0.0001  # every reading costs 0.1 ms, as a busy loop would
         return now[0]
 
-    monkeypatch.setattr(throughput, "clock", fake_clock)
-    timer = throughput._WindowClock(warmup=1, accelerator="cpu", slowdown=0.3)
+    monkeypatch.setattr(throughput_windows, "clock", fake_clock)
+    timer = throughput_windows._WindowClock(warmup=1, accelerator="cpu", slowdown=0.3)
     timer.on_train_batch_end(None, None, None, None, 0)  # end of the warm-up: the window starts
     start = timer.start
     now[0] += 0.01  # a 10 ms step

@@ -10,3 +10,7 @@ each: :mod:`~mpguide.verify.hardware` (device, precision, presets), :mod:`~mpgui
 :mod:`~mpguide.verify.gate` (the claim gate and its CLI), :mod:`~mpguide.verify.plotting` and
 :mod:`~mpguide.verify.report` (figures and tables).
 """
+
+from . import errors as _errors
+
+_errors.install()  # an example run as a script prints its input errors in one line (mpguide.verify.errors)

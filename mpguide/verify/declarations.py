@@ -17,7 +17,7 @@ and passes them to :func:`mpguide.verify.runner.run_example`. Because both table
 (strings, numbers, booleans, ``None``, tuples, lists and dicts only), :func:`~mpguide.verify.declarations.read`
 gets them with :func:`ast.literal_eval` from the file itself: the claim gate knows what an example
 declares without importing torch or running anything, and compares every record with it
-(:func:`mpguide.verify.declarations.compare_with_declaration`). A record can therefore not decide what it verifies.
+(:func:`mpguide.verify.declaration_check.compare_with_declaration`). A record can therefore not decide what it verifies.
 
 Run options: ``label`` (legend text), ``plugin`` (a key of the plugin table passed to
 ``run_example``), ``trainer`` (extra ``Trainer`` keyword arguments), ``plain_flag`` (pass
@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from . import claims as claims_mod
+from .declaration_check import claim_identity, compare_with_declaration
+from .judging import KINDS
 
 #: Environment variable that trains some runs with another recipe, ``"example:run_id=recipe[,...]"``
 #: (used by the tests to prove that a build fails when a correct run is replaced by a broken one).
@@ -49,8 +51,8 @@ TABLES = ("RUNS", "CLAIMS")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 _RUN_OPTIONS = {"label": str, "plugin": str, "trainer": dict, "plain_flag": bool, "seed": int}
 _CLAIM_OPTIONS = {"only_on": ("cpu", "cuda")}
-#: Keys of a claim that define it (what the gate compares); judged values and titles are not among them.
-CLAIM_KEYS = ("kind", "runs", "tolerance", "exception", "message", "category", "key", "expected", "only_on")
+
+
 #: Keys of a run that define it (what the gate compares); ``label`` is presentation only.
 RUN_KEYS = ("id", "recipe", "precision", "seed", "plugin", "trainer_kwargs", "plain_flag")
 
@@ -130,20 +132,15 @@ class Declaration:
     def compare(
         self, record: dict[str, Any], stale: bool = False
     ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
-        """:func:`~mpguide.verify.declarations.compare_with_declaration` of ``record`` with this declaration."""
+        """:func:`~mpguide.verify.declaration_check.compare_with_declaration` of ``record`` with this declaration."""
         return compare_with_declaration(record, self, stale)
-
-
-def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
-    """The defining keys of a claim (:data:`~mpguide.verify.declarations.CLAIM_KEYS`), as compared by the gate."""
-    return {k: claim[k] for k in CLAIM_KEYS if k in claim}
 
 
 def digest_of(runs: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> str:
     """SHA-256 (hex) of the canonical JSON of run specs and claim definitions, in the order given.
 
     Only the defining keys count (:data:`~mpguide.verify.declarations.RUN_KEYS` present in each run,
-    :func:`~mpguide.verify.declarations.claim_identity` of each claim): measured values, titles, labels
+    :func:`~mpguide.verify.declaration_check.claim_identity` of each claim): measured values, titles, labels
     and judged values do not. A declaration's runs and claims and the copy a record holds of them
     give the same digest (:func:`~mpguide.verify.declarations.record_digest`).
 
@@ -254,10 +251,8 @@ def _run_entry(entry: Any, i: int, where: str) -> RunDecl:
 
 def _claim_entry(entry: Any, i: int, where: str, run_ids: set[str]) -> dict[str, Any]:
     at = f"{where}: CLAIMS[{i}]"
-    if not isinstance(entry, tuple) or len(entry) < 2 or entry[0] not in claims_mod.KINDS:
-        raise DeclarationError(
-            f"{at}: expected (kind, arguments...) with kind one of {list(claims_mod.KINDS)}, found {entry!r}"
-        )
+    if not isinstance(entry, tuple) or len(entry) < 2 or entry[0] not in KINDS:
+        raise DeclarationError(f"{at}: expected (kind, arguments...) with kind one of {list(KINDS)}, found {entry!r}")
     args, options = list(entry[1:]), {}
     if args and isinstance(args[-1], dict):
         options = args.pop()
@@ -353,138 +348,3 @@ def parse_swaps(value: str | None) -> dict[tuple[str, str], str]:
 
 
 #: Claim fields compared between a record and its declaration (titles are compared for fresh records).
-_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "only_on")
-
-
-def _claim_label(claim: dict[str, Any]) -> str:
-    return f"{claim.get('title') or claim['kind']!r} ({claim['kind']} of {', '.join(claim['runs'])})"
-
-
-def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
-    return (claim.get("kind"), tuple(claim.get("runs") or ()), claim.get("key"), claim.get("category"))
-
-
-def compare_with_declaration(
-    record: dict[str, Any], declaration: Any, stale: bool = False
-) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
-    """Compare a record with the example's declaration (see :mod:`mpguide.verify.declarations`).
-
-    A fresh record must hold exactly the declared runs (same recipe, precision, seed, plugin,
-    Trainer arguments) and exactly the declared claims (same kind, runs, tolerance, expected
-    value, message, title). Every difference is one failed ``declaration`` verdict naming the
-    example, the claim or run, what differs and the fix (rerun the example).
-
-    Args:
-        record: the record.
-        declaration: its example's :class:`mpguide.verify.declarations.Declaration`.
-        stale: the record is a reference made from an older version of the example: differences
-            are expected, so none is a failure; declared claims the record did not hold, or whose
-            runs changed, are returned as not judged.
-
-    Returns:
-        ``(problems, claims, runs)``: keyword arguments of failed verdicts; the declared claims
-        that apply to the record's accelerator, each with ``""`` or the reason it is not judged;
-        the ids of the runs whose implicit checks apply.
-    """
-    where = f"examples/{declaration.example}.py"
-    fix = f"rerun the example (python {where}, or rebuild the docs) to write a record that matches it"
-    problems: list[dict[str, Any]] = []
-
-    def problem(title: str, runs: list[str], detail: str) -> None:
-        problems.append(
-            dict(
-                kind="declaration",
-                runs=runs,
-                title=title,
-                metric="declaration",
-                value=None,
-                threshold=f"as declared in {where}",
-                passed=False,
-                observed="differs",
-                detail=f"{detail}; {fix}",
-            )
-        )
-
-    recorded = {run["id"]: run for run in record["runs"]}
-    matching: set[str] = set()
-    for decl in declaration.runs:
-        run = recorded.get(decl.id)
-        if run is None:
-            if not stale:
-                problem(
-                    f"run {decl.id} is missing",
-                    [decl.id],
-                    f"{where} declares run {decl.id!r} but the record has no such run",
-                )
-            continue
-        spec = dict(run)
-        if run.get("swapped_from"):
-            problem(
-                f"run {decl.id} trained another recipe",
-                [decl.id],
-                f"run {decl.id!r} trained recipe {run['recipe']!r} instead of the declared "
-                f"{run['swapped_from']!r} (MPGUIDE_SWAP_RECIPE)",
-            )
-            spec["recipe"] = run["swapped_from"]
-        keys = [k for k in decl.spec() if k != "id" and (not stale or k in spec)]
-        diffs = [
-            f"{k} is {spec.get(k)!r} in the record, {decl.spec()[k]!r} in {where}"
-            for k in keys
-            if spec.get(k) != decl.spec()[k]
-        ]
-        if diffs and not stale:
-            problem(f"run {decl.id} differs", [decl.id], f"run {decl.id!r}: " + "; ".join(diffs))
-        if not diffs:
-            matching.add(decl.id)
-    extra_runs = sorted(set(recorded) - {r.id for r in declaration.runs})
-    if extra_runs and not stale:
-        problem("runs not declared", extra_runs, f"the record holds run(s) {extra_runs} that {where} does not declare")
-
-    accelerator = record.get("env", {}).get("accelerator", "cpu")
-    declared = declaration.claims_for(accelerator)
-    held = [dict(c) for c in record["claims"]]
-    remaining = list(held)
-    to_judge: list[tuple[dict[str, Any], str]] = []
-    for claim in declared:
-        twin = next((c for c in remaining if _pair_key(c) == _pair_key(claim)), None)
-        if twin is not None:
-            remaining.remove(twin)
-        if stale:
-            reason = ""
-            if twin is None or any(twin.get(k) != claim.get(k) for k in _DEFINING if k != "only_on"):
-                reason = (
-                    "not judged: this stale record was made before the example declared this claim "
-                    "(or with another definition of it)"
-                )
-            elif any(r not in matching for r in claim["runs"]):
-                reason = "not judged: this stale record's runs were made with another recipe, precision or seed"
-            to_judge.append((claim, reason))
-            continue
-        to_judge.append((claim, ""))
-        if twin is None:
-            problem(
-                claim.get("title") or claim["kind"],
-                list(claim["runs"]),
-                f"claim {_claim_label(claim)} is declared in {where} but missing from the record",
-            )
-            continue
-        diffs = [
-            f"{k} is {twin.get(k)!r} in the record, {claim.get(k)!r} in {where}"
-            for k in _DEFINING + ("title",)
-            if twin.get(k) != claim.get(k)
-        ]
-        if diffs:
-            problem(
-                claim.get("title") or claim["kind"],
-                list(claim["runs"]),
-                f"claim {_claim_label(claim)} was altered: " + "; ".join(diffs),
-            )
-    if not stale:
-        for claim in remaining:
-            identity = claim_identity(claim)
-            problem(
-                claim.get("title") or str(claim.get("kind")),
-                list(claim.get("runs") or []),
-                f"the record holds a claim {where} does not declare: {identity}",
-            )
-    return problems, to_judge, (matching if stale else set(recorded))

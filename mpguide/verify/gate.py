@@ -11,16 +11,16 @@ records:
   from an older version of the example. A stale reference is labelled as such, and only the
   declared claims it already held, on unchanged runs, are judged; the others are "not judged".
 
-Every record is also checked in itself (:func:`~mpguide.verify.gate.integrity_problems`): its runs and
+Every record is also checked in itself (:func:`mpguide.verify.integrity.integrity_problems`): its runs and
 claims must still hash to the ``source.declaration_sha256`` it was written with (so a claim deleted
 from a stale reference fails instead of turning into "not judged"), its hardware fields must agree
 with each other, and a reference must lie in the folder of the device it was made on.
 
 A claim can also be **inconclusive** (a throughput parity claim whose interval still straddles its
-band edge at the benchmark's cap of rounds; :data:`mpguide.verify.claims.PAIRED_RULE`). It is counted
+band edge at the benchmark's cap of rounds; :data:`mpguide.verify.tolerances.PAIRED_RULE`). It is counted
 apart, never as a pass: the summary line counts it, one line per such claim follows ("INCONCLUSIVE
 (not a pass)"), the exit status stays 0 and a Sphinx build does not fail
-(:data:`mpguide.verify.claims.INCONCLUSIVE_RULE` says why).
+(:data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE` says why).
 
 Used three ways, always through :func:`~mpguide.verify.gate.judge`:
 
@@ -39,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from . import declarations
-from .claims import Verdict, evaluate_record, hardware_label
-from .records import REPO_ROOT, RecordError, file_digest, library_digest, load_record, record_path, reference_dir
+from .claims import evaluate_record
+from .integrity import integrity_problems, staleness
+from .records import REPO_ROOT, RecordError, load_record, record_path, reference_dir
 from .report import format_table, verdict_rows
+from .verdicts import Verdict, hardware_label
 
 #: Where ``python -m mpguide.verify.gate`` looks without arguments (what ``nox -s docs`` writes).
 DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"
@@ -131,150 +133,6 @@ def find_records(locations: Iterable[Path]) -> list[Path]:
     return found
 
 
-def staleness(record: dict[str, Any], examples: Path | None = None, include_library: bool = False) -> str:
-    """Why ``record`` no longer describes the current sources, or ``""`` when it does.
-
-    Args:
-        record: a schema-2 record.
-        examples: folder of the examples (default :func:`mpguide.verify.declarations.examples_dir`).
-        include_library: also call it stale when the helper library changed (this build's records
-            must come from the current library; a GPU reference only from the current example).
-    """
-    source = record.get("source") or {}
-    reasons = []
-    current = file_digest(declarations.example_file(record["example"], examples))
-    if source.get("example_sha256") != current:
-        reasons.append(
-            f"examples/{record['example']}.py changed since the record was made"
-            + (f" at commit {source['commit'][:7]}" if source.get("commit") else "")
-            + " (or the record's source digest was edited)"
-        )
-    if include_library and source.get("library_sha256") != library_digest():
-        reasons.append("the mpguide library changed since the record was made")
-    return "; ".join(reasons)
-
-
-def _fix(record: dict[str, Any], path: Path | str, reference: bool) -> str:
-    """How to get a good record again: restore or refresh a committed reference, rerun a build's example."""
-    if reference:
-        return (
-            f"restore the committed file (git checkout -- {path}) or refresh the references on that GPU "
-            f"(nox -s docs_gpu -- --update-reference)"
-        )
-    return f"rerun the example (python examples/{record['example']}.py, or rebuild the docs)"
-
-
-def integrity_problems(record: dict[str, Any], path: Path | str = "", reference: bool = False) -> list[tuple[str, str]]:
-    """What is wrong with a record in itself, whatever its example declares today.
-
-    Three checks, each giving at most one ``(title, detail)`` problem whose detail says what differs
-    and the fix:
-
-    * **runs and claims as written**: the record's runs and claims must still hash to the
-      ``source.declaration_sha256`` it was written with (:func:`mpguide.verify.declarations.record_digest`),
-      so a run or claim deleted, added or edited later is noticed even in a stale reference, which
-      is not compared with today's declaration;
-    * **hardware fields agree**: ``env.accelerator`` is ``"cpu"`` or ``"cuda"``; a CPU record has a
-      CPU device label (``"CPU (<n> cores)"``) and ``env.cuda == "cpu"``, a CUDA record neither; the
-      torch build tag (``+cpu``, ``+cu130``) fits the accelerator and ``env.cuda``; the
-      ``MPGUIDE_DEVICE`` and ``MPGUIDE_PRESET`` in ``source.run_env`` (when set) agree with
-      ``env.accelerator`` and ``preset``;
-    * **reference folder** (``reference=True``): a committed reference was made on CUDA and lies in
-      the folder named by its device (``results/reference/<slug>/``, :func:`mpguide.verify.hardware.device_slug`
-      of ``env.device``), as :func:`mpguide_build.reference.update_reference` writes it.
-
-    Args:
-        record: a record that passed :func:`mpguide.verify.records.validate_record`.
-        path: where it was read from (its folder name is checked for a reference).
-        reference: a committed reference rather than this build's record.
-
-    Returns:
-        ``[(title, detail), ...]``, empty for a sound record.
-    """
-    fix = _fix(record, path, reference)
-    problems: list[tuple[str, str]] = []
-    stored = (record.get("source") or {}).get("declaration_sha256")
-    actual = declarations.record_digest(record)
-    counts = f"its {len(record['runs'])} run(s) and {len(record['claims'])} claim(s)"
-    if not isinstance(stored, str) or not stored:
-        problems.append(
-            (
-                "runs and claims as written",
-                f"source.declaration_sha256 is {stored!r}, so a run or claim deleted from the record "
-                f"could not be noticed; {fix}",
-            )
-        )
-    elif stored != actual:
-        problems.append(
-            (
-                "runs and claims as written",
-                f"{counts} hash to {actual[:12]}, not to the source.declaration_sha256 {stored[:12]} "
-                f"the record was written with: a run or claim was deleted, added or edited since; {fix}",
-            )
-        )
-
-    env = record["env"]
-    run_env = (record.get("source") or {}).get("run_env") or {}
-    accelerator, device, cuda = env.get("accelerator"), str(env.get("device", "")), env.get("cuda")
-    cpu_label = device.startswith("CPU")
-    clashes = []
-    if accelerator not in ("cpu", "cuda"):
-        clashes.append(f"env.accelerator is {accelerator!r}, not 'cpu' or 'cuda'")
-    elif accelerator == "cuda" and cpu_label:
-        clashes.append(f"env.accelerator is 'cuda' but env.device is {device!r}, a CPU label")
-    elif accelerator == "cpu" and not cpu_label:
-        clashes.append(f"env.accelerator is 'cpu' but env.device is {device!r}, not a CPU label ('CPU (<n> cores)')")
-    if accelerator == "cuda" and cuda == "cpu":
-        clashes.append("env.accelerator is 'cuda' but env.cuda is 'cpu'")
-    elif accelerator == "cpu" and cuda != "cpu":
-        clashes.append(f"env.accelerator is 'cpu' but env.cuda is {cuda!r}, not 'cpu'")
-    tag = str(env.get("torch", "")).partition("+")[2]  # the wheel's build: "cpu", "cu130", "" (built from source)
-    if accelerator == "cuda" and tag == "cpu":
-        clashes.append(f"env.accelerator is 'cuda' but env.torch is {env.get('torch')!r}, a CPU build")
-    elif tag.startswith("cu") and isinstance(cuda, str) and cuda != "cpu" and tag != "cu" + cuda.replace(".", ""):
-        clashes.append(f"env.torch {env.get('torch')!r} is a {tag} build but env.cuda is {cuda!r}")
-    if run_env.get("MPGUIDE_DEVICE") in ("cpu", "cuda") and run_env["MPGUIDE_DEVICE"] != accelerator:
-        clashes.append(
-            f"source.run_env.MPGUIDE_DEVICE is {run_env['MPGUIDE_DEVICE']!r} but env.accelerator is {accelerator!r}"
-        )
-    if isinstance(run_env.get("MPGUIDE_PRESET"), str) and run_env["MPGUIDE_PRESET"] != record["preset"]:
-        clashes.append(
-            f"source.run_env.MPGUIDE_PRESET is {run_env['MPGUIDE_PRESET']!r} but preset is {record['preset']!r}"
-        )
-    if clashes:
-        problems.append(
-            ("hardware fields agree", "; ".join(clashes) + f": the fields were edited or come from two records; {fix}")
-        )
-
-    if reference:
-        from .hardware import ConfigurationError, device_slug  # imports torch: only when judging references
-
-        folder = Path(path).parent.name
-        try:
-            slug = device_slug(device)
-        except ConfigurationError:
-            slug = ""
-        if accelerator != "cuda":
-            problems.append(
-                (
-                    "reference made on a GPU",
-                    f"a committed GPU reference has env.accelerator {accelerator!r} ({device!r}); "
-                    f"references come from nox -s docs_gpu -- --update-reference on a CUDA machine: "
-                    f"delete it or refresh the folder there",
-                )
-            )
-        elif slug != folder:
-            problems.append(
-                (
-                    "reference in its device's folder",
-                    f"it lies in reference folder {folder!r} but env.device is {device!r} (device slug "
-                    f"{slug!r}); move it to results/reference/{slug or '<device-slug>'}/, or refresh "
-                    f"the references on that GPU (nox -s docs_gpu -- --update-reference)",
-                )
-            )
-    return problems
-
-
 def evaluate(
     record: dict[str, Any], path: Path | str = "", reference: bool = False, examples: Path | None = None
 ) -> tuple[list[Verdict], str]:
@@ -289,7 +147,7 @@ def evaluate(
     Returns:
         ``(verdicts, stale)``: the verdicts, and why a reference is stale (``""`` when current).
         A stale record of this build is one failed verdict instead. Each problem of the record in
-        itself (:func:`~mpguide.verify.gate.integrity_problems`) comes first, as a failed verdict of kind
+        itself (:func:`~mpguide.verify.integrity.integrity_problems`) comes first, as a failed verdict of kind
         ``"record"``.
     """
     hardware = hardware_label(record.get("env", {}))

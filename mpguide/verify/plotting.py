@@ -1,4 +1,11 @@
-"""Loss-curve figures from results records (matplotlib), shared by the examples and the guide page."""
+"""Loss-curve figures from results records (matplotlib), shared by the examples and the guide page.
+
+How several series share one axes without hiding each other is in :mod:`mpguide.verify.overlap`.
+
+Why this module is longer than 400 lines (about 440): it is the one plotting API the examples import, one
+function per kind of figure (loss curves, per-run series, relative gaps, recorded extra series), each with the
+checks of the record fields it draws; the style constants and the figure helpers are a few dozen lines of it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from . import records
-from .claims import smooth
+from .metrics import relative_gap, smooth, warmup_steps
+from .overlap import RAW_LABEL, draw_series, merged_label
 
 #: One colour per precision (colour-blind-safe Okabe-Ito hues, legible on light and dark pages).
 PRECISION_COLORS = {
@@ -46,16 +54,6 @@ TEXT_RC = {
 }
 #: Legend text size in points.
 LEGEND_SIZE = TEXT_RC["legend.fontsize"]
-#: Share of the axis' data range (on the drawn scale, so in decades on a log axis) within which two
-#: drawn series lie on top of each other, at :data:`OVERLAP_SHARE` of their points; the covered
-#: one gets markers and a legend note naming the one above it (see :func:`overlap_partner`).
-OVERLAP_FRACTION = 0.015
-#: Share of points that must be that close for two series to count as overlapping.
-OVERLAP_SHARE = 0.9
-#: Marker shapes for overlapping series, in order (hollow, so the line below stays visible).
-OVERLAP_MARKERS = ["o", "s", "^", "D", "v", "P"]
-#: Legend text of the faint raw per-batch loss lines drawn under the smoothed curves.
-RAW_LABEL = "faint lines: raw loss of each batch"
 
 
 def figure(nrows: int = 1, ncols: int = 1, width: float = 11.0, height: float = 4.6, **kwargs: Any):
@@ -108,121 +106,6 @@ def legend_below(ax: Any, ncol: int = 1) -> None:
     )
 
 
-def _merged_label(labels: Sequence[str]) -> str:
-    """``["automatic, fp32", "manual, fp32"]`` -> ``"automatic = manual, fp32 (identical, drawn once)"``."""
-    if len(labels) == 1:
-        return labels[0]
-    tails = {label.rsplit(", ", 1)[-1] for label in labels}
-    if len(tails) == 1 and all(", " in label for label in labels):
-        tail = tails.pop()
-        return " = ".join(label.rsplit(", ", 1)[0] for label in labels) + f", {tail} (identical, drawn once)"
-    return " = ".join(labels) + " (identical, drawn once)"
-
-
-def _drawn(values: Sequence[float], log: bool) -> Any:
-    """``values`` as the axis draws them: ``log10`` on a log axis (non-positive values: NaN, not drawn)."""
-    import numpy as np
-
-    v = np.asarray(values, dtype=float)
-    if log:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.nan)
-    return v
-
-
-def overlap_partner(
-    ys: Sequence[Sequence[float]], log: bool = False, span: float | None = None
-) -> list[tuple[int, int, int, float] | None]:
-    """For each series, the first *later* series drawn over it, where they overlap and how far apart they get.
-
-    Two series overlap when, on the drawn scale (``log10`` of the values on a log axis), they are
-    closer than :data:`OVERLAP_FRACTION` of ``span`` at :data:`OVERLAP_SHARE` or more of their
-    common points. Points where either series is not finite (or not positive on a log axis) are
-    left out; series with no common point overlap nothing. A later series is drawn over an
-    earlier one, so it is the earlier one that may disappear.
-
-    Args:
-        ys: per-batch values of each series, in drawing order (any lengths; compared over the shorter).
-        log: the axis is logarithmic.
-        span: the drawn range of the axis (default: the range of all finite drawn values, or 1.0
-            when that is 0).
-
-    Returns:
-        One entry per series, ``None`` or ``(index of the later series, batches where the two are
-        that close, common batches, largest |a - b| / max(|a|, |b|))`` (a fraction; 0.0 for equal values).
-    """
-    import numpy as np
-
-    drawn = [_drawn(y, log) for y in ys]
-    if span is None:
-        finite = [d[np.isfinite(d)] for d in drawn]
-        values = np.concatenate(finite) if finite else np.array([])
-        span = float(values.max() - values.min()) if values.size else 0.0
-        span = span or 1.0
-    out: list[tuple[int, int, int, float] | None] = []
-    for i, d in enumerate(drawn):
-        found = None
-        for j in range(i + 1, len(drawn)):
-            n = min(len(d), len(drawn[j]))
-            a, b = d[:n], drawn[j][:n]
-            both = np.isfinite(a) & np.isfinite(b)
-            if not both.any():
-                continue
-            close = np.abs(a[both] - b[both]) <= OVERLAP_FRACTION * span
-            if close.mean() >= OVERLAP_SHARE:
-                raw_a = np.asarray(ys[i][:n], dtype=float)[both]
-                raw_b = np.asarray(ys[j][:n], dtype=float)[both]
-                biggest = np.maximum(np.maximum(np.abs(raw_a), np.abs(raw_b)), np.finfo(float).tiny)
-                found = (j, int(close.sum()), int(both.sum()), float((np.abs(raw_a - raw_b) / biggest).max()))
-                break
-        out.append(found)
-    return out
-
-
-def _percent(fraction: float) -> str:
-    """``0.000123`` -> ``"0.012 %"``; two significant digits."""
-    return "0 %" if fraction == 0 else f"{100 * fraction:.2g} %"
-
-
-def _draw(ax: Any, series: list[dict[str, Any]], log: bool = False, span: float | None = None) -> None:
-    """Draw ``series`` on ``ax`` in order; a series that a later one covers gets markers drawn above everything.
-
-    Each item: ``x``, ``y``, ``name`` (legend text), ``color``, ``linestyle``, optional ``first``
-    (the first run's label of a merged entry, used in notes), ``linewidth`` and ``where`` (draw
-    as steps, as :meth:`matplotlib.axes.Axes.step` does). The
-    covered series' legend entry shows its marker and says what covers it ("markers: under fp32
-    at 139 of 140 batches, at most 0.0001 % apart"), so that every legend entry is visible.
-    """
-    import textwrap
-
-    partners = overlap_partner([item["y"] for item in series], log, span)
-    shown = 0
-    for item, partner in zip(series, partners):
-        label = item["name"]
-        kwargs: dict[str, Any] = dict(
-            color=item["color"], linestyle=item["linestyle"], linewidth=item.get("linewidth", 1.8)
-        )
-        marks: dict[str, Any] = {}
-        if partner is not None:
-            j, close, common, rel = partner
-            other = series[j].get("first") or series[j]["name"]  # a merged entry: its first run
-            label = f"{label} (markers: under {other} at {close} of {common} batches, at most {_percent(rel)} apart)"
-            every = max(1, len(item["y"]) // 12)
-            marks = dict(
-                marker=OVERLAP_MARKERS[shown % len(OVERLAP_MARKERS)],
-                markersize=7,
-                markerfacecolor="none",
-                markeredgewidth=1.6,
-                markevery=((every * ((shown + 1) % 4)) // 4, every),
-            )
-            shown += 1
-        draw = ax.step if item.get("where") else ax.plot
-        where = {"where": item["where"]} if item.get("where") else {}
-        draw(item["x"], item["y"], label="\n".join(textwrap.wrap(label, 62)), **where, **kwargs, **marks)
-        if marks:  # the same markers again, above every line, without a legend entry
-            draw(item["x"], item["y"], **where, color=item["color"], linestyle="none", zorder=3.5, **marks)
-
-
 def run_by_id(record: dict[str, Any], run_id: str) -> dict[str, Any]:
     """The run ``run_id`` of ``record``.
 
@@ -245,15 +128,15 @@ def plot_loss_curves(
 ) -> None:
     """Draw the smoothed loss curves of ``run_ids`` on ``ax``, one point per batch.
 
-    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.claims.smooth`),
+    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.metrics.smooth`),
     drawn over the raw per-batch loss in a faint line of the same colour; one grey legend entry,
-    :data:`RAW_LABEL`, says what the faint lines are. Colour follows precision unless ``colors``
+    :data:`~mpguide.verify.overlap.RAW_LABEL`, says what the faint lines are. Colour follows precision unless ``colors``
     gives one per run id; the line style always follows precision (:data:`PRECISION_STYLES`).
     Runs whose losses are bitwise identical are drawn once, with one legend entry naming them all
     ("automatic = manual, fp32 (identical, drawn once)"); a curve that lies on top of an earlier
     one without being identical gets hollow markers and says so in its legend entry (see
-    :func:`overlap_partner`). Runs that raised are listed in the legend as "(raised ...)" without a
-    curve. The legend goes below the axes.
+    :func:`~mpguide.verify.overlap.overlap_partner`). Runs that raised are listed in the legend as
+    "(raised ...)" without a curve. The legend goes below the axes.
 
     Args:
         ax: a matplotlib Axes.
@@ -287,11 +170,11 @@ def plot_loss_curves(
                 y=smooth(first["loss"]),
                 color=color,
                 linestyle=PRECISION_STYLES.get(first["precision"], "-"),
-                name=_merged_label(names),
+                name=merged_label(names),
                 first=names[0],
             )
         )
-    _draw(ax, series)
+    draw_series(ax, series)
     for run in failed:
         label = (labels or {}).get(run["id"]) or run.get("label") or run["id"]
         ax.plot(
@@ -323,7 +206,7 @@ def plot_run_series(
     """Draw a per-batch list stored in each run (``"lr"``, ``"loss_scale"``), exactly equal series once.
 
     A series lying on top of an earlier, unequal one gets markers and a legend note
-    (:func:`overlap_partner`).
+    (:func:`~mpguide.verify.overlap.overlap_partner`).
 
     Args:
         ax: a matplotlib Axes.
@@ -353,11 +236,11 @@ def plot_run_series(
                 linewidth=1.6,
                 color=colors.get(first["id"], PRECISION_COLORS.get(first["precision"], "#444444")),
                 linestyle=PRECISION_STYLES.get(first["precision"], "-"),
-                name=_merged_label([m.get("label") or m["id"] for m in members]),
+                name=merged_label([m.get("label") or m["id"] for m in members]),
                 first=members[0].get("label") or members[0]["id"],
             )
         )
-    _draw(ax, series, log=log)
+    draw_series(ax, series, log=log)
     if log:
         ax.set_yscale("log", base=2)
     ax.set_xlabel(BATCH_AXIS)
@@ -380,7 +263,7 @@ GAP_FLOOR = 1e-7
 def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[str, str]], title: str) -> None:
     """Draw, per batch after the warm-up, the relative difference the claims judge (log scale).
 
-    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.claims.relative_gap`,
+    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.metrics.relative_gap`,
     coloured and styled by the candidate's precision. Pairs whose curves are bitwise identical have
     no difference to draw on a log axis: they share one line at :data:`~mpguide.verify.plotting.GAP_FLOOR`
     and one legend entry naming every such pair.
@@ -392,8 +275,6 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
         title: axes title.
     """
     import numpy as np
-
-    from .claims import relative_gap, warmup_steps
 
     identical, steps, series = [], None, []
     for i, (cand, ref) in enumerate(pairs):
@@ -416,7 +297,7 @@ def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[st
                 name=f"{cand} vs {ref}",
             )
         )
-    _draw(ax, series, log=True, span=float(np.log10(1.0 / (GAP_FLOOR / 10))))
+    draw_series(ax, series, log=True, span=float(np.log10(1.0 / (GAP_FLOOR / 10))))
     if identical and steps is not None:
         import textwrap
 
@@ -455,7 +336,7 @@ def plot_extra_series(
 
     Series that are exactly equal are drawn once, with one legend entry naming every run; a series
     lying on top of an earlier, unequal one gets hollow markers and a legend note naming it
-    (:func:`overlap_partner`); the line style follows precision; the legend goes below the axes.
+    (:func:`~mpguide.verify.overlap.overlap_partner`); the line style follows precision; the legend goes below the axes.
 
     On a log axis (``log_base``) a value of exactly 0 (a skipped step: nothing moved) has no place:
     the line leaves a gap there and a triangle at the bottom of the axes marks the batch, with one
@@ -492,7 +373,7 @@ def plot_extra_series(
         i, first = members[0]
         y = np.asarray(values, dtype=float)
         names = [(labels or {}).get(m["id"]) or m.get("label") or m["id"] for _, m in members]
-        name = _merged_label(names)
+        name = merged_label(names)
         color = colors.get(first["id"], EXTRA_COLORS[i % len(EXTRA_COLORS)])
         if log_base:
             zero = np.flatnonzero(y == 0)
@@ -511,7 +392,7 @@ def plot_extra_series(
                 linestyle=PRECISION_STYLES.get(first["precision"], "-"),
             )
         )
-    _draw(ax, series, log=bool(log_base))
+    draw_series(ax, series, log=bool(log_base))
     if log_base:
         ax.set_yscale("log", base=log_base)
         finite = np.concatenate([s["y"][np.isfinite(s["y"])] for s in series]) if series else np.array([1.0])

@@ -21,8 +21,8 @@ claim gate. Layout (``schema_version`` 2)::
     }
 
 A claim's ``verdict`` is ``"pass"``, ``"FAIL"``, ``"inconclusive"`` (a paired throughput claim the data
-could not decide; never a pass, see :data:`mpguide.verify.claims.INCONCLUSIVE_RULE`) or ``"not judged"``, as
-:attr:`mpguide.verify.claims.Verdict.status` gives it when the record is written; the gate re-judges every
+could not decide; never a pass, see :data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE`) or ``"not judged"``, as
+:attr:`mpguide.verify.verdicts.Verdict.status` gives it when the record is written; the gate re-judges every
 record and never reads these words.
 
 Every field is typed in :mod:`mpguide.verify.schema` (pydantic models, strict mode) and listed in
@@ -131,7 +131,7 @@ def file_digest(path: Path) -> str | None:
 #: Package modules (paths relative to the package) that only draw figures and tables. Examples run
 #: them, so they are part of a record's library digest, but no verdict depends on them: the version
 #: matrix leaves them out.
-PRESENTATION_MODULES = frozenset({"verify/plotting.py", "verify/report.py"})
+PRESENTATION_MODULES = frozenset({"verify/plotting.py", "verify/overlap.py", "verify/report.py"})
 
 
 def library_digest(exclude: frozenset[str] = frozenset()) -> str:

@@ -7,8 +7,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from .claims import Verdict, evaluate_record
+from .claims import evaluate_record
 from .records import short_paths
+from .throughput_config import Size
+from .tolerances import TOLERANCES
+from .verdicts import Verdict
 
 #: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
@@ -103,8 +106,6 @@ def measured_text(v: Verdict) -> str:
 def allowed_text(v: Verdict, tolerance_href: str | None = None) -> str:
     """What ``v`` requires, in words, naming its tolerance (a link to its definition when
     ``tolerance_href`` is the verification page's URL), e.g. ``"at most 0.10 % (same-precision)"``."""
-    from .claims import TOLERANCES
-
     tol = TOLERANCES.get(v.tolerance)
     name = _tolerance_name(v, tolerance_href)
     if not v.judged:
@@ -341,14 +342,12 @@ def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
     loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
     plain manual loop of the same precision,
     achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
-    records give no rows (they time no speed-up; see :data:`mpguide.verify.throughput.TUNED`).
+    records give no rows (they time no speed-up; see :data:`mpguide.verify.throughput_config.TUNED`).
 
     Raises:
         KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
             that did not come from plot_15).
     """
-    from .throughput import Size  # imports Lightning: only for the page that shows the table
-
     rows = []
     for entry in entries:
         env = entry.record.get("env", {})

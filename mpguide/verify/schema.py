@@ -1,4 +1,6 @@
-"""The schema of a results record (and of a version-matrix summary), as typed pydantic models.
+"""The schema of a results record, as typed pydantic models.
+
+A version-matrix summary has its own schema, in :mod:`mpguide.verify.summary_schema`.
 
 Every field of the layout in :mod:`mpguide.verify.records` has a type here, checked in pydantic's strict
 mode (no coercion: ``"0.5"`` is not a number, ``true`` is not ``1``), and every measured number
@@ -31,6 +33,11 @@ Semantic rules the types cannot say are model validators: run ids are unique, a 
 least one claim, a claim of a known kind names as many distinct runs as the kind compares and
 carries the fields it needs, and a record written by schema 2 itself (not upgraded from schema 1)
 stores every run option.
+
+Why this module is longer than 400 lines: it is the schema of one record, and the parts depend on each other
+(the registered ``extra`` keys are checked by the run model, the claim model reads the run ids of the record
+model, and the error messages walk the same models' locations); split up, a reader would follow one field
+through several files.
 """
 
 from __future__ import annotations
@@ -83,7 +90,9 @@ Name = Annotated[str, Field(min_length=1)]
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
-class _Model(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every model here: strict types (no coercion) and no fields beyond the declared ones."""
+
     model_config = _STRICT
 
 
@@ -123,7 +132,7 @@ def check_json(value: Any, at: str = "") -> None:
 # ------------------------------------------------------------------------------------ extra keys
 
 
-class BenchmarkVariant(_Model):
+class BenchmarkVariant(StrictModel):
     """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.throughput`)."""
 
     steps_per_s: Positive
@@ -135,8 +144,9 @@ class BenchmarkVariant(_Model):
     round_steps_per_s: list[Positive]
 
 
-class BenchmarkSize(_Model):
-    """``extra.size``: the fields of :class:`mpguide.verify.throughput.Size` (the page recomputes FLOP/s from them)."""
+class BenchmarkSize(StrictModel):
+    """``extra.size``: the fields of :class:`mpguide.verify.throughput_config.Size` (the page recomputes FLOP/s from
+    them)."""
 
     width: Count
     layers: Count
@@ -284,18 +294,18 @@ def _validate_extra(extra: dict[str, Any], raised: bool) -> None:
             adapter.validate_python(value, strict=True)
         except ValidationError as err:
             first = err.errors(include_url=False)[0]
-            at = f".{key}" + _json_path(first["loc"], absolute=False)
+            at = f".{key}" + json_path(first["loc"], absolute=False)
             if first["type"] == "mpguide_type":
                 at += first["ctx"]["at"]
             raise PydanticCustomError(
-                "mpguide_type", "{expected}", {"at": at, "expected": _expected(first), "found": first.get("input")}
+                "mpguide_type", "{expected}", {"at": at, "expected": expected_text(first), "found": first.get("input")}
             ) from None
 
 
 # ---------------------------------------------------------------------------------------- record
 
 
-class Env(_Model):
+class Env(StrictModel):
     """``env``: versions and hardware of the process that made the record (all strings)."""
 
     python: str
@@ -307,7 +317,7 @@ class Env(_Model):
     platform: str
 
 
-class RunEnv(_Model):
+class RunEnv(StrictModel):
     """``source.run_env``: the environment variables that steer a run (``None``: not recorded)."""
 
     MPGUIDE_PRESET: str | None = None
@@ -315,7 +325,7 @@ class RunEnv(_Model):
     swaps: dict[str, str] = {}
 
 
-class Source(_Model):
+class Source(StrictModel):
     """``source``: what the record was produced from (digests, commit, run environment)."""
 
     example_sha256: str | None
@@ -327,7 +337,7 @@ class Source(_Model):
     upgraded_from_schema: Annotated[int, Field(ge=1, le=1)] | None = None  # not Literal[1]: it accepts True
 
 
-class ErrorInfo(_Model):
+class ErrorInfo(StrictModel):
     """A run's ``error``: the exception it raised."""
 
     type: Name
@@ -335,7 +345,7 @@ class ErrorInfo(_Model):
     traceback: str = ""
 
 
-class Run(_Model):
+class Run(StrictModel):
     """One entry of ``runs`` (the fields of :class:`mpguide.verify.runner.RunResult`)."""
 
     id: Name
@@ -407,8 +417,9 @@ CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 
 
-class Claim(_Model):
-    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declarations.CLAIM_KEYS`), what was judged."""
+class Claim(StrictModel):
+    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declaration_check.CLAIM_KEYS`), what was
+    judged."""
 
     kind: Name
     runs: list[Any]  # checked by _runs_for_kind, with the kind in the message
@@ -464,7 +475,7 @@ class Claim(_Model):
         return self
 
 
-class Record(_Model):
+class Record(StrictModel):
     """A results record of ``schema_version`` 2 (the layout in :mod:`mpguide.verify.records`)."""
 
     example: Name
@@ -523,7 +534,8 @@ _JSON_TYPES = (
 )
 
 
-def _found(value: Any) -> str:
+def found_text(value: Any) -> str:
+    """What a field held, for a message: its JSON type and value, cut at 40 characters (``"string 'x'"``)."""
     kind = next((name for t, name in _JSON_TYPES if isinstance(value, t)), type(value).__name__)
     if kind in ("list", "object"):
         return f"{kind} of {len(value)} item(s)"
@@ -535,7 +547,8 @@ def _found(value: Any) -> str:
     return kind if kind == "null" else f"{kind} {text[:40] + ('...' if len(text) > 40 else '')}"
 
 
-def _expected(error: dict[str, Any]) -> str:
+def expected_text(error: dict[str, Any]) -> str:
+    """What a field should hold, in words, from one pydantic error (``"a finite number"``)."""
     kind, ctx = error["type"], error.get("ctx") or {}
     words = {
         "list_type": "list",
@@ -559,7 +572,7 @@ def _expected(error: dict[str, Any]) -> str:
     return words.get(kind, error["msg"].replace("Input should be ", ""))
 
 
-def _json_path(loc: tuple[Any, ...], absolute: bool = True, record: Any = None) -> str:
+def json_path(loc: tuple[Any, ...], absolute: bool = True, record: Any = None) -> str:
     """``("runs", 3, "extra", "x", 2)`` -> ``runs[3] (id).extra.x[2]`` (the run id from ``record``)."""
     out = ""
     for i, part in enumerate(loc):
@@ -598,7 +611,7 @@ def describe(err: ValidationError, record: Any, path: Path | str) -> str:
     fix = f"rerun python examples/{stem}.py to write a fresh record"
 
     def where(at: tuple[Any, ...]) -> str:
-        text = _json_path(at, record=record)
+        text = json_path(at, record=record)
         return f"{path}: {text}" if text else f"{path}"
 
     if kind == "extra_forbidden":
@@ -621,14 +634,14 @@ def describe(err: ValidationError, record: Any, path: Path | str) -> str:
         return f"{where(loc[:-1])}: missing field {loc[-1]!r}{more}; {fix}"
     if kind == "mpguide":
         return f"{where(loc)}: {first['msg']}{more}; {fix}"
-    at = _json_path(loc, record=record) + (ctx.get("at", "") if kind == "mpguide_type" else "")
+    at = json_path(loc, record=record) + (ctx.get("at", "") if kind == "mpguide_type" else "")
     value = ctx.get("found") if kind == "mpguide_type" else first.get("input")
     if len(loc) == 4 and loc[0] == "runs" and loc[2] == "loss":
         return (
-            f"{path}: field {at!r} is a non-numeric loss value ({_found(value)}); a loss is a number "
+            f"{path}: field {at!r} is a non-numeric loss value ({found_text(value)}); a loss is a number "
             f"(NaN and Infinity are stored as JSON's NaN/Infinity){more}; {fix}"
         )
-    return f"{path}: field {at!r} should be {_expected(first)}, found {_found(value)}{more}; {fix}"
+    return f"{path}: field {at!r} should be {expected_text(first)}, found {found_text(value)}{more}; {fix}"
 
 
 def validate_record(record: Any, path: Path | str = "<record>") -> None:
@@ -655,114 +668,3 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
         Record.model_validate(record)
     except ValidationError as err:
         raise RecordError(describe(err, record, path)) from None
-
-
-# -------------------------------------------------------------------------------- matrix summary
-
-#: Format of a version-matrix summary (:mod:`mpguide_build.matrix`).
-MATRIX_SCHEMA = "mpguide-matrix-1"
-
-
-class MatrixClaim(_Model):
-    """One row of an example in a summary: a declared claim or the implicit ``runs complete`` row."""
-
-    id: Name
-    kind: Name
-    runs: list[str]
-    title: str
-    verdict: Literal["pass", "fail", "inconclusive", "not judged"]
-    observed: str | None = None
-    message: str
-
-
-class MatrixRun(_Model):
-    """``examples[name].runs[id]``: what the release pages need of one run (its precision, plugin and error)."""
-
-    precision: str
-    plugin: str | None = None
-    error: str | None = None
-
-
-class MatrixExample(_Model):
-    """``examples[name]`` of a summary (``runs`` only in summaries written since 2026-12-01)."""
-
-    example_sha256: str | None
-    status: Literal["ran", "could not run"]
-    error: str | None
-    seconds: NonNegative | None
-    claims: list[MatrixClaim]
-    runs: dict[str, MatrixRun] | None = None
-
-
-class ReleaseError(_Model):
-    """``error`` of a release that could not run."""
-
-    stage: Literal["install", "import"]
-    message: str
-
-
-class PluginTests(_Model):
-    """``plugin_tests``: the plugin's tests in that environment."""
-
-    status: Literal["pass", "fail", "refused", "could not run"]
-    passed: Count
-    failed: Count
-    message: str
-
-
-class MatrixSource(_Model):
-    """``source`` of a summary: a release from PyPI, or a commit of Lightning's development branch."""
-
-    kind: Literal["pypi", "git"]
-    repository: str | None = None
-    branch: str | None = None
-    commit: str | None = None
-    date: str | None = None
-
-
-class CacheProbe(_Model):
-    """``autocast_cache_probe``: the minimal reproduction of the autocast-cache bug on that torch."""
-
-    torch: str | None = None
-    gradient_lost: bool | None = None
-    detail: str = ""
-
-
-class MatrixSummary(_Model):
-    """A version-matrix summary, ``results/matrix/lightning-<version>.json`` (see :mod:`mpguide_build.matrix`)."""
-
-    schema_: Literal["mpguide-matrix-1"] = Field(alias="schema")  # "schema" would shadow a BaseModel attribute
-    lightning: Name
-    torch: str | None
-    python: str
-    device: str
-    preset: str
-    created: str
-    status: Literal["ran", "could not run"]
-    error: ReleaseError | None
-    library_sha256: Name
-    examples: dict[str, MatrixExample]
-    plugin_tests: PluginTests | None
-    # written since the older-torch and unreleased columns (absent in older summaries)
-    torch_threads: Count | None = None
-    lightning_version: str | None = None
-    source: MatrixSource | None = None
-    torch_pin: str | None = None
-    scope: list[str] | None = None
-    autocast_cache_probe: CacheProbe | None = None
-
-
-def matrix_problem(summary: Any, where: Path | str) -> str:
-    """``""`` for a valid summary, else the first problem: the file, the field's JSON path, what is wrong."""
-    try:
-        MatrixSummary.model_validate(summary)
-    except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        loc = tuple(first["loc"])
-        at = _json_path(loc)  # examples.<name>.claims[0].verdict
-        if first["type"] == "missing":
-            return f"{where}: missing field {at!r}"
-        if first["type"] == "extra_forbidden":
-            return f"{where}: unknown field {at!r}"
-        return f"{where}: field {at!r} should be {_expected(first)}, found {_found(first.get('input'))}"
-    return ""

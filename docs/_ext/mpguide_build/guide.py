@@ -156,9 +156,10 @@ def numbers() -> dict[str, Any]:
     """
     import torch
 
-    from mpguide.verify.claims import hardware_label, relative_gap
     from mpguide.verify.declarations import example_names
     from mpguide.verify.gate import page_entries
+    from mpguide.verify.metrics import relative_gap
+    from mpguide.verify.verdicts import hardware_label
 
     names = example_names()
     entries = {name: page_entries(name)[0] for name in names}
@@ -232,7 +233,7 @@ def footer(section: str, prefix: str = "../") -> str:
 
     * **Verified**: how many of the section's example's checks hold in this build, linking to the
       example's verdicts;
-    * **Lightning releases**: ``mpguide_build.matrix.applies_sentence`` of the section's claims,
+    * **Lightning releases**: ``mpguide_build.matrix_page.applies_sentence`` of the section's claims,
       linking to the releases page.
 
     Args:
@@ -242,11 +243,11 @@ def footer(section: str, prefix: str = "../") -> str:
     Raises:
         KeyError: unknown section (the message lists the known ones).
         mpguide.records.RecordError: the example's record is missing.
-        mpguide.matrix.MatrixError: a claim of the section is missing from the matrix.
+        mpguide_build.matrix_summary.MatrixError: a claim of the section is missing from the matrix.
     """
     from mpguide.verify.gate import page_entries
 
-    from . import matrix
+    from . import matrix_page, matrix_summary
 
     if section not in SECTIONS:
         raise KeyError(f"unknown guide section {section!r}; known: {sorted(SECTIONS)}")
@@ -261,7 +262,7 @@ def footer(section: str, prefix: str = "../") -> str:
     ]
     if claims:
         lines.append(
-            f"**Lightning releases**: {matrix.applies_sentence(matrix.load_matrix(), claims)} "
+            f"**Lightning releases**: {matrix_page.applies_sentence(matrix_summary.load_matrix(), claims)} "
             f'(<a href="{prefix}releases.html">every release and claim</a>)'
         )
     return "  \n".join(lines)  # a hard line break between the two lines
@@ -276,10 +277,10 @@ def _example_link(example: str, prefix: str) -> str:
 
 def verification_summary(prefix: str = "") -> str:
     """Markdown table of this build, one row per example: checks that hold, runs, where and when it ran."""
-    from mpguide.verify.claims import hardware_label
     from mpguide.verify.declarations import example_names
     from mpguide.verify.gate import page_entries
     from mpguide.verify.report import markdown_table
+    from mpguide.verify.verdicts import hardware_label
 
     rows = []
     for name in example_names():
@@ -305,7 +306,7 @@ def verdict_tables(entries: Sequence[Any], prefix: str = "", tolerance_href: str
     out = []
     for entry in entries:
         name = entry.record["example"]
-        from mpguide.verify.claims import hardware_label
+        from mpguide.verify.verdicts import hardware_label
 
         where = "this build" if entry.source == "this build" else "reference run"
         note = (
@@ -340,9 +341,9 @@ def reference_entries() -> list[Any]:
 
 def tolerance_table() -> str:
     """Markdown table of every tolerance: its name (the anchor ``tol-<name>`` that verdict rows link
-    to), the bound, its value and the measurements behind it (``mpguide.verify.claims.TOLERANCES``)."""
-    from mpguide.verify.claims import TOLERANCES
+    to), the bound, its value and the measurements behind it (``mpguide.verify.tolerances.TOLERANCES``)."""
     from mpguide.verify.report import TOLERANCE_ANCHOR, markdown_table
+    from mpguide.verify.tolerances import TOLERANCES
 
     rows = [
         {
@@ -359,7 +360,7 @@ def tolerance_table() -> str:
 def warmup_numbers() -> dict[str, Any]:
     """The warm-up of the porting example's curves: steps skipped by the curve checks, and the largest
     gaps inside them (bf16-mixed and 16-mixed against fp32, in percent)."""
-    from mpguide.verify.claims import warmup_gap, warmup_steps
+    from mpguide.verify.metrics import warmup_gap, warmup_steps
     from mpguide.verify.records import load_record, record_path
 
     rec = load_record(record_path("plot_01_porting_to_manual"))

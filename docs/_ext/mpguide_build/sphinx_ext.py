@@ -20,7 +20,7 @@ What it does, in build order:
    claims; any failed claim, altered or stale record, or unreadable record raises
    :class:`sphinx.errors.ExtensionError`, so ``sphinx-build`` exits non-zero with one line per
    failure naming example, claim, runs, metric, threshold, record and hardware. An inconclusive
-   claim (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
+   claim (:data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
    a pass): ...``, logged at info level: a Sphinx warning would fail the ``-W`` build by noise.
 5. ``build-finished``, last: one line with the build's wall time, the examples' and pages' summed
    execution times and their ratio (:mod:`mpguide_build.buildtime`); printed, never judged.
@@ -44,7 +44,7 @@ from mpguide.verify import gate
 from mpguide.verify.declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
 from mpguide.verify.records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
-from . import buildtime, matrix
+from . import buildtime, matrix_summary
 
 logger = logging.getLogger(__name__)
 
@@ -193,8 +193,8 @@ def _on_env_before_read_docs(app: Sphinx, env: Any, docnames: list[str]) -> None
         except RecordError as err:
             raise ExtensionError(f"[mpguide] {err}") from None
     try:  # the guide page reads the version matrix too: a malformed summary fails here, not in a kernel
-        matrix.load_matrix()
-    except matrix.MatrixError as err:
+        matrix_summary.load_matrix()
+    except matrix_summary.MatrixError as err:
         raise ExtensionError(f"[mpguide] {err}") from None
 
 
