@@ -63,7 +63,6 @@ class DigitsGAN(pl.LightningModule):
         self.lr = lr
         self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
         self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 1))
-        self.initial_generator = runner.parameter_digest(self.generator)
 
     def generate(self, n, batch_idx):
         gen = torch.Generator().manual_seed(10_000 * self.current_epoch + batch_idx)
@@ -102,12 +101,6 @@ class DigitsGAN(pl.LightningModule):
         opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=(0.5, 0.999))
         opt_g = torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=(0.5, 0.999))
         return opt_d, opt_g
-
-    def record_extra(self):
-        return {
-            "generator_changed": runner.parameter_digest(self.generator) != self.initial_generator,
-            "weights": runner.parameter_digest(self),
-        }
 
 
 # %%
@@ -168,16 +161,12 @@ class WindowedGAN(DigitsGAN):
 # batch of one generator window (batches 4 and 5 of the first epoch): its step is skipped and the
 # scale halves before the generator's second micro-batch. The run records the scale of each
 # generator backward and the scale the generator's step unscales with; their ratio is the factor
-# by which each micro-batch's gradient enters the update (1 when the scale did not move).
+# by which each micro-batch's gradient enters the update (1 when the scale did not move): a probe
+# of the verification section below does that, the module only forces the overflow.
 
 
 class WindowedWithOverflow(WindowedGAN):
     overflow_batch = 5  # second batch of the generator window over batches 4 and 5, first epoch
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.g_backward_scales = []  # scale of each generator micro-batch in the current window
-        self.window_factors = []  # per window: backward scale / scale at the generator's step
 
     def training_step(self, batch, batch_idx):
         self.force_overflow = self.current_epoch == 0 and batch_idx == self.overflow_batch
@@ -194,29 +183,6 @@ class WindowedWithOverflow(WindowedGAN):
                     p.grad.fill_(float("inf"))  # as if the discriminator's gradients overflowed fp16
             opt_d.step()
         return loss_d
-
-    def generator_step(self, fake, batch_idx):
-        self.g_backward_scales.append(steps.loss_scale(self.trainer))
-        _, opt_g = self.optimizers()
-        with self.toggled_optimizer(opt_g):
-            loss_g = self.judge(fake, True)
-            self.manual_backward(loss_g / self.window)
-            if (batch_idx + 1) % self.window == 0:
-                at_step = steps.loss_scale(self.trainer)
-                self.window_factors.append([s / at_step for s in self.g_backward_scales])
-                self.g_backward_scales = []
-                opt_g.step()
-                opt_g.zero_grad()
-        return loss_g
-
-    def record_extra(self):
-        forced = self.window_factors[self.overflow_batch // self.window]
-        others = [f for i, f in enumerate(self.window_factors) if i != self.overflow_batch // self.window]
-        return {
-            **super().record_extra(),
-            "forced_window_factors": forced,
-            "other_windows_constant": all(f == [1.0] * self.window for f in others),
-        }
 
 
 # %%
@@ -235,70 +201,12 @@ class WindowedWithOverflow(WindowedGAN):
 from contextlib import nullcontext
 
 
-class MicroBatchProbe:
-    """Measurement only, not the reporter's code: at every optimizer step, how many of the window's
-    micro-batches the gradient still holds, and the loss scale each of them was made at relative to
-    the scale the step unscales with (1 = counted once; 2 or 0.5 after a scale change in between)."""
-
-    growth_interval = None  # set to make the GradScaler change its scale often
-
-    def on_fit_start(self):
-        self.added = {}  # optimizer -> [(gradient one backward added, loss scale of that backward)]
-        self.windows = []  # per step: (micro-batches kept, micro-batches since the last step, scale factors)
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is not None and self.growth_interval:
-            scaler.set_growth_interval(self.growth_interval)
-
-    @staticmethod
-    def flat_grad(opt):
-        return torch.cat(
-            [
-                (torch.zeros_like(p) if p.grad is None else p.grad).detach().flatten().float()
-                for group in opt.param_groups
-                for p in group["params"]
-            ]
-        )
-
-    def manual_backward(self, loss, *args, **kwargs):
-        before = [self.flat_grad(opt) for opt in self.trainer.optimizers]
-        super().manual_backward(loss, *args, **kwargs)
-        scale = steps.loss_scale(self.trainer) or 1.0
-        for opt, old in zip(self.trainer.optimizers, before, strict=True):
-            added = self.flat_grad(opt) - old
-            if bool(added.abs().max() > 0):
-                self.added.setdefault(id(opt), []).append((added, scale))
-
-    def on_before_optimizer_step(self, optimizer):
-        added = self.added.pop(id(optimizer), [])
-        scale = steps.loss_scale(self.trainer) or 1.0
-        grad = self.flat_grad(optimizer) * scale  # unscaled by now: back to the backward's scale
-        kept = next(
-            (
-                k
-                for k in range(len(added), 0, -1)
-                if torch.allclose(grad, sum(a for a, _ in added[-k:]), rtol=1e-4, atol=1e-6 * scale)
-            ),
-            0,
-        )
-        self.windows.append((kept, len(added), [s / scale for _, s in added[len(added) - kept :]]))
-
-    def record_extra(self):
-        return {
-            **super().record_extra(),
-            "micro_batches_kept": sorted({k for k, n, _ in self.windows if n}),
-            "micro_batches_per_window": sorted({n for _, n, _ in self.windows}),
-            "windows_with_scale_change": sum(any(f != 1.0 for f in fs) for _, _, fs in self.windows),
-            "scale_changed_inside_a_window": any(f != 1.0 for _, _, fs in self.windows for f in fs),
-            "optimizer_steps": len(self.windows),
-        }
-
-
 def has_gradients(opt):
     """True when a parameter of ``opt`` holds a gradient, i.e. ``opt.step()`` would change something."""
     return any(p.grad is not None for group in opt.param_groups for p in group["params"])
 
 
-class ReporterAlternation(MicroBatchProbe, DigitsGAN):
+class ReporterAlternation(DigitsGAN):
     """#20116's training_step as posted; optimizer 0 trains model 1 (the discriminator)."""
 
     n_batches_per_optimizer = 3
@@ -357,7 +265,7 @@ class ReporterFixed(ReporterAlternation):
         return loss.detach()
 
 
-class OverlappingWindows(MicroBatchProbe, DigitsGAN):
+class OverlappingWindows(DigitsGAN):
     """Example 02's other pattern, with ``toggle_model``: the discriminator steps every batch, inside
     the generator's window of two batches."""
 
@@ -381,9 +289,18 @@ class OverlappingWindows(MicroBatchProbe, DigitsGAN):
         return (loss_d + loss_g).detach()
 
 
+class OftenChangingScale:
+    """Mixed into a recipe: the GradScaler changes its scale at every step (``growth_interval=1``)."""
+
+    def on_fit_start(self):
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            scaler.set_growth_interval(1)
+
+
 # %%
-# Runs and claims
-# ---------------
+# How this page is verified
+# -------------------------
 # The buggy code runs in every precision with Lightning's own precision handling, and again
 # with ``plugins=[ManualMixedPrecision(precision, device)]``. What the page promises:
 #
@@ -399,6 +316,110 @@ class OverlappingWindows(MicroBatchProbe, DigitsGAN):
 #   2's parameters raises, and then only without ``toggle_model``; the fix and the plugin complete;
 # * one optimizer per window keeps the scale constant inside every window even when the scale
 #   changes at every step; a discriminator stepping inside the generator's window does not.
+#
+# The measurements come from probes, Lightning callbacks that the modules above never see: whether
+# the generator changed and a digest of all weights; for the forced overflow, the scale of each
+# generator backward (the second backward of a batch) against the scale its step unscales with; for
+# #20116's windows, at every optimizer step, how many of the window's micro-batches the gradient
+# still holds, and the loss scale each of them was made at relative to the scale the step unscales
+# with (1 = counted once; 2 or 0.5 after a scale change in between).
+
+from lightning.pytorch.callbacks import Callback
+
+from mpguide.verify.probes import parameter_digest
+
+
+class GeneratorAndWeights(Callback):
+    def setup(self, trainer, pl_module, stage):
+        self.module, self.initial_generator = pl_module, parameter_digest(pl_module.generator)
+
+    def record_extra(self):
+        return {
+            "generator_changed": parameter_digest(self.module.generator) != self.initial_generator,
+            "weights": parameter_digest(self.module),
+        }
+
+
+class WindowFactors(Callback):
+    def __init__(self):
+        self.g_backward_scales = []  # scale of each generator micro-batch in the current window
+        self.window_factors = []  # per window: backward scale / scale at the generator's step
+
+    def setup(self, trainer, pl_module, stage):
+        self.module = pl_module
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.backwards = 0
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.backwards += 1
+        if self.backwards == 2:  # the discriminator's backward comes first, then the generator's
+            self.g_backward_scales.append(steps.loss_scale(trainer))
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if optimizer is trainer.optimizers[1]:  # the generator's step (its unscale does not change the scale)
+            at_step = steps.loss_scale(trainer)
+            self.window_factors.append([s / at_step for s in self.g_backward_scales])
+            self.g_backward_scales = []
+
+    def record_extra(self):
+        window, overflow_batch = self.module.window, self.module.overflow_batch
+        forced = self.window_factors[overflow_batch // window]
+        others = [f for i, f in enumerate(self.window_factors) if i != overflow_batch // window]
+        return {
+            "forced_window_factors": forced,
+            "other_windows_constant": all(f == [1.0] * window for f in others),
+        }
+
+
+def flat_grad(opt):
+    return torch.cat(
+        [
+            (torch.zeros_like(p) if p.grad is None else p.grad).detach().flatten().float()
+            for group in opt.param_groups
+            for p in group["params"]
+        ]
+    )
+
+
+class MicroBatches(Callback):
+    def __init__(self):
+        self.added = {}  # optimizer -> [(gradient one backward added, loss scale of that backward)]
+        self.windows = []  # per step: (micro-batches kept, micro-batches since the last step, scale factors)
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.before = [flat_grad(opt) for opt in trainer.optimizers]
+
+    def on_after_backward(self, trainer, pl_module):
+        scale = steps.loss_scale(trainer) or 1.0
+        for opt, old in zip(trainer.optimizers, self.before, strict=True):
+            added = flat_grad(opt) - old
+            if bool(added.abs().max() > 0):
+                self.added.setdefault(id(opt), []).append((added, scale))
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        added = self.added.pop(id(optimizer), [])
+        scale = steps.loss_scale(trainer) or 1.0
+        grad = flat_grad(optimizer) * scale  # unscaled by now: back to the backward's scale
+        kept = next(
+            (
+                k
+                for k in range(len(added), 0, -1)
+                if torch.allclose(grad, sum(a for a, _ in added[-k:]), rtol=1e-4, atol=1e-6 * scale)
+            ),
+            0,
+        )
+        self.windows.append((kept, len(added), [s / scale for _, s in added[len(added) - kept :]]))
+
+    def record_extra(self):
+        return {
+            "micro_batches_kept": sorted({k for k, n, _ in self.windows if n}),
+            "micro_batches_per_window": sorted({n for _, n, _ in self.windows}),
+            "windows_with_scale_change": sum(any(f != 1.0 for f in fs) for _, _, fs in self.windows),
+            "scale_changed_inside_a_window": any(f != 1.0 for _, _, fs in self.windows for f in fs),
+            "optimizer_steps": len(self.windows),
+        }
+
 
 recipes = {
     "healthy": DigitsGAN,
@@ -412,8 +433,14 @@ recipes = {
     "#20116, model 2 loss detached, toggle_model": variant(detach_for_model_2=True),
     "#20116, model 2 loss detached, guard": variant(toggle=False, detach_for_model_2=True, guard=True),
     "#20116 fixed": ReporterFixed,
-    "#20116 fixed, growth_interval=1": type("FixedGrowth", (ReporterFixed,), {"growth_interval": 1}),
-    "overlapping windows, growth_interval=1": type("OverlapGrowth", (OverlappingWindows,), {"growth_interval": 1}),
+    "#20116 fixed, growth_interval=1": type("FixedGrowth", (OftenChangingScale, ReporterFixed), {}),
+    "overlapping windows, growth_interval=1": type("OverlapGrowth", (OftenChangingScale, OverlappingWindows), {}),
+}
+probes = {
+    name: [GeneratorAndWeights]
+    + ([WindowFactors] if name == "windowed, D overflow" else [])
+    + ([MicroBatches] if name.startswith(("#20116", "overlapping")) else [])
+    for name in recipes
 }
 RUNS = [
     # run id            recipe            precision     options
@@ -642,7 +669,7 @@ CLAIMS = [
 # Train
 # -----
 
-record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS, probes=probes)
 
 # %%
 # The captured error

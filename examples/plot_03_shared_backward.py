@@ -26,15 +26,10 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 """
 
 # %%
-# The model and what it records
-# -----------------------------
-# Both optimizers are plain SGD, so an applied update is exactly ``lr`` times the gradient the
-# optimizer saw. Before the head's step we read its gradient, which at that point is still
-# multiplied by the loss scale of the backward; after the step we measure how far the head
-# moved. Their ratio, the **update factor**, is 1 when unscaling used the right scale.
-#
-# When the head's own gradient overflows, GradScaler skips its step: the expected update is then
-# exactly zero, and the prediction says 0.
+# The model
+# ---------
+# A body and a head, each with its own plain SGD, and one backward through both; the body steps
+# first, then the head.
 #
 # fp16 gradients overflow when they exceed 65504; to make that happen on chosen steps we multiply
 # the body's gradient by infinity at step 0 and step 50 in the 16-mixed runs (fp32 and bf16 have
@@ -68,12 +63,8 @@ class BodyAndHead(pl.LightningModule):
         self.lr = lr
         self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
         self.head = nn.Linear(64, NUM_CLASSES)
-        self.factors, self.predicted = [], []
         for p in self.body.parameters():
             p.register_hook(self.maybe_overflow)
-
-    def scale(self):
-        return steps.loss_scale(self.trainer) or 1.0  # 1.0: no GradScaler (fp32)
 
     def maybe_overflow(self, grad):
         # global_step counts the steps of both optimizers: two per batch
@@ -87,22 +78,9 @@ class BodyAndHead(pl.LightningModule):
         opt_body.zero_grad()
         opt_head.zero_grad()
         loss = F.cross_entropy(self.head(self.body(images)), labels)
-        scale_of_backward = self.scale()
         self.manual_backward(loss)
         opt_body.step()
-        scale_of_head_step = self.scale()  # the scale the head's unscale will divide by (stock plugin)
-        weight = self.head.weight
-        true_grad = weight.grad.detach().clone() / scale_of_backward
-        before = weight.detach().clone()
-        finite = all(torch.isfinite(p.grad).all() for p in self.head.parameters())
         opt_head.step()
-        moved = (before - weight.detach()).norm()
-        if finite:
-            self.factors.append(float(moved / (self.lr * true_grad.norm())))
-            self.predicted.append(scale_of_backward / scale_of_head_step)
-        else:  # a head gradient (weight or bias) overflowed: GradScaler skips the step
-            self.factors.append(float(moved))
-            self.predicted.append(0.0)
         return loss.detach()
 
     def configure_optimizers(self):
@@ -110,16 +88,6 @@ class BodyAndHead(pl.LightningModule):
             torch.optim.SGD(self.body.parameters(), lr=self.lr),
             torch.optim.SGD(self.head.parameters(), lr=self.lr),
         )
-
-    def record_extra(self):
-        changed = [f for f in self.predicted if f not in (0.0, 1.0)]  # steps unscaled with another scale
-        return {
-            "head_update_factor": self.factors,
-            "predicted_factor": self.predicted,
-            "predicted_at_overflow": self.predicted[OVERFLOW_STEPS[0]] if self.predicted else None,
-            "smallest_scale_change": min(changed, default=1.0),
-            "steps_with_scale_change": len(changed),
-        }
 
 
 # %%
@@ -136,6 +104,61 @@ def with_growth_interval(plugin_class, precision, device):
 
 stock_growth = functools.partial(with_growth_interval, MixedPrecision)
 fixed_growth = functools.partial(with_growth_interval, ManualMixedPrecision)
+
+# %%
+# How this page is verified
+# -------------------------
+# Both optimizers are plain SGD, so an applied update is exactly ``lr`` times the gradient the
+# optimizer saw. A probe (a Lightning callback: the module above carries no measuring code) reads
+# the head's gradient right after the backward, when it is still multiplied by the loss scale of
+# the backward, and the scale when the head's optimizer step runs (Lightning calls
+# ``on_before_optimizer_step`` inside it); at the end of the batch it measures how far the head
+# moved. The ratio of the move to ``lr`` times the true gradient, the **update factor**, is 1 when
+# unscaling used the right scale; the prediction is the scale of the backward divided by the scale
+# at the head's step.
+#
+# When the head's own gradient overflows, GradScaler skips its step: the expected update is then
+# exactly zero, and the prediction says 0.
+
+from lightning.pytorch.callbacks import Callback
+
+
+class HeadUpdate(Callback):
+    def __init__(self):
+        self.factors, self.predicted = [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.scale_of_backward = steps.loss_scale(trainer) or 1.0  # 1.0: no GradScaler (fp32)
+
+    def on_after_backward(self, trainer, pl_module):
+        weight = pl_module.head.weight
+        self.true_grad = weight.grad.detach().clone() / self.scale_of_backward
+        self.before = weight.detach().clone()
+        self.finite = all(torch.isfinite(p.grad).all() for p in pl_module.head.parameters())
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if optimizer is trainer.optimizers[1]:  # the head's; the scale its unscale divided by (stock plugin)
+            self.scale_of_head_step = steps.loss_scale(trainer) or 1.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        moved = (self.before - pl_module.head.weight.detach()).norm()
+        if self.finite:
+            self.factors.append(float(moved / (pl_module.lr * self.true_grad.norm())))
+            self.predicted.append(self.scale_of_backward / self.scale_of_head_step)
+        else:  # a head gradient (weight or bias) overflowed: GradScaler skips the step
+            self.factors.append(float(moved))
+            self.predicted.append(0.0)
+
+    def record_extra(self):
+        changed = [f for f in self.predicted if f not in (0.0, 1.0)]  # steps unscaled with another scale
+        return {
+            "head_update_factor": self.factors,
+            "predicted_factor": self.predicted,
+            "predicted_at_overflow": self.predicted[OVERFLOW_STEPS[0]] if self.predicted else None,
+            "smallest_scale_change": min(changed, default=1.0),
+            "steps_with_scale_change": len(changed),
+        }
+
 
 PLUGINS = {"MixedPrecision, growth_interval=20": stock_growth, "ManualMixedPrecision, growth_interval=20": fixed_growth}
 RUNS = [
@@ -199,7 +222,14 @@ CLAIMS = [
     ("match", "fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
 ]
 
-record = runner.run_example("plot_03_shared_backward", {"body+head": BodyAndHead}, RUNS, CLAIMS, plugins=PLUGINS)
+record = runner.run_example(
+    "plot_03_shared_backward",
+    {"body+head": BodyAndHead},
+    RUNS,
+    CLAIMS,
+    plugins=PLUGINS,
+    probes={"body+head": [HeadUpdate]},
+)
 
 # %%
 # The update factor, step by step
@@ -276,7 +306,8 @@ trainer = pl.Trainer(
     enable_model_summary=False,
 )
 trainer.fit(model, digits_loader(batch_size=64))
-print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in model.factors[:3])}")
+scale = trainer.precision_plugin.scaler.get_scale()
+print(f"optimizer steps: {trainer.global_step} (two per batch), loss scale after the run: {scale:g}")
 
 # %%
 # Conclusion

@@ -33,11 +33,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # the mean, large enough that the first steps overflow fp16 at a scale of 65536. The scheduler
 # multiplies the learning rate by 0.97 per **step** (a warm schedule that users step by hand).
 
-import matplotlib.pyplot as plt
-
 from mpguide import steps
 from mpguide.models import DigitsClassifier
-from mpguide.verify import plotting, report, runner
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -51,42 +49,25 @@ class SchedulerEveryBatch(DigitsClassifier):
 
     def __init__(self, **kwargs):
         super().__init__(reduction="sum", lr=BASE_LR, scheduler_gamma=GAMMA, **kwargs)
-        self.applied_lrs = []  # learning rate of every update that was really applied
-        self.skipped = 0
 
     def training_step(self, batch, batch_idx):
         opt, sched = self.optimizers(), self.lr_schedulers()
         opt.zero_grad()
         loss = self.compute_loss(batch)
         self.manual_backward(loss)
-        lr = opt.param_groups[0]["lr"]
-        if self.step_and_schedule(opt, sched):
-            self.applied_lrs.append(lr)
-        else:
-            self.skipped += 1
+        self.step_and_schedule(opt, sched)
         return loss.detach()
 
     def step_and_schedule(self, opt, sched):
-        scale = steps.loss_scale(self.trainer)
         opt.step()
-        sched.step()
-        return scale is None or steps.loss_scale(self.trainer) >= scale
-
-    def record_extra(self):
-        return {
-            "first_applied_lr": self.applied_lrs[0] if self.applied_lrs else None,
-            "first_applied_lr_is_base": bool(self.applied_lrs) and self.applied_lrs[0] == BASE_LR,
-            "skipped_steps": self.skipped,
-            "skipped_any": self.skipped > 0,
-            "global_step_counts_skipped": self.trainer.global_step == len(self.applied_lrs) + self.skipped,
-        }
+        sched.step()  # also after a step that GradScaler skipped
 
 
 class SkipAware(SchedulerEveryBatch):
     """Step the scheduler only when the optimizer step was applied."""
 
     def step_and_schedule(self, opt, sched):
-        return steps.step_skip_aware(opt, self.trainer, sched)
+        steps.step_skip_aware(opt, self.trainer, sched)  # the scheduler steps only if opt.step() was applied
 
 
 # %%
@@ -116,10 +97,9 @@ trainer = pl.Trainer(
     enable_model_summary=False,
 )
 trainer.fit(model, digits_loader(batch_size=64))
-print(
-    f"skipped steps: {model.skipped} of {trainer.global_step}; "
-    f"the first applied update used lr = {model.applied_lrs[0]:g} (the schedule's first)"
-)
+scheduler_steps = model.lr_schedulers().last_epoch  # one per applied optimizer step
+print(f"optimizer steps: {trainer.global_step}, of which GradScaler skipped {trainer.global_step - scheduler_steps}")
+print(f"learning rate now: {model.optimizers().param_groups[0]['lr']:g} = {BASE_LR:g} x {GAMMA}^{scheduler_steps}")
 
 # %%
 # ``opt.step()`` outside ``training_step``
@@ -146,10 +126,6 @@ class StepInTrainingStep(DigitsClassifier):
 
 
 class StepInBatchEndHook(DigitsClassifier):
-    def __init__(self):
-        super().__init__()
-        self.step_calls = 0
-
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         opt.zero_grad()
@@ -159,23 +135,73 @@ class StepInBatchEndHook(DigitsClassifier):
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.optimizers().step()  # outside training_step: Lightning does not count it
-        self.step_calls += 1
-
-    def record_extra(self):
-        return {"step_calls": self.step_calls, "ran_past_max_steps": self.step_calls > self.trainer.max_steps}
 
 
 # %%
-# Runs and claims
-# ---------------
+# How this page is verified
+# -------------------------
 # The two ways of stepping run in fp32 from the same weights; the hook version with
-# ``Trainer(max_steps=3)``. Every run must train all the batches of its preset.
+# ``Trainer(max_steps=3)``. Every run must train all the batches of its preset. Two probes (Lightning
+# callbacks: the modules above carry no measuring code) record what the claims need: for the
+# scheduled recipes, the learning rate of every update GradScaler applied (a batch whose loss scale
+# went down was skipped, as ``steps.step_skip_aware`` decides it) and the skipped ones; for the
+# hook recipe, how many times ``optimizer.step()`` really ran (a post-step hook of the torch
+# optimizer counts it).
+
+from lightning.pytorch.callbacks import Callback
+
+
+class AppliedLearningRates(Callback):
+    def __init__(self):
+        self.applied_lrs = []  # learning rate of every update that was really applied
+        self.skipped, self.lr, self.scale, self.trainer = 0, None, None, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.trainer = trainer
+        self.lr = trainer.optimizers[0].param_groups[0]["lr"]
+        self.scale = steps.loss_scale(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.scale is None or steps.loss_scale(trainer) >= self.scale:
+            self.applied_lrs.append(self.lr)
+        else:
+            self.skipped += 1
+
+    def record_extra(self):
+        return {
+            "first_applied_lr": self.applied_lrs[0] if self.applied_lrs else None,
+            "first_applied_lr_is_base": bool(self.applied_lrs) and self.applied_lrs[0] == BASE_LR,
+            "skipped_steps": self.skipped,
+            "skipped_any": self.skipped > 0,
+            "global_step_counts_skipped": self.trainer.global_step == len(self.applied_lrs) + self.skipped,
+        }
+
+
+class OptimizerStepCalls(Callback):
+    def __init__(self):
+        self.step_calls, self.max_steps = 0, None
+
+    def on_train_start(self, trainer, pl_module):
+        self.max_steps = trainer.max_steps
+        trainer.optimizers[0].register_step_post_hook(self.count)
+
+    def count(self, optimizer, args, kwargs):
+        self.step_calls += 1
+
+    def record_extra(self):
+        return {"step_calls": self.step_calls, "ran_past_max_steps": self.step_calls > self.max_steps}
+
 
 recipes = {
     "scheduler every batch": SchedulerEveryBatch,
     "skip-aware": SkipAware,
     "step in training_step": StepInTrainingStep,
     "step in on_train_batch_end": StepInBatchEndHook,
+}
+probes = {
+    "scheduler every batch": [AppliedLearningRates],
+    "skip-aware": [AppliedLearningRates],
+    "step in on_train_batch_end": [OptimizerStepCalls],
 }
 RUNS = [
     # run id            recipe                   precision   options
@@ -219,7 +245,11 @@ CLAIMS = [
     ),
 ]
 
-record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS, probes=probes)
+
+import matplotlib.pyplot as plt
+
+from mpguide.verify import plotting, report
 
 # %%
 # Loss scale, skipped steps and learning rate

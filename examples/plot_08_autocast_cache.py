@@ -34,12 +34,11 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 import contextlib
 import functools
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
 from mpguide.models import DigitsClassifier
-from mpguide.verify import plotting, report, runner
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -73,9 +72,6 @@ class SelfDistillation(DigitsClassifier):
         if batch_idx == 0 and self.current_epoch == 0:
             self.stale_after_step = bool(torch.equal(before, after))
         return loss.detach()
-
-    def record_extra(self):
-        return {"stale_after_step": self.stale_after_step}
 
 
 class CachingAutocast(SelfDistillation):
@@ -113,14 +109,28 @@ trainer.fit(model, digits_loader(batch_size=64))
 print(f"a forward right after opt.step() saw the old weights: {model.stale_after_step}")
 
 # %%
-# Runs and claims
-# ---------------
+# How this page is verified
+# -------------------------
+# The flag the module sets in its first batch (did the forward after ``opt.step()`` return the old
+# outputs?) reaches the record through a probe, a Lightning callback.
+
+from lightning.pytorch.callbacks import Callback
+
+
+class StaleAfterStep(Callback):
+    def setup(self, trainer, pl_module, stage):
+        self.module = pl_module
+
+    def record_extra(self):
+        return {"stale_after_step": self.module.stale_after_step}
+
 
 adamw = {"optimizer": "adamw", "lr": 3e-3}
 recipes = {
     "Lightning's autocast only": functools.partial(SelfDistillation, **adamw),
     "own caching autocast": functools.partial(CachingAutocast, **adamw),
 }
+probes = {name: [StaleAfterStep] for name in recipes}
 RUNS = [
     # run id            recipe                        precision     options
     ("lightning-bf16", "Lightning's autocast only", "bf16-mixed", {"label": "bf16-mixed, Lightning's autocast"}),
@@ -140,7 +150,11 @@ CLAIMS = [
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
 ]
 
-record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=probes)
+
+import matplotlib.pyplot as plt
+
+from mpguide.verify import plotting, report
 
 fig, ax = plotting.figure(1, 1, 8, 5)
 plotting.describe(fig, "A no_grad forward before a graded one no longer breaks training in a caching autocast")

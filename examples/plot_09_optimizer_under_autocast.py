@@ -38,13 +38,12 @@ environment); the porting rules of the first example, ``plot_01_porting_to_manua
 # ``training_step`` is the faithful port: zero the gradients, forward, ``manual_backward``, step.
 
 import lightning.pytorch as pl
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
-from mpguide.verify import plotting, report, runner
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -75,26 +74,34 @@ class MuonMLP(pl.LightningModule):
 
 
 # %%
-# Measuring the drift
-# -------------------
-# Every run keeps a copy of its weights after each step. The automatic run of a precision
-# setting trains first and leaves its copies behind; the manual run of the same setting then
-# records, per step, the largest absolute difference to them, and whether its final weights are
-# bitwise the same.
+# How this page is verified
+# -------------------------
+# Three settings, each automatic then manual: stock 16-mixed, 16-mixed with the plugin, and stock
+# bf16-mixed. (On a CPU, 16-mixed goes through ``MixedPrecision("16-mixed", "cpu")``.)
+#
+# A probe (a Lightning callback: the module above carries no measuring code) keeps a copy of the
+# weights after each step. The automatic run of a precision setting trains first and leaves its
+# copies behind; the manual run of the same setting then records, per step, the largest absolute
+# difference to them, and whether its final weights are bitwise the same.
+
+from lightning.pytorch.callbacks import Callback
 
 AUTOMATIC = {}  # (precision, plugin class) -> weights after each step of the automatic run
 
 
-class Measured(MuonMLP):
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        weights = torch.cat([p.detach().flatten() for p in self.parameters()])
-        self.steps = getattr(self, "steps", []) + [weights]
+class DriftProbe(Callback):
+    def __init__(self):
+        self.steps, self.trainer, self.module = [], None, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.trainer, self.module = trainer, pl_module
+        self.steps.append(torch.cat([p.detach().flatten() for p in pl_module.parameters()]))
 
     def record_extra(self):
         plugin = self.trainer.precision_plugin
         setting = (plugin.precision, type(plugin).__name__)
-        extra = {"weights_digest": runner.parameter_digest(self)}
-        if self.automatic_optimization:
+        extra = {"weights_digest": runner.parameter_digest(self.module)}
+        if self.module.automatic_optimization:
             AUTOMATIC[setting] = self.steps
             return extra
         auto = AUTOMATIC[setting]
@@ -102,13 +109,8 @@ class Measured(MuonMLP):
         return {**extra, "max_abs_diff_vs_automatic": drift, "identical_to_automatic": max(drift) == 0.0}
 
 
-# %%
-# Runs and claims
-# ---------------
-# Three settings, each automatic then manual: stock 16-mixed, 16-mixed with the plugin, and stock
-# bf16-mixed. (On a CPU, 16-mixed goes through ``MixedPrecision("16-mixed", "cpu")``.)
-
-recipes = {"automatic": Measured, "manual": lambda: Measured(manual=True)}
+recipes = {"automatic": MuonMLP, "manual": lambda: MuonMLP(manual=True)}
+probes = {"automatic": [DriftProbe], "manual": [DriftProbe]}
 RUNS = [
     # run id               recipe       precision   options (each automatic run trains before its manual twin)
     ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
@@ -158,13 +160,17 @@ CLAIMS = [
 # Train
 # -----
 
-record = runner.run_example("plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS, probes=probes)
 
 # %%
 # Manual against automatic, step by step
 # --------------------------------------
 # With stock 16-mixed the manual run leaves the automatic one at the first step and the gap
 # grows; with the plugin, and in bf16-mixed, the difference is exactly zero at every step.
+
+import matplotlib.pyplot as plt
+
+from mpguide.verify import plotting, report
 
 fig, ax = plotting.figure(1, 1, 8, 4.8)
 plotting.describe(fig, "Muon: the manual port drifts from automatic under stock 16-mixed, not with the plugin")

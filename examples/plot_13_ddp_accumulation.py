@@ -33,11 +33,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # it, so the gradients pile up locally; the last micro-batch syncs the whole sum at once. Outside
 # DDP the context is a no-op, so the same class trains in one process.
 
-import matplotlib.pyplot as plt
-
 from mpguide import steps
 from mpguide.models import DigitsClassifier
-from mpguide.verify import distributed, plotting, report, runner
+from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
@@ -108,12 +106,42 @@ def overflow_on_rank_zero(recipe):
 
 
 # %%
+# The ``Trainer`` call to copy
+# ----------------------------
+# In a training script of your own, on two GPUs (``accelerator="cpu"`` trains two processes over
+# gloo). ``strategy="ddp"`` starts the other processes by running your script again, so the call
+# belongs under ``if __name__ == "__main__":``; on a GPU ``precision="16-mixed"`` is enough::
+#
+#     import lightning.pytorch as pl
+#
+#     from mpguide.data import digits_loader
+#
+#     if __name__ == "__main__":
+#         pl.seed_everything(0)
+#         model = AccumulateSyncAtWindowEnd()
+#         trainer = pl.Trainer(
+#             accelerator="gpu",
+#             devices=2,
+#             strategy="ddp",
+#             precision="16-mixed",
+#             max_epochs=1,
+#             logger=False,
+#             enable_checkpointing=False,
+#         )
+#         trainer.fit(model, digits_loader(batch_size=32))  # 32 samples per process and micro-batch
+#
+# This page cannot run that cell itself: inside the docs build the script that ``"ddp"`` would run
+# again is ``sphinx-build``. Its runs below train the same classes with ``strategy="ddp_fork"``,
+# which forks the process that calls ``fit`` instead, and give each process half of one global batch.
+#
 # How this page is verified
 # -------------------------
 # ``{"strategy": "ddp_fork", "devices": 2}`` is Lightning's DDP started by forking the process
 # that calls ``fit``: it works both in a script and inside the docs build (see
 # :mod:`mpguide.verify.distributed` for why not ``"ddp"`` or ``"ddp_spawn"`` there). The single-process
 # run sees each global batch of 64 whole; each DDP rank sees 32 samples of the same batch.
+
+from mpguide.verify import distributed
 
 recipes = {
     "sync at window end": AccumulateSyncAtWindowEnd,
@@ -181,6 +209,10 @@ CLAIMS = [
 ]
 
 record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, train=distributed.train_run)
+
+import matplotlib.pyplot as plt
+
+from mpguide.verify import plotting, report
 
 # %%
 # The same training, a quarter of the traffic

@@ -29,11 +29,10 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # %%
 # A body and a head, two optimizers, one backward
 # -----------------------------------------------
-# The loop below is what a Fabric user writes. On batch 1 the body's gradient is made infinite
+# The loop body below is what a Fabric user writes, as a :class:`~mpguide.verify.fabric_runs.FabricRecipe`
+# that the verification runs drive batch by batch. On batch 1 the body's gradient is made infinite
 # (as if it overflowed fp16), so GradScaler skips the body's step and halves the scale. The head's
-# gradients are finite; the question is which scale they are divided by. ``measure_head`` reads
-# the head's gradient before its step and how far the head moved: their ratio divided by the
-# learning rate, the **update factor**, is 1 when the head was unscaled with the right scale.
+# gradients are finite; the question is which scale they are divided by.
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +47,7 @@ OVERFLOW_BATCHES = (1, 50)  # global batch indices whose body gradient is made i
 
 class BodyAndHead(FabricRecipe):
     def __init__(self, lr=0.05):
-        self.lr, self.step_count, self.factors, self.predicted = lr, 0, [], []
+        self.lr, self.step_count = lr, 0
         self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
         self.head = nn.Linear(64, NUM_CLASSES)
         for p in self.body.parameters():
@@ -67,36 +66,15 @@ class BodyAndHead(FabricRecipe):
         opt_head.zero_grad()
         loss = F.cross_entropy(self.head(self.body(images)), labels)
         self.fabric.backward(loss)
-        # read after the backward, which applies a pending update of FabricManualMixedPrecision
-        scale_of_backward = loss_scale(self.fabric) or 1.0  # 1.0: no GradScaler (fp32)
         opt_body.step()
-        self.measure_head(opt_head, scale_of_backward)
+        opt_head.step()
         self.step_count += 1
         return loss.detach()
-
-    def measure_head(self, opt_head, scale_of_backward):
-        # harness: SGD applies exactly lr x gradient, so moved / (lr x true gradient) is the factor;
-        # the prediction is the scale of the backward divided by the scale at the head's step
-        weight = self.head.weight
-        true_grad = weight.grad.detach().clone() / scale_of_backward
-        before = weight.detach().clone()
-        scale_at_step = loss_scale(self.fabric) or 1.0
-        opt_head.step()
-        moved = (before - weight.detach()).norm()
-        self.factors.append(float(moved / (self.lr * true_grad.norm())))
-        self.predicted.append(scale_of_backward / scale_at_step)
 
     def maybe_overflow(self, grad):
         if loss_scale(self.fabric) is not None and self.step_count in OVERFLOW_BATCHES:
             return grad * float("inf")
         return grad
-
-    def record_extra(self):
-        return {
-            "head_update_factor": self.factors,
-            "predicted_factor": self.predicted,
-            "predicted_first_three": self.predicted[:3],
-        }
 
 
 # %%
@@ -116,7 +94,6 @@ class StepsAnUnusedOptimizer(FabricRecipe):
         self.model, opt = fabric.setup(self.model, torch.optim.SGD(self.model.parameters(), lr=0.05))
         self.unused, opt_unused = fabric.setup(self.unused, torch.optim.SGD(self.unused.parameters(), lr=0.05))
         self.optimizers = [opt, opt_unused]
-        self.initial = self.unused.weight.detach().clone()
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
@@ -128,17 +105,13 @@ class StepsAnUnusedOptimizer(FabricRecipe):
             opt.step()  # the second optimizer's parameters have no gradient
         return loss.detach()
 
-    def record_extra(self):
-        return {"unused_model_moved": not torch.equal(self.initial, self.unused.weight.detach())}
-
 
 # %%
-# The ``Fabric`` call to copy
+# The ``Fabric`` loop to copy
 # ---------------------------
 # The fix is one argument of ``Fabric(...)``: the library's plugin in place of
 # ``precision="16-mixed"`` (which, on a CPU, silently becomes bf16-mixed, as with the Trainer).
-# ``recipe.setup`` calls ``fabric.setup(model, optimizer)`` for the body and the head; the loop is
-# yours. Batch 1 is the forced overflow.
+# The loop is yours: one backward, then a step for each optimizer.
 
 from lightning.fabric import Fabric, seed_everything
 
@@ -154,11 +127,17 @@ runner.quiet_lightning()
 device = "cuda" if torch.cuda.is_available() else "cpu"
 seed_everything(0)
 fabric = Fabric(accelerator=device, devices=1, plugins=[FabricManualMixedPrecision("16-mixed", device)])
-recipe = BodyAndHead()
-recipe.setup(fabric)
-for batch_idx, batch in zip(range(20), fabric.setup_dataloaders(digits_loader(batch_size=64))):
-    recipe.training_step(batch, batch_idx)
-print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in recipe.factors[:3])}")
+body, head = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh()), nn.Linear(64, NUM_CLASSES)
+body, opt_body = fabric.setup(body, torch.optim.SGD(body.parameters(), lr=0.05))
+head, opt_head = fabric.setup(head, torch.optim.SGD(head.parameters(), lr=0.05))
+for _, (images, labels) in zip(range(20), fabric.setup_dataloaders(digits_loader(batch_size=64))):
+    opt_body.zero_grad()
+    opt_head.zero_grad()
+    loss = F.cross_entropy(head(body(images)), labels)
+    fabric.backward(loss)
+    opt_body.step()
+    opt_head.step()
+print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fabric):g}")
 
 # %%
 # How this page is verified
@@ -166,13 +145,66 @@ print(f"head update factor on batches 0, 1, 2: {', '.join(f'{f:.4f}' for f in re
 # Every run below is a real Fabric loop over the same batches. ``plugin`` names what is passed
 # as ``Fabric(plugins=[...])``; without one, 16-mixed on CPU uses Fabric's own
 # ``MixedPrecision("16-mixed", "cpu")`` (``Fabric(precision="16-mixed")`` would fall back to bf16 on CPU).
+#
+# The measurements reach the record through probes, Fabric callbacks (``Fabric(callbacks=[...])``,
+# see :func:`mpguide.verify.fabric_runs.train_run`) that the recipes above never see. For the body
+# and head, the probe wraps the two optimizers' ``step`` once the recipe is set up: before the
+# body's step it reads the loss scale the backward used (the backward applies a pending update of
+# ``FabricManualMixedPrecision``), before the head's step the head's gradient, still multiplied by
+# that scale, and the scale the head's step will unscale with, and after it how far the head moved.
+# SGD applies exactly ``lr`` times the gradient, so the move divided by ``lr`` times the true gradient,
+# the **update factor**, is 1 when the head was unscaled with the right scale; the prediction is the
+# scale of the backward divided by the scale at the head's step.
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
 from mpguide import fabric
 from mpguide.verify import fabric_runs, plotting, report, runner
 
+
+class HeadUpdate:
+    def __init__(self):
+        self.factors, self.predicted = [], []
+
+    def on_train_start(self, recipe):
+        opt_body, opt_head = recipe.optimizers
+        body_step, head_step = opt_body.step, opt_head.step
+
+        def recorded_body_step(*args, **kwargs):
+            self.scale_of_backward = loss_scale(recipe.fabric) or 1.0  # 1.0: no GradScaler (fp32)
+            return body_step(*args, **kwargs)
+
+        def recorded_head_step(*args, **kwargs):
+            weight = recipe.head.weight
+            true_grad = weight.grad.detach().clone() / self.scale_of_backward
+            before = weight.detach().clone()
+            scale_at_step = loss_scale(recipe.fabric) or 1.0
+            output = head_step(*args, **kwargs)
+            moved = (before - weight.detach()).norm()
+            self.factors.append(float(moved / (recipe.lr * true_grad.norm())))
+            self.predicted.append(self.scale_of_backward / scale_at_step)
+            return output
+
+        opt_body.step, opt_head.step = recorded_body_step, recorded_head_step  # these instances only
+
+    def record_extra(self):
+        return {
+            "head_update_factor": self.factors,
+            "predicted_factor": self.predicted,
+            "predicted_first_three": self.predicted[:3],
+        }
+
+
+class UnusedModelMoved:
+    def on_train_start(self, recipe):
+        self.recipe, self.initial = recipe, recipe.unused.weight.detach().clone()
+
+    def record_extra(self):
+        return {"unused_model_moved": not torch.equal(self.initial, self.recipe.unused.weight.detach())}
+
+
 recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer}
+probes = {"body+head": [HeadUpdate], "unused optimizer": [UnusedModelMoved]}
 PLUGINS = {
     "FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
     "Trainer's MixedPrecision": TrainerMixedPrecision,
@@ -261,7 +293,7 @@ CLAIMS = [
 ]
 
 record = runner.run_example(
-    "plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS, train=fabric_runs.train_run
+    "plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS, probes=probes, train=fabric_runs.train_run
 )
 
 # %%

@@ -83,36 +83,6 @@ class StudentTeacher(pl.LightningModule):
             return torch.optim.SGD(self.student.parameters(), lr=self.lr)
         return torch.optim.AdamW(self.student.parameters(), lr=self.lr, eps=self.eps)
 
-    # measuring only (not needed for training): which weights moved between fit start, after
-    # Lightning's cast, and the end of training; the record gets these numbers
-    def on_fit_start(self):
-        super().on_fit_start()
-        self.start = {name: p.detach().float().clone() for name, p in self.named_parameters()}
-
-    def record_extra(self):
-        def moved(prefix):
-            return torch.cat(
-                [
-                    (p.detach().float() != self.start[name]).flatten()
-                    for name, p in self.named_parameters()
-                    if name.startswith(prefix)
-                ]
-            )
-
-        student, teacher = moved("student."), moved("teacher.")
-        weights = torch.cat([p.detach().float().flatten() for p in self.student.parameters()])
-        return {
-            "student_moved": int(student.sum()),
-            "teacher_moved": int(teacher.sum()),
-            "teacher_elements": teacher.numel(),
-            "teacher_unchanged": int((~teacher).sum()),
-            "teacher_followed": int((student & teacher).sum()),
-            "teacher_frozen": int((student & ~teacher).sum()),
-            "weight_dtype": str(self.student[0].weight.dtype).replace("torch.", ""),
-            "teacher_dtype": str(self.teacher[0].weight.dtype).replace("torch.", ""),
-            "nonfinite_weights": int((~torch.isfinite(weights)).sum()),
-        }
-
 
 # %%
 # The ``Trainer`` call to copy: ``"bf16-mixed"``
@@ -152,7 +122,6 @@ print(
 
 class FP32Teacher(StudentTeacher):
     def on_fit_start(self):
-        super().on_fit_start()
         self.teacher.float()  # Lightning cast the whole module to bf16 at setup
 
 
@@ -171,7 +140,44 @@ class FP32TeacherFromCast(FP32Teacher):
 # trains in fp32, 16-mixed and 16-true, in 16-true also with ``eps=1e-4``; the 16-true run with the
 # default ``eps`` runs with ``Trainer(detect_anomaly=True)``, so that the NaN becomes an error at the
 # first backward that meets it. The probe :class:`mpguide.verify.probes.LostUpdates` counts, in every step,
-# the weight elements that had a non-zero gradient and did not change.
+# the weight elements that had a non-zero gradient and did not change; this page's own probe (a
+# Lightning callback: the modules above carry no measuring code) records which weights moved between
+# fit start (after Lightning's cast) and the end of training, the dtypes, and non-finite weights.
+
+from lightning.pytorch.callbacks import Callback
+
+
+class WeightsMoved(Callback):
+    def on_fit_start(self, trainer, pl_module):
+        self.module = pl_module
+        self.start = {name: p.detach().float().clone() for name, p in pl_module.named_parameters()}
+
+    def record_extra(self):
+        module = self.module
+
+        def moved(prefix):
+            return torch.cat(
+                [
+                    (p.detach().float() != self.start[name]).flatten()
+                    for name, p in module.named_parameters()
+                    if name.startswith(prefix)
+                ]
+            )
+
+        student, teacher = moved("student."), moved("teacher.")
+        weights = torch.cat([p.detach().float().flatten() for p in module.student.parameters()])
+        return {
+            "student_moved": int(student.sum()),
+            "teacher_moved": int(teacher.sum()),
+            "teacher_elements": teacher.numel(),
+            "teacher_unchanged": int((~teacher).sum()),
+            "teacher_followed": int((student & teacher).sum()),
+            "teacher_frozen": int((student & ~teacher).sum()),
+            "weight_dtype": str(module.student[0].weight.dtype).replace("torch.", ""),
+            "teacher_dtype": str(module.teacher[0].weight.dtype).replace("torch.", ""),
+            "nonfinite_weights": int((~torch.isfinite(weights)).sum()),
+        }
+
 
 recipes = {
     "teacher in the module's dtype": StudentTeacher,
@@ -180,6 +186,7 @@ recipes = {
     "AdamW": lambda: StudentTeacher(optimizer="adamw", lr=1e-3),
     "AdamW with eps 1e-4": lambda: StudentTeacher(optimizer="adamw", lr=1e-3, eps=1e-4),
 }
+probes = {name: [WeightsMoved] for name in recipes}
 RUNS = [
     # run id                recipe                                  precision     options
     ("fp32", "teacher in the module's dtype", "32-true", {"label": "SGD, fp32"}),
@@ -248,7 +255,7 @@ CLAIMS = [
     ("match", "adamw-16-mixed", "adamw-fp32", "mixed-vs-fp32", "fix: AdamW under 16-mixed = fp32"),
 ]
 
-record = runner.run_example("plot_16_true_half_precision", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=probes)
 
 # %%
 # Updates that round away

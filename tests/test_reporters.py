@@ -39,7 +39,14 @@ def train(ns: dict, example: str, run_id: str, recipe: str | None = None) -> dic
     """Train the declared run ``run_id`` for one epoch, optionally with another recipe of the example."""
     spec = next(s for s in declarations.from_tables(example, ns["RUNS"], ns["CLAIMS"]).runs if s.id == run_id)
     recipe = recipe or spec.recipe
-    result = runner.train_run(spec, ns["recipes"][recipe], "cpu", TINY, ManualMixedPrecision if spec.plugin else None)
+    result = runner.train_run(
+        spec,
+        ns["recipes"][recipe],
+        "cpu",
+        TINY,
+        ManualMixedPrecision if spec.plugin else None,
+        probes=ns["probes"].get(recipe, ()),  # the example's own measuring callbacks for that recipe
+    )
     return dict(result.__dict__)
 
 

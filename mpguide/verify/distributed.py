@@ -31,7 +31,7 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,7 +150,7 @@ class RankRecorder(StepRecorder):
     :func:`counting_allreduce_hook` when the model is a ``DistributedDataParallel``, and at the end
     of training writes ``rank<r>.json`` into ``out_dir`` with the per-step lists, the counts, the
     digest of the final weights (:func:`mpguide.verify.probes.parameter_digest`), ``global_step`` and the
-    module's ``record_extra()``.
+    ``record_extra()`` of the example's probes (the other callbacks of the ``Trainer`` that have one).
 
     Args:
         out_dir: folder shared with the parent process.
@@ -175,7 +175,10 @@ class RankRecorder(StepRecorder):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         rank = trainer.global_rank
-        extra = getattr(pl_module, "record_extra", None)
+        extra: dict[str, Any] = {}
+        for callback in trainer.callbacks:  # the example's probes, forked into this rank with the Trainer
+            if callback is not self and callable(getattr(callback, "record_extra", None)):
+                extra.update(callback.record_extra())
         data = {
             "rank": rank,
             "loss": self.loss,
@@ -186,7 +189,7 @@ class RankRecorder(StepRecorder):
             "allreduce_bytes": self.comm.bytes,
             "weights": parameter_digest(pl_module),
             "global_step": trainer.global_step,
-            "extra": extra() if callable(extra) else {},
+            "extra": extra,
             "warnings": captured_warnings(self._caught),
         }
         path = Path(self.out_dir) / f"rank{rank}.json"
@@ -209,6 +212,7 @@ def train_run(
     accelerator: str,
     preset: hardware.Preset,
     plugin_factory: Callable[..., Any] | None = None,
+    probes: Sequence[Callable[[], Any]] = (),
 ) -> RunResult:
     """Train one declared run: DDP when its ``trainer`` options ask for ``devices`` > 1, else one process.
 
@@ -227,7 +231,7 @@ def train_run(
     0's ``global_step``, i.e. by the optimizer steps of a one-optimizer module),
     ``skipped_batches_per_rank`` (batch indices after which each rank's loss scale went down, i.e.
     GradScaler skipped a step), ``skip_decisions_agree``, ``global_step`` and ``batches``, plus rank
-    0's ``record_extra()`` and ``record_extra_per_rank``.
+    0's probe measurements and ``record_extra_per_rank`` (each rank's).
 
     Args:
         spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).
@@ -235,6 +239,10 @@ def train_run(
         accelerator: ``"cpu"`` or ``"cuda"``; DDP runs use ``"cpu"`` whatever it says.
         preset: size (epochs, global batch size).
         plugin_factory: precision plugin factory ``(precision, accelerator) -> plugin`` or ``None``.
+        probes: the example's measuring callbacks for this recipe (zero-argument factories); in a DDP
+            run every rank records its own and reports their ``record_extra()``, called from
+            :class:`RankRecorder`'s ``on_train_end`` (before theirs: a probe measures in earlier hooks or
+            in ``record_extra`` itself).
 
     Returns:
         The merged :class:`mpguide.verify.runner.RunResult`. An exception in any rank is stored in
@@ -245,14 +253,14 @@ def train_run(
             :data:`WORLD_SIZE`, or a strategy other than ``"ddp_fork"``.
     """
     if not is_ddp(spec):
-        return single_train_run(spec, module_factory, accelerator, preset, plugin_factory)
+        return single_train_run(spec, module_factory, accelerator, preset, plugin_factory, probes=probes)
     kwargs = dict(spec.trainer_kwargs)
     if kwargs.get("devices") != WORLD_SIZE or kwargs.get("strategy") != "ddp_fork":
         raise hardware.ConfigurationError(
             f"run {spec.id!r}: DDP runs are declared with {{'strategy': 'ddp_fork', 'devices': {WORLD_SIZE}}} "
             f"(fork works both in scripts and inside sphinx-gallery); found {kwargs}"
         )
-    return _train_ddp(spec, module_factory, preset, plugin_factory, kwargs)
+    return _train_ddp(spec, module_factory, preset, plugin_factory, kwargs, probes)
 
 
 def _train_ddp(
@@ -261,6 +269,7 @@ def _train_ddp(
     preset: hardware.Preset,
     plugin_factory: Callable[..., Any] | None,
     trainer_kwargs: dict[str, Any],
+    probes: Sequence[Callable[[], Any]] = (),
 ) -> RunResult:
     import lightning.pytorch as pl
 
@@ -284,7 +293,7 @@ def _train_ddp(
                 enable_model_summary=False,
                 num_sanity_val_steps=0,
                 use_distributed_sampler=False,
-                callbacks=[RankRecorder(out_dir)],
+                callbacks=[RankRecorder(out_dir), *(factory() for factory in probes)],
                 **hardware.trainer_precision_kwargs(spec.precision, "cpu", plugin_factory),
                 **trainer_kwargs,
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -54,7 +54,8 @@ class FabricRecipe:
 
     Subclasses build their models in ``__init__`` (called after seeding), wrap models and
     optimizers in :meth:`setup` and set ``self.optimizers`` (a list, the first one's learning rate
-    is recorded), and implement :meth:`training_step`. :func:`train_run` drives the batches.
+    is recorded), and implement :meth:`training_step`. :func:`train_run` drives the batches. A recipe
+    holds training code only: what a run measures comes from probes (see :func:`train_run`).
     """
 
     fabric: Any = None
@@ -68,10 +69,6 @@ class FabricRecipe:
         """One iteration on ``batch`` (``images (B, 64) float32, labels (B,) int64``); returns the loss (0-dim)."""
         raise NotImplementedError
 
-    def record_extra(self) -> dict[str, Any]:
-        """JSON-ready measurements stored in the run's ``extra``."""
-        return {}
-
 
 def train_run(
     spec: Any,
@@ -79,6 +76,7 @@ def train_run(
     accelerator: str,
     preset: hardware.Preset,
     plugin_factory: Callable[..., Any] | None = None,
+    probes: Sequence[Callable[[], Any]] = (),
 ) -> RunResult:
     """Train one declared run with :class:`lightning.fabric.Fabric` (one device) and record it.
 
@@ -91,12 +89,19 @@ def train_run(
     recorded scale is per iteration; a batch counts as skipped when the scale went down during it.
     ``spec.trainer_kwargs`` go to ``Fabric(...)``. An exception is stored in ``error``, not raised.
 
+    Measurements reach ``extra`` through Fabric's own callback mechanism: the ``probes`` are passed as
+    ``Fabric(callbacks=[...])``, and the loop calls ``fabric.call("on_train_start", recipe)`` once the
+    recipe is set up and ``fabric.call("on_train_batch_end", recipe, loss, batch_idx)`` after each batch
+    (a probe implements the hooks it needs); each probe's ``record_extra()`` then joins ``extra``
+    (:func:`mpguide.verify.runner.record_extra`), like a Trainer run's probes.
+
     Args:
         spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).
         recipe_factory: builds the :class:`FabricRecipe` (called once, after seeding).
         accelerator: ``"cpu"`` or ``"cuda"``.
         preset: size (epochs, batch size).
         plugin_factory: precision plugin factory ``(precision, accelerator) -> plugin`` or ``None``.
+        probes: zero-argument factories of the example's probes for this recipe (see above).
 
     Returns:
         The :class:`mpguide.verify.runner.RunResult`; ``mode`` is ``"manual"`` (Fabric has no automatic
@@ -122,6 +127,7 @@ def train_run(
         plain_flag=spec.plain_flag,
         label=spec.label or spec.id,
     )
+    own = [factory() for factory in probes]
     scales, skipped = [], []
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -132,9 +138,11 @@ def train_run(
                 devices=1,
                 **fabric_precision_kwargs(spec.precision, accelerator, plugin_factory),
                 **spec.trainer_kwargs,
+                callbacks=own,
             )
             result.precision_plugin = type(fabric.strategy.precision).__name__
             recipe.setup(fabric)
+            fabric.call("on_train_start", recipe)
             batches = fabric.setup_dataloaders(loader, move_to_device=True)
             start = time.perf_counter()
             for _ in range(preset.epochs):
@@ -144,6 +152,7 @@ def train_run(
                     loss = recipe.training_step(batch, batch_idx)
                     getattr(fabric.strategy.precision, "update_scale", lambda: None)()
                     result.loss.append(float(loss))
+                    fabric.call("on_train_batch_end", recipe, loss, batch_idx)
                     if before is not None:
                         scales.append(before)
                         skipped.append(loss_scale(fabric) < before)
@@ -156,5 +165,6 @@ def train_run(
     result.extra["batches"] = len(result.loss)
     if skipped:
         result.extra["skipped_per_step"] = skipped
-    record_extra(result, recipe.record_extra)
+    for probe in own:
+        record_extra(result, probe.record_extra)
     return result

@@ -14,6 +14,11 @@ of a run:
   left unchanged (an update smaller than half the spacing of the weight's dtype rounds away);
 * :class:`~mpguide.verify.probes.FinalLossScale`: the loss scale when training ends;
 * :class:`~mpguide.verify.probes.FinalWeights`: a digest of the final weights.
+
+An example can attach probes of its own to the runs of chosen recipes
+(``runner.run_example(..., probes={recipe: [ProbeClass, ...]})``): a Lightning callback with a
+``record_extra()`` method, defined in the example's "How this page is verified" section, or one of
+this module's that several examples share, such as :class:`~mpguide.verify.probes.WeightsDigest`.
 """
 
 from __future__ import annotations
@@ -212,6 +217,25 @@ class FinalWeights(Callback):
     def record_extra(self) -> dict[str, Any]:
         """``{"final_weights": hex digest}``, or ``{}`` when training did not end normally."""
         return {"final_weights": self.digest} if self.digest else {}
+
+
+class WeightsDigest(Callback):
+    """Record a SHA-256 digest of the module's parameters when the record is made.
+
+    Unlike :class:`~mpguide.verify.probes.FinalWeights` (a shared probe, only after training ended
+    normally), this one is attached by examples that compare runs bitwise, and it also digests the
+    weights a run had when an error stopped it.
+    """
+
+    def __init__(self) -> None:
+        self.module: torch.nn.Module | None = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.module = pl_module
+
+    def record_extra(self) -> dict[str, Any]:
+        """``{"weights": hex digest}`` (:func:`mpguide.verify.probes.parameter_digest`), ``{}`` before setup."""
+        return {"weights": parameter_digest(self.module)} if self.module is not None else {}
 
 
 def callbacks() -> list[Callback]:

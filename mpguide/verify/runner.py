@@ -4,7 +4,11 @@ An example names its recipes (LightningModule factories) and declares its runs a
 literal ``RUNS`` and ``CLAIMS`` tables (:mod:`mpguide.verify.declarations`), then calls
 :func:`~mpguide.verify.runner.run_example`. Every run trains on the same data in the same order from the
 same initial weights; the per-step loss, learning rate and loss scale, the wall time, warnings and
-any exception are captured into the record.
+any exception are captured into the record. Measurements beyond those reach a run's ``extra`` through
+Lightning callbacks only, never through methods of the recipe: the shared probes of
+:mod:`mpguide.verify.probes` on every run, and an example's own probes on the runs of the recipes it
+names (``run_example(..., probes={recipe: [ProbeClass, ...]})``), so the LightningModule a reader copies
+holds training code only.
 
 Environment variables (besides those of :mod:`mpguide.verify.hardware`):
 
@@ -21,7 +25,7 @@ import os
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,8 @@ from lightning.pytorch.callbacks import Callback
 from ..data import digits_loader
 from ..steps import loss_scale
 from . import claims as claims_mod
-from . import declarations, hardware, probes, records
+from . import declarations, hardware, records
+from . import probes as probes_mod
 from .declarations import SWAP_ENV, RunDecl, parse_swaps
 from .probes import parameter_digest  # noqa: F401 - examples call runner.parameter_digest
 
@@ -121,6 +126,7 @@ def train_run(
     accelerator: str,
     preset: hardware.Preset,
     plugin_factory: Callable[..., Any] | None = None,
+    probes: Sequence[Callable[[], Callback]] = (),
 ) -> RunResult:
     """Fit one LightningModule with a real :class:`lightning.pytorch.Trainer` and record it.
 
@@ -137,6 +143,9 @@ def train_run(
         preset: size (epochs, batch size).
         plugin_factory: the precision plugin named by ``spec.plugin``, called as
             ``plugin_factory(precision, accelerator)``; ``None`` for Lightning's own handling.
+        probes: the example's own measuring callbacks for this recipe (zero-argument factories, e.g.
+            the classes); each instance joins the ``Trainer``'s callbacks and its ``record_extra()``
+            goes into ``extra`` (see :func:`~mpguide.verify.runner.record_extra`).
 
     Returns:
         The :class:`~mpguide.verify.runner.RunResult`; ``steps`` is the number of training batches the run was meant to
@@ -150,6 +159,8 @@ def train_run(
     module = module_factory()
     loader = digits_loader(preset.batch_size, seed=spec.seed)
     recorder = StepRecorder()
+    shared = probes_mod.callbacks()
+    own = [factory() for factory in probes]
     # warnings are captured from Trainer construction on (Lightning warns about precision there)
     result = RunResult(
         id=spec.id,
@@ -180,7 +191,7 @@ def train_run(
                 enable_progress_bar=False,
                 enable_model_summary=False,
                 num_sanity_val_steps=0,
-                callbacks=[recorder, *probes.callbacks()],
+                callbacks=[recorder, *shared, *own],
                 **(
                     {"precision": spec.precision}
                     if spec.plain_flag
@@ -204,15 +215,15 @@ def train_run(
     if trainer is None:  # the Trainer could not be built: nothing ran, nothing more to measure
         return result
     result.extra["global_step"] = trainer.global_step
-    result.extra.update(probes.collect(trainer))
-    extra = getattr(module, "record_extra", None)
-    if callable(extra):
-        record_extra(result, extra)
+    for probe in shared:
+        result.extra.update(probe.record_extra())
+    for probe in own:
+        record_extra(result, probe.record_extra)
     return result
 
 
 def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> None:
-    """Add ``measure()`` (a recipe's own measurements) to ``result.extra``.
+    """Add ``measure()`` (an example's own probe's measurements) to ``result.extra``.
 
     A measurement that fails after a run that already raised is dropped (the run's error is what
     counts); one that fails after a run that trained becomes the run's error, so the gate fails it.
@@ -251,6 +262,7 @@ def run_example(
     claims: list[tuple[Any, ...]],
     *,
     plugins: dict[str, Callable[..., Any]] | None = None,
+    probes: Mapping[str, Sequence[Callable[[], Any]]] | None = None,
     results_dir: Any = None,
     progress: Callable[[str], None] = print,
     train: Callable[..., RunResult] | None = None,
@@ -267,6 +279,10 @@ def run_example(
         claims: the example's literal ``CLAIMS`` table.
         plugins: plugin name -> factory ``(precision, accelerator) -> plugin`` for runs with a
             ``"plugin"`` option; :class:`mpguide.precision.ManualMixedPrecision` is known by name.
+        probes: recipe name -> the example's own measuring probes for the runs that train that recipe
+            (zero-argument factories; Lightning callbacks for ``Trainer`` runs), whose ``record_extra()``
+            dicts go into the run's ``extra``. They follow the recipe a run really trains, so a run
+            swapped to another recipe by ``MPGUIDE_SWAP_RECIPE`` is measured like that recipe.
         results_dir: folder for the record (default :func:`mpguide.verify.records.results_dir`).
         progress: called with each progress line.
         train: trains one run, with the arguments and result of :func:`~mpguide.verify.runner.train_run` (the
@@ -277,7 +293,8 @@ def run_example(
         mpguide.verify.declarations.DeclarationError: the tables are malformed, or differ from what the
             example file (when it is found) declares at module level.
         hardware.ConfigurationError: unknown preset/device/precision, or a run naming a recipe or
-            plugin the tables do not have (including through ``MPGUIDE_SWAP_RECIPE``).
+            plugin the tables do not have (including through ``MPGUIDE_SWAP_RECIPE``), or probes for an
+            unknown recipe.
     """
     from ..precision import ManualMixedPrecision
 
@@ -299,6 +316,9 @@ def run_example(
     unknown = set(swaps) - {spec.id for spec in declaration.runs}
     if unknown:
         raise hardware.ConfigurationError(f"{SWAP_ENV} names run(s) {sorted(unknown)} that {example} does not have")
+    unprobed = set(probes or {}) - set(recipes)
+    if unprobed:
+        raise hardware.ConfigurationError(f"{example}: probes name unknown recipe(s) {sorted(unprobed)}")
     for spec in declaration.runs:
         name = swaps.get(spec.id, spec.recipe)
         if name not in recipes:
@@ -320,7 +340,12 @@ def run_example(
         run_spec = dataclasses.replace(spec, recipe=recipe)
         with hardware.device_lock(accelerator):  # shared; the throughput benchmark takes the GPU alone
             res = (train or train_run)(
-                run_spec, recipes[recipe], accelerator, preset, plugins[spec.plugin] if spec.plugin else None
+                run_spec,
+                recipes[recipe],
+                accelerator,
+                preset,
+                plugins[spec.plugin] if spec.plugin else None,
+                probes=tuple((probes or {}).get(recipe, ())),
             )
         if recipe != spec.recipe:
             res.swapped_from = spec.recipe

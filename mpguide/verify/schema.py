@@ -166,7 +166,7 @@ def _json_finite(value: Any) -> Any:
 
 #: ``extra`` keys that claims or pages read, with their types. Keys written by the run harness
 #: (:func:`mpguide.verify.runner.train_run`, :mod:`mpguide.verify.probes`, :mod:`mpguide.verify.distributed`,
-#: :mod:`mpguide.verify.fabric_runs`) and by the recipes of the examples (their ``record_extra``).
+#: :mod:`mpguide.verify.fabric_runs`) and by the examples' own probes (their ``record_extra``).
 EXTRA_KEYS: dict[str, Any] = {
     # every Trainer run (mpguide.verify.runner)
     "global_step": Count,
