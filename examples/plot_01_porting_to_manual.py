@@ -340,9 +340,10 @@ def variant(**changes):
 # (``precision="bf16-mixed"`` already runs ``training_step`` under bf16 autocast), and
 # ``torch.clear_autocast_cache()`` after the ``no_grad`` block, which protects a module shared by the
 # teacher and the student forward on Lightning 2.5.4 and older, whose autocast region caches casts,
-# with a torch that still caches them without autograd history (see "The reporter's recipe and the
-# autocast cache" in the guide). The scheduler stays per batch because the automatic model says
-# ``"interval": "step"``; with Lightning's default interval, step it in ``on_train_epoch_end``.
+# with a torch that still caches them without autograd history (torch 2.10 and older; see the guide's
+# :ref:`Your own torch.autocast and the autocast cache <autocast-cache>`). The scheduler stays per
+# batch because the automatic model says ``"interval": "step"``; with Lightning's default interval,
+# step it in ``on_train_epoch_end``.
 
 
 class ReporterFixed(ReporterStep):

@@ -126,12 +126,12 @@ def test_swap_naming_an_unknown_example_stops_the_build(tmp_path, monkeypatch):
 
 
 def test_the_source_a_run_writes_is_what_the_build_compares(tmp_path, monkeypatch):
-    """runner.source_info and examples_to_rerun build the input fields in one place (records.source_inputs)."""
-    from mpguide.verify import declarations, runner
+    """record_build.source_info and examples_to_rerun build the input fields in one place (records.source_inputs)."""
+    from mpguide.verify import declarations, record_build
 
     examples, gallery, results = layout(tmp_path, monkeypatch)
     decl = declarations.from_tables("plot_01_a", [("x", "r", "32-true")], [("expect", "x", "k", 1)])
-    source = runner.source_info("plot_01_a", decl, {}, "cpu")
+    source = record_build.source_info("plot_01_a", decl, {}, "cpu")
     assert {k: source[k] for k in records.INPUT_FIELDS} == records.source_inputs(examples / "plot_01_a.py", {})
     assert source["declaration_sha256"] == decl.digest("cpu")
     for name in ("plot_01_a", "plot_02_b"):
@@ -141,7 +141,7 @@ def test_the_source_a_run_writes_is_what_the_build_compares(tmp_path, monkeypatc
     assert sphinx_ext.examples_to_rerun(examples, results) == {}
     monkeypatch.setenv("MPGUIDE_SWAP_RECIPE", "plot_01_a:x=other")
     assert sphinx_ext.examples_to_rerun(examples, results) == {"plot_01_a": "run_env changed"}
-    assert runner.source_info("plot_01_a", decl, {"x": "other"}, "cpu")["run_env"]["swaps"] == {"x": "other"}
+    assert record_build.source_info("plot_01_a", decl, {"x": "other"}, "cpu")["run_env"]["swaps"] == {"x": "other"}
 
 
 def test_the_extension_imports_without_torch():

@@ -212,7 +212,7 @@ INPUT_FIELDS = ("example_sha256", "library_sha256", "run_env")
 def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None = None) -> dict[str, Any]:
     """The :data:`~mpguide.verify.records.INPUT_FIELDS` of a record's ``source``, as a run would write them now.
 
-    The one place these fields are built: :func:`mpguide.verify.runner.source_info` writes them into every
+    The one place these fields are built: :func:`mpguide.verify.record_build.source_info` writes them into every
     record, and :func:`mpguide_build.sphinx_ext.examples_to_rerun` compares a record's with them. Reads
     files only (no torch, no git).
 

@@ -35,8 +35,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ..data import digits_loader
 from ..steps import loss_scale
-from . import claims as claims_mod
-from . import declarations, hardware, records
+from . import declarations, hardware, record_build, records
 from . import probes as probes_mod
 from .declarations import SWAP_ENV, RunDecl, parse_swaps
 from .probes import parameter_digest  # noqa: F401 - examples call runner.parameter_digest
@@ -363,7 +362,7 @@ def run_example(
             f"{len(res.loss):4d} steps {res.seconds:6.2f} s  {status}"
         )
         results.append(res)
-    record = build_record(example, results, declaration, accelerator, preset, swaps)
+    record = record_build.build_record(example, results, declaration, accelerator, preset, swaps)
     path = records.write_record(record, records.record_path(example, results_dir))
     progress(f"{example}: results saved to {_shown_path(path)}")
     return record
@@ -375,62 +374,3 @@ def _shown_path(path: Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return f"<results folder>/{Path(path).name}"
-
-
-def source_info(
-    example: str, declaration: declarations.Declaration, swaps: dict[str, str], accelerator: str
-) -> dict[str, Any]:
-    """The ``source`` field of a record: what it is produced from (see :mod:`mpguide.verify.records`).
-
-    Its inputs come from :func:`mpguide.verify.records.source_inputs` (what the docs build compares to
-    decide a rerun); added here are the git state and ``declaration_sha256``, the digest of what
-    the example declares for a record made on ``accelerator``
-    (:meth:`mpguide.verify.declarations.Declaration.digest`), so the runs and claims the record holds hash
-    to it (:func:`mpguide.verify.declarations.record_digest`).
-
-    Args:
-        example: the example's file stem.
-        declaration: its declared runs and claims.
-        swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply to it.
-        accelerator: ``"cpu"`` or ``"cuda"``, where the record's runs trained.
-    """
-    example_path = declarations.example_file(example)
-    commit, dirty = records.git_state([example_path, records.PACKAGE_DIR])
-    return {
-        **records.source_inputs(example_path, swaps),
-        "declaration_sha256": declaration.digest(accelerator),
-        "commit": commit,
-        "dirty": dirty,
-    }
-
-
-def build_record(
-    example: str,
-    results: list[RunResult],
-    declaration: declarations.Declaration,
-    accelerator: str,
-    preset: hardware.Preset,
-    swaps: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Assemble a schema-valid record and fill in each claim's value and verdict as judged now."""
-    record = {
-        "example": example,
-        "schema_version": records.SCHEMA_VERSION,
-        "created": records.utc_now(),
-        "preset": preset.name,
-        "env": records.environment(accelerator),
-        "source": source_info(example, declaration, swaps or {}, accelerator),
-        "runs": [dict(r.__dict__) for r in results],
-        "claims": [dict(c) for c in declaration.claims_for(accelerator)],
-    }
-    judged = [v for v in claims_mod.evaluate_record(record) if v.kind not in ("finite", "completes")]
-    for claim, verdict in zip(record["claims"], judged):
-        claim.update(
-            value=verdict.value,
-            threshold=verdict.threshold,
-            verdict=verdict.status,
-            metric=verdict.metric,
-            detail=verdict.detail,
-            observed=verdict.shown_value(),
-        )
-    return record
