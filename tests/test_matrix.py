@@ -65,6 +65,19 @@ def test_summarize_example_keeps_the_gates_verdicts(fake_examples, tmp_path):
     assert entry["runs"]["bf16"] == {"precision": "bf16-mixed", "plugin": None, "error": None}  # what outcome() reads
     port = next(c for c in entry["claims"] if c["id"] == "match(manual, auto)")
     assert "lightning-2.4.0/plot_99_fake.json" in port["message"] and str(tmp_path) not in port["message"]
+    # the releases page shows each judged check in words, with its unit and bound, not the gate's message
+    assert port["words"].startswith("DOES NOT HOLD; measured largest gap between smoothed loss curves: ")
+    assert "allowed at most" in port["words"] and "threshold" not in port["words"]
+
+
+def test_the_releases_page_shows_stored_words_and_falls_back_to_the_message(tmp_path):
+    worded = summary("2.6.6", {"c": "pass"})
+    worded["examples"]["plot_99_fake"]["claims"][0]["words"] = "holds; measured gap 0.00 %; allowed at most 0.10 %"
+    matrix_summary.write_summary(worded, tmp_path)  # the summary schema accepts the field
+    text = matrix_page.render_table(matrix_summary.load_matrix(tmp_path))
+    assert "plot_99_fake, title of c: holds; measured gap 0.00 %; allowed at most 0.10 %" in text
+    assert "message of c on 2.6.6" not in text
+    assert "message of c on 2.6.6" in matrix_page.render_table([summary("2.6.6", {"c": "pass"})])  # older summaries
 
 
 def test_missing_record_is_could_not_run(fake_examples, tmp_path):

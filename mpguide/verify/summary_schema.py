@@ -24,6 +24,9 @@ class MatrixClaim(StrictModel):
     verdict: Literal["pass", "fail", "inconclusive", "not judged"]
     observed: str | None = None
     message: str
+    #: the check in words (result, measured value with its unit, what is allowed), as the example's table
+    #: words it (:mod:`mpguide.verify.report`); summaries written before 2026-12-01 afternoon have none
+    words: str | None = None
 
 
 class MatrixRun(StrictModel):

@@ -33,6 +33,13 @@ def _anchor(version: str, example: str, cid: str) -> str:
     return "mx-" + re.sub(r"[^a-z0-9]+", "-", f"{version} {example} {cid}".lower()).strip("-")
 
 
+def _words(summary: dict[str, Any], example: str, cid: str) -> str | None:
+    """The stored worded check of one cell (``words`` of the claim), prefixed with its release and example."""
+    entry = summary["examples"].get(example) or {}
+    words = next((c.get("words") for c in entry.get("claims", []) if c["id"] == cid), None)
+    return f"{example}, {next(c['title'] for c in entry['claims'] if c['id'] == cid)}: {words}" if words else None
+
+
 def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | None = None) -> str:
     """The matrix as MyST Markdown: per example a table with one row per claim and one column per
     release, then every message.
@@ -65,6 +72,8 @@ def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | 
         cells = []
         for summary in summaries:
             word, message = outcome(summary, example, cid)
+            if word in (HOLDS, DOES_NOT_HOLD):  # the claim was judged: show it in words where stored
+                message = _words(summary, example, cid) or message
             anchor = _anchor(column_label(summary), example, cid)
             text = html.escape(CELL_WORDS.get(word, word))
             cells.append(f'<a href="#{anchor}">{"<b>" + text + "</b>" if word != HOLDS else text}</a>')

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mpguide.verify import declarations, records
+from mpguide.verify.report import allowed_text, measured_text, result_text
 
 from .matrix_summary import RUNS_ROW, SCHEMA, summary_path, verdict_library_digest
 
@@ -94,6 +95,8 @@ def summarize_example(
                 "verdict": _word(v.status),
                 "observed": v.shown_value(),
                 "message": v.message(),
+                # what the releases page shows: the measurement in words, as the example's own table words it
+                "words": f"{result_text(v)}; measured {measured_text(v)}; allowed {allowed_text(v)}",
             }
         )
     record = records.load_record(path)
