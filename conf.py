@@ -126,7 +126,7 @@ html_theme_options = {
     "logo": {"text": "mpguide"},
     "header_links_before_dropdown": 3,
     "navigation_with_keys": False,
-    "show_toc_level": 3,  # the page title is level 1: its sections (2) and their subsections (3) always show
+    "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }

@@ -100,12 +100,18 @@ def page_times(nb_data: dict[str, Any]) -> list[tuple[str, float]]:
 
 def measure(app: Any) -> BuildTime:
     """This build's :class:`BuildTime` (call at ``build-finished``, after sphinx-gallery wrote its JUnit file)."""
-    from myst_nb.sphinx_ import NbMetadataCollector
-
-    junit = app.config.sphinx_gallery_conf.get("junit")
+    try:  # a site without sphinx-gallery (or without MyST-NB) has nothing of that kind to count
+        junit = app.config.sphinx_gallery_conf.get("junit")
+    except AttributeError:
+        junit = None
     path = Path(app.builder.outdir, junit) if junit else None
     examples = [(name, t) for name, t in example_times(path) if t > 0] if path is not None and path.is_file() else []
-    pages = page_times(NbMetadataCollector.get_doc_data(app.env))
+    try:
+        from myst_nb.sphinx_ import NbMetadataCollector
+    except ImportError:
+        pages = []
+    else:
+        pages = page_times(NbMetadataCollector.get_doc_data(app.env))
     return BuildTime(
         wall_s=time.monotonic() - STARTED,
         examples_s=sum(t for _, t in examples),
