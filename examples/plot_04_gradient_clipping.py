@@ -309,7 +309,10 @@ plt.show()
 
 for run_id in ("unscale-fp16", "fused-bf16", "trainer-flag"):
     error = plotting.run_by_id(record, run_id)["error"]
-    print(f"{run_id}: {error['type']}: {error['message']}\n")
+    if error:
+        print(f"{run_id}: {error['type']}: {error['message']}\n")
+    else:  # on another Lightning release a run may not raise: the table above says whether one was expected
+        print(f"{run_id}: no error was raised\n")
 
 # %%
 # Verdicts

@@ -604,3 +604,21 @@ def test_a_torch_column_refuses_an_environment_with_another_torch(tmp_path):
         matrix_summary.load(tmp_path / f"torch-2.10.0+lightning-{lightning.__version__}.json")["error"] == out["error"]
     )
     assert matrix_outcomes.cell(out, "plot_99_fake", "c")[0] == "could not run"
+
+
+@pytest.mark.parametrize(("version", "expected"), [("2.2.5", "CPU-only artifact"), ("2.4.0", "cannot run")])
+def test_a_record_refused_for_a_nan_on_a_disabled_cpu_scaler_is_a_cpu_artifact(version, expected):
+    """On 2.2/2.3 a CPU 16-mixed run trains without loss scaling and may measure NaN, which a record may not
+    hold: that example 'could not run' because of the CPU, not because the release lacks something."""
+    out = summary(version, {"c": "pass"})
+    out["device"] = "CPU (2 cores)"
+    out["examples"]["plot_99_fake"].update(
+        status="could not run",
+        claims=[],
+        error="RecordError: /tmp/x/plot_99_fake.json: field 'runs[1] (fp16-stock).extra.factor[1]' should be a "
+        "finite number (not NaN or Infinity), found number NaN; rerun python examples/plot_99_fake.py",
+    )
+    assert matrix_outcomes.outcome(out, "plot_99_fake", "c")[0] == expected
+    if expected == "cannot run":  # the release was installed: the sentence does not say it was not
+        sentence = matrix_page.applies_sentence([out, summary("2.6.6", {"c": "pass"})], [("plot_99_fake", "c")])
+        assert "it stopped before its checks" in sentence and "could not be installed" not in sentence

@@ -142,6 +142,20 @@ def missing_api(error: str) -> str:
     return next((g for g in m.groups() if g), "") if m else ""
 
 
+def _refused_non_finite_on_disabled_scaler(summary: dict[str, Any], example: str, message: str) -> bool:
+    """The example ran on a CPU release of :data:`CPU_SCALER_DISABLED`, and its record was refused for a
+    non-finite measurement of a 16-mixed run (:mod:`mpguide.verify.schema` requires finite numbers)."""
+    minor = ".".join(summary["lightning"].split(".")[:2])
+    on_cpu = str(summary.get("device", "cpu")).lower().startswith("cpu")
+    refused = re.search(r"field 'runs\[\d+\] \(([^)]+)\)[^']*' should be a finite number", message or "")
+    return bool(
+        on_cpu
+        and minor in CPU_SCALER_DISABLED
+        and refused
+        and _run_precision(summary, example, refused.group(1), None) in ("16-mixed", "")
+    )
+
+
 def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | None = None) -> tuple[str, str]:
     """What a cell means for a reader: ``(outcome class, why)``, the class one of :data:`OUTCOMES`.
 
@@ -171,6 +185,12 @@ def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | No
     if verdict == "not run":
         return NOT_RUN, message
     if verdict == "could not run":
+        if _refused_non_finite_on_disabled_scaler(summary, example, message):
+            return CPU_ARTIFACT, (
+                f"Lightning {summary['lightning']} disables its GradScaler on a CPU, so a 16-mixed run trained "
+                f"without loss scaling and measured a non-finite value, which a record may not hold (the record "
+                f"was refused); not evidence either way for a GPU. {message}"
+            )
         return CANNOT_RUN, message
     errors = run_errors(summary, example)
     involved = _claim_runs(summary, example, cid)

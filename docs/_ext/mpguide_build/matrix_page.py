@@ -211,10 +211,15 @@ def applies_sentence(
             }
             - {""}
         )
+        not_installed = all(
+            s["status"] != "ran" for s in ordered if s["lightning"] in groups[CANNOT_RUN]
+        )  # the release itself could not be installed or imported
         why = (
             f"`{'`, `'.join(apis)}` {'is' if len(apis) == 1 else 'are'} missing"
             if apis
             else "it could not be installed"
+            if not_installed
+            else "it stopped before its checks; the releases page has the message"
         )
         parts.append(f"The example cannot run on {_releases(groups[CANNOT_RUN])} ({why}).")
     if PLUGIN_REFUSES in groups:
