@@ -161,6 +161,18 @@ def _releases(versions: Sequence[str]) -> str:
     return versions[0] if len(versions) == 1 else ", ".join(versions[:-1]) + " and " + versions[-1]
 
 
+def _require_claims(
+    summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]], who: str, kind: str
+) -> None:
+    """Refuse an empty ``claims`` or one no summary has (:class:`MatrixError` naming ``who`` and a few known ids)."""
+    if not claims:
+        raise MatrixError(f"{who} needs at least one (example, claim id)")
+    known = {(ex, cid) for ex, cid, _ in rows(summaries)}
+    unknown = [c for c in claims if tuple(c) not in known]
+    if unknown:
+        raise MatrixError(f"no {kind} of the matrix has claim(s) {unknown}; known ids look like {sorted(known)[:3]}")
+
+
 def applies_sentence(
     summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]], differs: str = "the behaviour differs there"
 ) -> str:
@@ -180,12 +192,7 @@ def applies_sentence(
     Raises:
         MatrixError: ``claims`` is empty or names a claim no summary has.
     """
-    if not claims:
-        raise MatrixError("applies_sentence needs at least one (example, claim id)")
-    known = {(ex, cid) for ex, cid, _ in rows(summaries)}
-    unknown = [c for c in claims if tuple(c) not in known]
-    if unknown:
-        raise MatrixError(f"no release of the matrix has claim(s) {unknown}; known ids look like {sorted(known)[:3]}")
+    _require_claims(summaries, claims, "applies_sentence", "release")
     every = summaries
     summaries = [s for s in summaries if not is_unreleased(s)]
     groups = release_outcomes(summaries, claims)
@@ -284,12 +291,7 @@ def torch_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[s
     Raises:
         MatrixError: ``claims`` is empty or names a claim no summary has.
     """
-    if not claims:
-        raise MatrixError("torch_sentence needs at least one (example, claim id)")
-    known = {(ex, cid) for ex, cid, _ in rows(summaries)}
-    unknown = [c for c in claims if tuple(c) not in known]
-    if unknown:
-        raise MatrixError(f"no column of the matrix has claim(s) {unknown}")
+    _require_claims(summaries, claims, "torch_sentence", "column")
     ordered = sorted(summaries, key=lambda s: version_key(str(s.get("torch"))))
     ok, bad = [], []
     for s in ordered:
