@@ -142,17 +142,22 @@ def missing_api(error: str) -> str:
     return next((g for g in m.groups() if g), "") if m else ""
 
 
-def _refused_non_finite_on_disabled_scaler(summary: dict[str, Any], example: str, message: str) -> bool:
-    """The example ran on a CPU release of :data:`CPU_SCALER_DISABLED`, and its record was refused for a
-    non-finite measurement of a 16-mixed run (:mod:`mpguide.verify.schema` requires finite numbers)."""
-    minor = ".".join(summary["lightning"].split(".")[:2])
+def _scaler_disabled_on_cpu(summary: dict[str, Any]) -> bool:
+    """The summary ran on a CPU with a release of :data:`CPU_SCALER_DISABLED` (16-mixed without loss scaling)."""
     on_cpu = str(summary.get("device", "cpu")).lower().startswith("cpu")
+    return on_cpu and ".".join(summary["lightning"].split(".")[:2]) in CPU_SCALER_DISABLED
+
+
+def _refused_non_finite_on_disabled_scaler(
+    summary: dict[str, Any], example: str, message: str, examples: Path | None
+) -> bool:
+    """The example ran where :func:`_scaler_disabled_on_cpu`, and its record was refused for a non-finite
+    measurement of a 16-mixed run (:mod:`mpguide.verify.schema` requires finite numbers)."""
     refused = re.search(r"field 'runs\[\d+\] \(([^)]+)\)[^']*' should be a finite number", message or "")
     return bool(
-        on_cpu
-        and minor in CPU_SCALER_DISABLED
+        _scaler_disabled_on_cpu(summary)
         and refused
-        and _run_precision(summary, example, refused.group(1), None) in ("16-mixed", "")
+        and _run_precision(summary, example, refused.group(1), examples) in ("16-mixed", "")
     )
 
 
@@ -185,7 +190,7 @@ def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | No
     if verdict == "not run":
         return NOT_RUN, message
     if verdict == "could not run":
-        if _refused_non_finite_on_disabled_scaler(summary, example, message):
+        if _refused_non_finite_on_disabled_scaler(summary, example, message, examples):
             return CPU_ARTIFACT, (
                 f"Lightning {summary['lightning']} disables its GradScaler on a CPU, so a 16-mixed run trained "
                 f"without loss scaling and measured a non-finite value, which a record may not hold (the record "
@@ -211,12 +216,8 @@ def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | No
         return PLUGIN_REFUSES, (
             f"ManualMixedPrecision refuses Lightning {summary['lightning']} (UnsupportedVersionError): {message}"
         )
-    minor = ".".join(summary["lightning"].split(".")[:2])
-    on_cpu = str(summary.get("device", "cpu")).lower().startswith("cpu")
-    if (
-        on_cpu
-        and minor in CPU_SCALER_DISABLED
-        and any(_run_precision(summary, example, r, examples) == "16-mixed" for r in involved)
+    if _scaler_disabled_on_cpu(summary) and any(
+        _run_precision(summary, example, r, examples) == "16-mixed" for r in involved
     ):
         return CPU_ARTIFACT, (
             f"Lightning {summary['lightning']} disables its GradScaler on a CPU, so this 16-mixed "

@@ -36,8 +36,8 @@ def _anchor(version: str, example: str, cid: str) -> str:
 def _words(summary: dict[str, Any], example: str, cid: str) -> str | None:
     """The stored worded check of one cell (``words`` of the claim), prefixed with its release and example."""
     entry = summary["examples"].get(example) or {}
-    words = next((c.get("words") for c in entry.get("claims", []) if c["id"] == cid), None)
-    return f"{example}, {next(c['title'] for c in entry['claims'] if c['id'] == cid)}: {words}" if words else None
+    claim = next((c for c in entry.get("claims", []) if c["id"] == cid), {})
+    return f"{example}, {claim['title']}: {claim['words']}" if claim.get("words") else None
 
 
 def render_table(summaries: Sequence[dict[str, Any]], examples: Iterable[str] | None = None) -> str:
