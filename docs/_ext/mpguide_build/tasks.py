@@ -37,6 +37,12 @@ GENERATED = (
 BUILD_PACKAGES = ("sphinx", "sphinx-gallery", "myst-nb", "torch", "lightning", "scikit-learn", "matplotlib", "numpy")
 
 
+def requirement_pins(requirements: Path, *names: str) -> list[str]:
+    """The lines of ``requirements`` (a requirements.txt) that pin ``names`` (the matrix sessions' base)."""
+    lines = [line.split("#")[0].strip() for line in requirements.read_text().splitlines()]
+    return [line for line in lines if line.split("=")[0].split(">")[0].strip().lower() in names]
+
+
 def check_settings(examples: Path) -> int:
     """Exit code 0 when the build's own settings check passes; else print its one line and return 1."""
     from sphinx.errors import ConfigError
