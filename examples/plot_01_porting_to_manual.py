@@ -57,6 +57,7 @@ from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_01_porting_to_manual")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 

@@ -49,6 +49,7 @@ from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_02_two_optimizers")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 LATENT = 16

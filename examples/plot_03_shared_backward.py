@@ -51,6 +51,7 @@ from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_03_shared_backward")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 OVERFLOW_STEPS = (0, 50)

@@ -36,6 +36,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_04_gradient_clipping")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 MAX_NORM = 0.5

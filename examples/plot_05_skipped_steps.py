@@ -39,6 +39,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_05_skipped_steps")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 BASE_LR, GAMMA = 2e-3, 0.97

@@ -35,6 +35,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_07_backward_and_flags")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 

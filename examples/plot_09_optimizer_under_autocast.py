@@ -47,6 +47,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_09_optimizer_under_autocast")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 

@@ -42,6 +42,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_10_gradient_penalty")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 LATENT, GAMMA = 16, 10.0

@@ -41,6 +41,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_12_nonfinite_guard")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 

@@ -39,6 +39,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_13_ddp_accumulation")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 N = 4  # micro-batches per optimizer step

@@ -122,6 +122,7 @@ from mpguide.fabric import FabricManualMixedPrecision
 from mpguide.verify import runner
 
 runner.quiet_lightning()
+runner.check_settings("plot_14_fabric_manual_loop")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 device = "cuda" if torch.cuda.is_available() else "cpu"

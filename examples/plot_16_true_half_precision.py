@@ -50,6 +50,7 @@ from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
 runner.quiet_lightning()
+runner.check_settings("plot_16_true_half_precision")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 DECAY = 0.999

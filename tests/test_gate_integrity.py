@@ -101,7 +101,7 @@ def test_record_without_a_declaration_digest_fails(tmp_path, good_record, capsys
     assert (
         "record FAILED [runs and claims as written]: source.declaration_sha256 is None, so a run or claim "
         "deleted from the record could not be noticed; rerun the example (python examples/plot_99_fake.py, "
-        "or rebuild the docs)"
+        "or rebuild the docs with nox -s docs)"
     ) in line and str(path) in line
 
 
@@ -114,6 +114,10 @@ def test_claim_deleted_from_a_downloaded_record_fails_without_an_examples_folder
     write(tmp_path, good_record)
     status, out = gate_run(capsys, tmp_path)
     assert status == 1 and "record FAILED [runs and claims as written]" in out
+    # the hint is one a reader with a single downloaded script can follow: no examples/ folder, no nox
+    (line,) = [ln for ln in failure_lines(out) if "[runs and claims as written]" in ln]
+    assert "rerun the example (python plot_99_fake.py in the folder of the downloaded example)" in line, line
+    assert "examples/" not in line.replace(str(tmp_path), "") and "nox" not in line, line
 
 
 def test_digest_is_of_what_the_record_holds_for_its_accelerator():
@@ -214,7 +218,7 @@ def test_hardware_fields_that_disagree_fail(tmp_path, good_record, capsys, env, 
     (line,) = [ln for ln in failure_lines(out) if "[hardware fields agree]" in ln]
     assert (
         f"record FAILED [hardware fields agree]: {message}: the fields were edited or come from two records; "
-        "rerun the example (python examples/plot_99_fake.py, or rebuild the docs)" in line
+        "rerun the example (python examples/plot_99_fake.py, or rebuild the docs with nox -s docs)" in line
     )
     assert f"(record: {path};" in line
 

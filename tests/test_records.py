@@ -161,8 +161,8 @@ def test_unknown_fields_are_refused_naming_file_field_and_fix(good_record, mutat
         records.validate_record(good_record, "r.json")
     assert str(err.value) == (
         f"{where}: unknown field {field!r}, which schema 2 does not define (1 unknown field(s) in all): {hint} "
-        f"(fix the name), a field of a newer mpguide (update this checkout) or a hand edit; rerun python "
-        f"examples/r.py to write a fresh record"
+        f"(fix the name), a field of a newer mpguide (update this checkout) or a hand edit; rerun the example "
+        f"(python examples/r.py, or rebuild the docs with nox -s docs) to write a fresh record"
     )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import hints
+
 #: Keys of a claim that define it (what the gate compares); judged values and titles are not among them.
 CLAIM_KEYS = ("kind", "runs", "tolerance", "exception", "message", "category", "key", "expected", "only_on")
 
@@ -52,7 +54,7 @@ def compare_with_declaration(
         the ids of the runs whose implicit checks apply.
     """
     where = f"examples/{declaration.example}.py"
-    fix = f"rerun the example (python {where}, or rebuild the docs) to write a record that matches it"
+    fix = f"rerun the example ({hints.rerun(declaration.example)}) to write a record that matches it"
     problems: list[dict[str, Any]] = []
 
     def problem(title: str, runs: list[str], detail: str) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,13 +37,14 @@ from typing import Any
 
 from . import claims as claims_mod
 from .declaration_check import claim_identity, compare_with_declaration
+from .hints import EXAMPLES_ENV as EXAMPLES_ENV
+from .hints import examples_dir as examples_dir
 from .judging import KINDS
 
 #: Environment variable that trains some runs with another recipe, ``"example:run_id=recipe[,...]"``
 #: (used by the tests to prove that a build fails when a correct run is replaced by a broken one).
 SWAP_ENV = "MPGUIDE_SWAP_RECIPE"
 #: Environment variable naming the folder of the examples (the docs build sets it).
-EXAMPLES_ENV = "MPGUIDE_EXAMPLES_DIR"
 #: Names of the two module-level tables an example must assign exactly once.
 TABLES = ("RUNS", "CLAIMS")
 #: Precision names a run may use (Lightning's spelling; the same as :data:`mpguide.verify.hardware.RUN_PRECISIONS`).
@@ -170,15 +170,10 @@ def record_digest(record: dict[str, Any]) -> str:
     return digest_of(runs, record["claims"])
 
 
-def examples_dir() -> Path:
-    """Folder of the examples: ``$MPGUIDE_EXAMPLES_DIR``, else ``examples/`` of this library's repository."""
-    return Path(os.environ.get(EXAMPLES_ENV) or Path(__file__).resolve().parents[2] / "examples")
-
-
 def example_names(directory: Path | None = None) -> list[str]:
     """Stems of the gallery examples that train (``plot_*.py``) in ``directory``, sorted.
 
-    ``directory`` defaults to :func:`~mpguide.verify.declarations.examples_dir`.
+    ``directory`` defaults to :func:`~mpguide.verify.hints.examples_dir`.
     """
     return sorted(p.stem for p in Path(directory or examples_dir()).glob("plot_*.py"))
 

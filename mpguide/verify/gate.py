@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import declarations
+from . import declarations, hints
 from .claims import evaluate_record
 from .integrity import integrity_problems, staleness
 from .records import REPO_ROOT, RecordError, load_record, record_path, reference_dir
@@ -104,7 +104,7 @@ class GateReport:
         if not self.records and not self.record_errors and not self.failures:
             return (
                 "claim gate: no results records were found, so nothing was verified; run the examples "
-                "(python examples/plot_XX.py) or build the docs (nox -s docs), then judge their records"
+                f"({hints.rerun('plot_XX')}), then judge their records"
             )
         lines = [f"claim gate: {len(self.failures)} failed claim(s), {len(self.record_errors)} record error(s)"]
         lines += [f"  - {v.message()}" for v in self.failures]
@@ -228,7 +228,7 @@ def evaluate(
             record=str(path),
             hardware=hardware,
             observed="stale",
-            detail=f"{stale}; rerun the example (or rebuild the docs)",
+            detail=f"{stale}; rerun the example ({hints.rerun(record['example'])})",
         )
         return checks + [verdict] + evaluate_record(record, str(path), declaration), ""
     return checks + evaluate_record(record, str(path), declaration, stale=bool(stale)), stale

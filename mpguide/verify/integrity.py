@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import declarations
+from . import declarations, hints
 from .records import file_digest, library_digest
 
 
@@ -19,7 +19,7 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
 
     Args:
         record: a schema-2 record.
-        examples: folder of the examples (default :func:`mpguide.verify.declarations.examples_dir`).
+        examples: folder of the examples (default :func:`mpguide.verify.hints.examples_dir`).
         include_library: also call it stale when the helper library changed (this build's records
             must come from the current library; a GPU reference only from the current example).
     """
@@ -44,7 +44,7 @@ def _fix(record: dict[str, Any], path: Path | str, reference: bool) -> str:
             f"restore the committed file (git checkout -- {path}) or refresh the references on that GPU "
             f"(nox -s docs_gpu -- --update-reference)"
         )
-    return f"rerun the example (python examples/{record['example']}.py, or rebuild the docs)"
+    return f"rerun the example ({hints.rerun(record['example'])})"
 
 
 def integrity_problems(record: dict[str, Any], path: Path | str = "", reference: bool = False) -> list[tuple[str, str]]:

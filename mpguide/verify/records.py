@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 # The schema (types, validation, RecordError) lives in mpguide.verify.schema; these names stay importable from here.
+from . import hints
 from .schema import SCHEMA_FIELDS as SCHEMA_FIELDS
 from .schema import SCHEMA_VERSION, RecordError, validate_record
 
@@ -271,13 +272,9 @@ def load_record(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise RecordError(
-            f"{path}: results record not found; run the example that writes it "
-            f"(python examples/{path.stem}.py) or build the docs with `nox -s docs`"
+            f"{path}: results record not found; run the example that writes it ({hints.rerun(path.stem)})"
         )
-    fix = (
-        f"delete it and rerun python examples/{path.stem}.py (or rebuild the docs, which reruns "
-        f"examples whose record is missing)"
-    )
+    fix = f"delete it and rerun the example ({hints.rerun(path.stem)})"
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import time
 import traceback
 import warnings
@@ -79,6 +80,34 @@ def quiet_lightning() -> None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)
+
+
+def check_settings(example: str) -> None:
+    """Refuse bad ``MPGUIDE_*`` settings at the top of ``example``, before it trains or prints anything.
+
+    Checks ``MPGUIDE_PRESET`` and ``MPGUIDE_DEVICE`` (``cuda`` needs a CUDA device), that ``MPGUIDE_SWAP_RECIPE``
+    is well formed, and that its entries for ``example`` name runs the example declares. The declaration is
+    read from the example's file: ``examples/`` of a checkout, or the script being run after a download
+    (``sys.argv[0]``); without either (a notebook) :func:`run_example` checks the runs later. Each error is
+    an input error, printed in one line when the example runs as a script (:mod:`mpguide.verify.errors`).
+
+    Raises:
+        hardware.ConfigurationError: an unknown preset or device, CUDA asked for without one, or a swap naming a
+            run ``example`` does not declare.
+        declarations.DeclarationError: ``MPGUIDE_SWAP_RECIPE`` is malformed.
+    """
+    hardware.select_preset()
+    hardware.select_accelerator()
+    swaps = declarations.example_swaps(example, parse_swaps(os.environ.get(SWAP_ENV)))
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    source = next((p for p in (declarations.example_file(example), script) if p.stem == example and p.is_file()), None)
+    if swaps and source is not None:
+        declared = [spec.id for spec in declarations.read(source).runs]
+        unknown = sorted(set(swaps) - set(declared))
+        if unknown:
+            raise hardware.ConfigurationError(
+                f"{SWAP_ENV} names run(s) {unknown} that {example} does not have; its runs: {declared}"
+            )
 
 
 class StepRecorder(Callback):

@@ -61,6 +61,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from . import hints
+
 #: Bump when the layout changes incompatibly; the gate refuses other versions.
 SCHEMA_VERSION = 2
 
@@ -608,7 +610,7 @@ def describe(err: ValidationError, record: Any, path: Path | str) -> str:
     first = errors[0]
     loc, kind, ctx = tuple(first["loc"]), first["type"], first.get("ctx") or {}
     stem = Path(path).stem
-    fix = f"rerun python examples/{stem}.py to write a fresh record"
+    fix = f"rerun the example ({hints.rerun(stem)}) to write a fresh record"
 
     def where(at: tuple[Any, ...]) -> str:
         text = json_path(at, record=record)
@@ -650,7 +652,7 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
     Raises:
         RecordError: naming ``path``, the first problem's field (a JSON path) and the fix.
     """
-    fix = f"rerun python examples/{Path(path).stem}.py to write a fresh record"
+    fix = f"rerun the example ({hints.rerun(Path(path).stem)}) to write a fresh record"
     if not isinstance(record, dict):
         raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
     version = record.get("schema_version")

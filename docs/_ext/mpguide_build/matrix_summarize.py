@@ -57,7 +57,7 @@ def summarize_example(
         torch_pin: the torch release of an older-torch column (named in the record path of messages).
         script_error: last lines of the script's stderr when it exited non-zero (``""`` otherwise).
         seconds: wall time of the script.
-        examples: folder of the examples (default :func:`mpguide.verify.declarations.examples_dir`).
+        examples: folder of the examples (default :func:`mpguide.verify.hints.examples_dir`).
 
     Returns:
         The ``examples[example]`` entry of a summary (see the module docstring). Without a readable
