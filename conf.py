@@ -26,7 +26,10 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx_copybutton",
+    "sphinx.ext.extlinks",
+    "sphinx.ext.intersphinx",
     "mpguide_build.sphinx_ext",
+    "mpguide_build.apilinks",
 ]
 
 exclude_patterns = [
@@ -93,11 +96,23 @@ nb_render_markdown_format = "myst"  # Markdown outputs (verdict tables) use MyST
 myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
 myst_heading_anchors = 3
 
+# --- links into the ecosystem (mpguide_build.apilinks) ------------------------------------------
+# API names link to PyTorch's and Lightning's official pages through inventories committed under
+# docs/_inventories/ (no network at build time; each target checked against the official page, see
+# apis.toml); issues, pull requests and upstream files link to GitHub, files at the installed releases.
+from mpguide_build import apilinks  # noqa: E402
+
+intersphinx_mapping = apilinks.intersphinx_mapping()
+intersphinx_cache_limit = 0
+extlinks = apilinks.extlinks()
+extlinks_detect_hardcoded_links = False
+
 # --- nitpicky references -------------------------------------------------------------------
 # Every reference inside this project must resolve (the strict build runs with -n). Inventories of
 # Python, NumPy, PyTorch, Lightning, scikit-learn and Sphinx cannot be fetched on the machines that
-# build this site (no network beyond package registries), so references into them are rendered
-# as plain text instead of links, and only those are exempt.
+# build this site (no network beyond package registries): the PyTorch and Lightning names the guide uses
+# link through the small committed inventories above (mpguide_build.apilinks warns on a name it cannot
+# link); other references into those projects render as plain text, and only those are exempt.
 nitpicky = True
 nitpick_ignore_regex = [
     # the pydantic models of the record and summary schemas render as field reprs, not as API; read in the source
