@@ -2,7 +2,7 @@
 
 There is no network at build time, so the targets live in the repository: ``docs/_inventories/apis.toml``
 names each PyTorch and Lightning object the guide mentions, its page and the stored copy it was checked
-against; ``python -m mpguide_build.apilinks write`` turns it into the two Sphinx inventories beside it,
+against; ``python -m mpguide_build.apilinks write`` turns it into the Sphinx inventories beside it,
 which ``intersphinx`` reads (``conf.py``), so explicit roles such as ``{py:class}`torch.autocast``` link too.
 
 Three build steps, each on the doctree after it is read, so prose needs no markup of its own:
