@@ -150,7 +150,8 @@ def _build(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
 def test_a_build_links_names_citations_and_files(tmp_path):
     body = (
         "Call ``self.manual_backward(loss)``, clip in ``on_before_optimizer_step`` (``GradScaler``), as in "
-        "Lightning #12600 and PyTorch pull request #165068; see ``plugins/precision/amp.py``."
+        "Lightning #12600 and PyTorch pull request #165068; see ``plugins/precision/amp.py``. Roles for writers: "
+        ":lightning-pr:`21436`, :torch-file:`torch/amp/grad_scaler.py`."
     )
     proc = _build(tmp_path, body)
     assert proc.returncode == 0, proc.stderr
@@ -164,6 +165,8 @@ def test_a_build_links_names_citations_and_files(tmp_path):
         "https://github.com/Lightning-AI/pytorch-lightning/issues/12600",
         "https://github.com/pytorch/pytorch/pull/165068",
         "https://github.com/Lightning-AI/pytorch-lightning/blob/",
+        "https://github.com/Lightning-AI/pytorch-lightning/pull/21436",
+        f"https://github.com/pytorch/pytorch/blob/v{apilinks._version('torch')}/torch/amp/grad_scaler.py",
     ):
         assert f'href="{url}' in page, url
 
