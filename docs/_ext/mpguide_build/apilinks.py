@@ -138,7 +138,7 @@ def looks_like_api(text: str) -> bool:
     end in a call. Lowercase bare names (``zero_grad``) are linked when known and never flagged.
     """
     name = spelling(text)
-    if not name:
+    if not name or name.endswith("."):  # a namespace in prose ("``torch.``"), not an object
         return False
     if text.strip().startswith("self."):
         return "." not in name
