@@ -225,28 +225,26 @@ def matrix(session: nox.Session, lightning: str) -> None:
     _matrix_column(session, ["--lightning", lightning], [f"lightning=={lightning}"])
 
 
-def _torch_releases() -> list[str]:
+def _torch_columns() -> list[tuple[str, str]]:
     sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix_summary import TORCH_RELEASES
+    from mpguide_build.matrix_summary import TORCH_COLUMNS
 
-    return list(TORCH_RELEASES)
+    return list(TORCH_COLUMNS)
 
 
 @nox.session
-@nox.parametrize("torch", _torch_releases())
-def matrix_torch(session: nox.Session, torch: str) -> None:
-    """The examples whose claims depend on torch, with Lightning TORCH_LIGHTNING on an older torch release.
+@nox.parametrize(("torch", "lightning"), _torch_columns())
+def matrix_torch(session: nox.Session, torch: str, lightning: str) -> None:
+    """The examples whose claims depend on torch, on an older torch release with a given Lightning release.
 
-    Writes results/matrix/torch-X+lightning-2.6.6.json (mpguide_build.matrix_summary.TORCH_EXAMPLES, the plugin tests
-    and the minimal autocast-cache reproduction). Not part of CI: torch X comes from PyPI as a CUDA build
-    (2.5-3 GB with its CUDA libraries on x86_64 Linux) and runs on the CPU. ``nox -s matrix_torch -k 2.10.0``
-    runs one release; MPGUIDE_MATRIX_EXAMPLES restricts the examples.
+    One column per pair of mpguide_build.matrix_summary.TORCH_COLUMNS; writes
+    results/matrix/torch-X+lightning-Y.json (mpguide_build.matrix_summary.TORCH_EXAMPLES, the plugin tests and
+    the minimal autocast-cache reproduction). Not part of CI: torch X comes from PyPI as a CUDA build (2.5-3 GB
+    with its CUDA libraries on x86_64 Linux) and runs on the CPU. ``nox -s matrix_torch -k 2.10.0`` runs the
+    columns of one torch; MPGUIDE_MATRIX_EXAMPLES restricts the examples.
     """
-    sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]
-    from mpguide_build.matrix_summary import TORCH_LIGHTNING
-
-    column = ["--lightning", TORCH_LIGHTNING, "--torch", torch]
-    _matrix_column(session, column, [f"torch=={torch}", f"lightning=={TORCH_LIGHTNING}"])
+    column = ["--lightning", lightning, "--torch", torch]
+    _matrix_column(session, column, [f"torch=={torch}", f"lightning=={lightning}"])
 
 
 @nox.session(name="matrix_main")
