@@ -20,7 +20,7 @@ import nox
 ROOT = Path(__file__).parent.resolve()
 BUILD = ROOT / "_build"
 sys.path[:0] = [str(ROOT), str(ROOT / "docs" / "_ext")]  # the build code's constants (no torch, no Sphinx)
-from mpguide_build.matrix_summary import MAIN_BRANCH, RELEASES, TORCH_LIGHTNING, TORCH_RELEASES  # noqa: E402
+from mpguide_build.matrix_summary import MAIN_BRANCH, RELEASES, TORCH_COLUMNS  # noqa: E402
 from mpguide_build.tasks import requirement_pins  # noqa: E402
 
 nox.options.sessions = ["tests", "docs"]
@@ -173,15 +173,15 @@ def matrix(session: nox.Session, lightning: str) -> None:
 
 
 @nox.session
-@nox.parametrize("torch", list(TORCH_RELEASES))
-def matrix_torch(session: nox.Session, torch: str) -> None:
-    """The examples whose claims depend on torch, with Lightning TORCH_LIGHTNING on an older torch release.
+@nox.parametrize(("torch", "lightning"), list(TORCH_COLUMNS))
+def matrix_torch(session: nox.Session, torch: str, lightning: str) -> None:
+    """The examples whose claims depend on torch, on another torch release with a given Lightning release.
 
-    Writes results/matrix/torch-X+lightning-2.6.6.json (matrix_summary.TORCH_EXAMPLES, the plugin tests and the
-    minimal autocast-cache reproduction). Not in CI: torch X is a PyPI CUDA build (2.5-3 GB), run on the CPU.
-    ``nox -s matrix_torch -k 2.10.0`` runs one release."""
-    column = ["--lightning", TORCH_LIGHTNING, "--torch", torch]
-    _matrix_column(session, column, [f"torch=={torch}", f"lightning=={TORCH_LIGHTNING}"])
+    One column per pair of matrix_summary.TORCH_COLUMNS; writes results/matrix/torch-X+lightning-Y.json
+    (matrix_summary.TORCH_EXAMPLES, the plugin tests and the minimal autocast-cache reproduction). Not in CI:
+    torch X is a PyPI CUDA build (2.5-3 GB), run on the CPU. ``nox -s matrix_torch -k 2.10.0`` runs one torch."""
+    column = ["--lightning", lightning, "--torch", torch]
+    _matrix_column(session, column, [f"torch=={torch}", f"lightning=={lightning}"])
 
 
 @nox.session(name="matrix_main")

@@ -104,7 +104,7 @@ def test_staleness_names_changed_new_and_removed_examples_and_the_library(fake_e
 
 def test_check_current_fails_with_the_fix(fake_examples, tmp_path):
     matrix_summary.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
-    only = {"main": None, "torch_releases": ()}
+    only = {"main": None, "torch_columns": ()}
     matrix_summary.check_current(tmp_path, fake_examples, releases=("2.6.6",), **only)
     with pytest.raises(matrix_summary.MatrixError, match=r"Lightning 2\.4\.0: no summary[\s\S]*nox -s matrix"):
         matrix_summary.check_current(tmp_path, fake_examples, releases=("2.4.0", "2.6.6"), **only)
@@ -518,7 +518,7 @@ def test_check_current_wants_the_branch_and_torch_columns_with_their_commands(fa
     matrix_summary.write_summary(summary("2.6.6", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
     with pytest.raises(matrix_summary.MatrixError) as error:
         matrix_summary.check_current(
-            tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",)
+            tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_columns=(("2.9.1", "2.6.6"),)
         )
     text = str(error.value)
     assert "Lightning master (unreleased): no summary" in text and "Lightning 2.6.6, torch 2.9.1: no summary" in text
@@ -526,11 +526,13 @@ def test_check_current_wants_the_branch_and_torch_columns_with_their_commands(fa
     matrix_summary.write_summary(branch_summary({"c": "pass"}, examples_dir=fake_examples), tmp_path)
     matrix_summary.write_summary(torch_summary("2.9.1", {"c": "pass"}, examples_dir=fake_examples), tmp_path)
     assert (tmp_path / "torch-2.9.1+lightning-2.6.6.json").exists()
-    matrix_summary.check_current(tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",))
+    matrix_summary.check_current(
+        tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_columns=(("2.9.1", "2.6.6"),)
+    )
     (fake_examples / "plot_99_fake.py").write_text((fake_examples / "plot_99_fake.py").read_text() + "\n# edit\n")
     with pytest.raises(matrix_summary.MatrixError) as error:
         matrix_summary.check_current(
-            tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_releases=("2.9.1",)
+            tmp_path, fake_examples, releases=("2.6.6",), main="master", torch_columns=(("2.9.1", "2.6.6"),)
         )
     assert "Lightning master (unreleased): examples/plot_99_fake.py changed" in str(error.value)
     assert "Lightning 2.6.6, torch 2.9.1: examples/plot_99_fake.py changed" in str(error.value)

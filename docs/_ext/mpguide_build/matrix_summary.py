@@ -72,14 +72,22 @@ RELEASES: tuple[str, ...] = ("2.2.5", "2.3.3", "2.4.0", "2.5.0", "2.5.4", "2.5.5
 #: ``master``): one **unreleased** column, installed from a copy of that repository
 #: (``MPGUIDE_LIGHTNING_GIT=<git dir> nox -s matrix_main``), so its summary names a commit.
 MAIN_BRANCH = "master"
-#: Older torch releases for the claims that depend on torch, each with :data:`TORCH_LIGHTNING`. They
-#: bracket the fix of the autocast-cache bug (PyTorch pull request #165068, merged 2025-12-10): the
-#: minimal reproduction (:func:`~mpguide_build.matrix.probe_autocast_cache`, measured 2026-12-01) loses the
-#: gradient on torch 2.9.1 and 2.10.0 (the last release without the fix; PyPI has no 2.10.x patch) and keeps
-#: it on 2.11.0 and 2.13.0. PyPI has CUDA builds only for x86_64 Linux (2.5-3 GB with their CUDA libraries);
-#: they run on the CPU.
-TORCH_RELEASES: tuple[str, ...] = ("2.10.0", "2.11.0")
-#: The Lightning release the older-torch columns use (it supports torch >= 2.1).
+#: The older-torch columns, ``(torch, Lightning)`` pairs, for the claims that depend on torch. The first
+#: two pin :data:`TORCH_LIGHTNING` and bracket the fix of the autocast-cache bug (PyTorch pull request
+#: #165068, merged 2025-12-10): the minimal reproduction (:func:`~mpguide_build.matrix.probe_autocast_cache`,
+#: measured 2026-12-01) loses the gradient on torch 2.9.1 and 2.10.0 (the last release without the fix; PyPI
+#: has no 2.10.x patch) and keeps it on 2.11.0 and 2.13.0. ``("2.10.0", "2.5.4")`` is the #20970 reporter's
+#: likely stack (a torch without the fix under a Lightning whose autocast still caches: 2.5.5 switched its
+#: autocast to ``cache_enabled=False``). ``("2.14.1", "2.6.6")`` is the newest torch this workplace's package
+#: mirror serves (pip's constraint file caps torch at 2.14.1; 2.15 is not measured). PyPI has CUDA builds only
+#: for x86_64 Linux (2.5-3 GB with their CUDA libraries); they run on the CPU.
+TORCH_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("2.10.0", "2.6.6"),
+    ("2.11.0", "2.6.6"),
+    ("2.14.1", "2.6.6"),
+    ("2.10.0", "2.5.4"),
+)
+#: The Lightning release whose older-torch columns are compared with the site's own torch (2.13.0).
 TORCH_LIGHTNING = "2.6.6"
 #: The examples the older-torch columns run, those whose claims concern autocast caching (plot_08; plot_01
 #: has the #20970 reporter's no_grad teacher recipe) and the two seed cases (plot_01, plot_02).
@@ -274,12 +282,12 @@ def check_current(
     examples: Path | None = None,
     releases: Sequence[str] = RELEASES,
     main: str | None = MAIN_BRANCH,
-    torch_releases: Sequence[str] = TORCH_RELEASES,
+    torch_columns: Sequence[tuple[str, str]] = TORCH_COLUMNS,
 ) -> None:
     """Raise when the committed matrix is missing a column or was produced from other sources.
 
     The columns: every release of ``releases``, the unreleased ``main`` branch (``None``: none) and
-    one older-torch column per ``torch_releases`` (with :data:`TORCH_LIGHTNING`).
+    one older-torch column per ``(torch, Lightning)`` pair of ``torch_columns``.
 
     Raises:
         MatrixError: one line per problem, ending with the command that refreshes each stale column.
@@ -291,9 +299,9 @@ def check_current(
     if main and not any(s["lightning"] == main and is_unreleased(s) for s in summaries):
         problems.append(f"Lightning {main} (unreleased): no summary")
     problems += [
-        f"Lightning {TORCH_LIGHTNING}, torch {v}: no summary"
-        for v in torch_releases
-        if v not in {s.get("torch_pin") for s in pinned}
+        f"Lightning {lightning}, torch {torch}: no summary"
+        for torch, lightning in torch_columns
+        if (torch, lightning) not in {(s.get("torch_pin"), s["lightning"]) for s in pinned}
     ]
     for summary in summaries + pinned:
         problems += staleness(summary, examples)
