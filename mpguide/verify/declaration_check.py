@@ -10,7 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 #: Keys of a claim that define it (what the gate compares); judged values and titles are not among them.
-CLAIM_KEYS = ("kind", "runs", "tolerance", "exception", "message", "category", "key", "expected", "only_on")
+CLAIM_KEYS = (
+    "kind",
+    "runs",
+    "tolerance",
+    "exception",
+    "message",
+    "category",
+    "key",
+    "expected",
+    "section",
+    "only_on",
+)
 
 
 def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
@@ -18,7 +29,7 @@ def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
     return {k: claim[k] for k in CLAIM_KEYS if k in claim}
 
 
-_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "only_on")
+_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "section", "only_on")
 
 
 def _claim_label(claim: dict[str, Any]) -> str:
@@ -26,7 +37,13 @@ def _claim_label(claim: dict[str, Any]) -> str:
 
 
 def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
-    return (claim.get("kind"), tuple(claim.get("runs") or ()), claim.get("key"), claim.get("category"))
+    return (
+        claim.get("kind"),
+        tuple(claim.get("runs") or ()),
+        claim.get("key"),
+        claim.get("category"),
+        claim.get("section"),
+    )
 
 
 def compare_with_declaration(

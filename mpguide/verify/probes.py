@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ..checks import PitfallChecks
 from ..steps import loss_scale
 
 
@@ -236,6 +237,41 @@ class WeightsDigest(Callback):
     def record_extra(self) -> dict[str, Any]:
         """``{"weights": hex digest}`` (:func:`mpguide.verify.probes.parameter_digest`), ``{}`` before setup."""
         return {"weights": parameter_digest(self.module)} if self.module is not None else {}
+
+
+class Pitfalls(PitfallChecks):
+    """:class:`mpguide.checks.PitfallChecks` as a probe: its findings go into the run's record.
+
+    Attached by :func:`~mpguide.verify.probes.with_checks` to every run of an example, so the module a reader
+    copies stays clean; the ``flags`` and ``clean`` claims (:mod:`mpguide.verify.claims`) judge what it recorded.
+    Each finding is also warned (a ``PitfallWarning`` in the run's ``warnings``), as a reader would see it.
+    """
+
+    def record_extra(self) -> dict[str, Any]:
+        """``pitfall_findings`` (list of ``{"section", "message", "batch", "epoch", "optimizer", "count"}``),
+        ``pitfall_notes`` (list of strings), ``pitfall_check_seconds`` and ``pitfall_step_seconds`` (the check's
+        own time and the batches' time, seconds, :meth:`mpguide.checks.PitfallChecks.cost`)."""
+        cost = self.cost()
+        return {
+            "pitfall_findings": [f.as_dict() for f in self.findings],
+            "pitfall_notes": list(self.notes),
+            "pitfall_check_seconds": round(cost["check_seconds"], 6),
+            "pitfall_step_seconds": round(cost["step_seconds"], 6),
+        }
+
+
+def with_checks(recipes: Any, probes: Any = None) -> dict[str, list[Any]]:
+    """An example's ``probes`` mapping with :class:`~mpguide.verify.probes.Pitfalls` added for every recipe.
+
+    Args:
+        recipes: the example's recipe table (name -> LightningModule factory); only its names are used.
+        probes: the example's own probes (recipe name -> list of probe factories), or ``None``.
+
+    Returns:
+        recipe name -> the example's probes for it, then ``Pitfalls``; pass it as ``run_example(..., probes=...)``.
+    """
+    own = dict(probes or {})
+    return {name: [*own.get(name, ()), Pitfalls] for name in recipes}
 
 
 def callbacks() -> list[Callback]:
