@@ -467,7 +467,10 @@ CLAIMS = [
 # 16-mixed goes through ``plugins=[MixedPrecision("16-mixed", "cpu")]`` so that a real
 # GradScaler runs), prints one line per run and writes the results record.
 
-record = runner.run_example("plot_01_porting_to_manual", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_01_porting_to_manual", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Manual equals automatic, and mixed precision follows fp32

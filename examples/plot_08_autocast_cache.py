@@ -150,7 +150,8 @@ CLAIMS = [
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
 ]
 
-record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 import matplotlib.pyplot as plt
 

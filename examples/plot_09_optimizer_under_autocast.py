@@ -160,7 +160,10 @@ CLAIMS = [
 # Train
 # -----
 
-record = runner.run_example("plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Manual against automatic, step by step

@@ -137,7 +137,8 @@ CLAIMS = [
     ("match", "naive-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, naive penalty = fp32 on this model"),
 ]
 
-record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Curves

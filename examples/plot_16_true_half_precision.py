@@ -255,7 +255,10 @@ CLAIMS = [
     ("match", "adamw-16-mixed", "adamw-fp32", "mixed-vs-fp32", "fix: AdamW under 16-mixed = fp32"),
 ]
 
-record = runner.run_example("plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Updates that round away

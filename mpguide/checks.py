@@ -201,6 +201,14 @@ class _MatrixCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _defining_class(cls: type, name: str) -> type | None:
+    """The class in ``cls``'s MRO whose body defines ``name`` (``None`` if only LightningModule does)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return None if klass is pl.LightningModule else klass
+    return None
+
+
 def _link(section: str) -> str:
     return f"{GUIDE_URL}#{section}"
 
@@ -288,6 +296,8 @@ class PitfallChecks(Callback):
         self._precision = ""
         self._manual = False
         self._active = False
+        self._outside: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self._dead_hooks: list[tuple[str, str]] = []
 
     def _find(self, section: str, subject: Any, message: str, optimizer: int | None = None) -> None:
         """Record a finding (once per section and subject), warn once, or raise when strict."""
@@ -378,6 +388,8 @@ class PitfallChecks(Callback):
             self._tracker = int(tracker) if not isinstance(tracker, torch.Tensor) else int(tracker.item())
             self._patch(scaler, "update", self._wrap_update)
             self._patch(scaler, "scale", self._wrap_scale)
+            if not self._rescales_held:
+                self._patch(scaler, "unscale_", self._wrap_unscale)
         for opt in self._opts:
             self._patch(opt, "step", functools.partial(self._wrap_inner_step, opt))
             self._patch(opt, "zero_grad", functools.partial(self._wrap_zero_grad, opt))
@@ -399,8 +411,30 @@ class PitfallChecks(Callback):
             self._schedulers.append(config.scheduler)
             self._scheduler_steps[id(config.scheduler)] = 0
             self._patch(config.scheduler, "step", functools.partial(self._wrap_scheduler_step, config.scheduler))
+        in_optimizers = {id(p) for opt in self._opts for g in opt.param_groups for p in g["params"]}
+        self._outside = [
+            (n, p, p.detach().clone()) for n, p in pl_module.named_parameters() if id(p) not in in_optimizers
+        ]
+        self._dead_hooks = []
+        step_owner = _defining_class(type(pl_module), "training_step")
         for hook in AUTOMATIC_ONLY_HOOKS:
-            if is_overridden(hook, pl_module):
+            if not is_overridden(hook, pl_module):
+                continue
+            owner = _defining_class(type(pl_module), hook)
+            leftover = (
+                owner is not None
+                and step_owner is not None
+                and owner is not step_owner
+                and issubclass(step_owner, owner)
+            )  # inherited from the automatic parent the manual training_step replaced
+            if leftover and hook in ("optimizer_step", "on_before_zero_grad"):
+                self._dead_hooks.append((hook, owner.__name__))  # decided at train end: did its work happen?
+            elif leftover:
+                self.notes.append(
+                    f"[porting] note: {type(pl_module).__name__} inherits {hook}() from {owner.__name__}; manual "
+                    f"optimization never calls it, so training_step must do its work. See {_link('porting')}"
+                )
+            else:
                 self._find(
                     "porting",
                     hook,
@@ -477,6 +511,23 @@ class PitfallChecks(Callback):
         if not self._manual:
             return
         start = time.perf_counter()
+        frozen = [n for n, p, before in self._outside if torch.equal(p.detach(), before)]
+        for hook, owner in self._dead_hooks:
+            if self._outside and len(frozen) == len(self._outside):
+                self._find(
+                    "porting",
+                    hook,
+                    f"{type(pl_module).__name__} inherits {hook}() from {owner}, which Lightning never calls in "
+                    f"manual optimization, and none of the {len(frozen)} parameter(s) outside every optimizer "
+                    f"({', '.join(frozen[:3])}{', ...' if len(frozen) > 3 else ''}) changed during training: the "
+                    f"work that hook did (an EMA or teacher update?) never ran. Fix: call it in training_step, "
+                    f"after opt.step().",
+                )
+            else:
+                self.notes.append(
+                    f"[porting] note: {type(pl_module).__name__} inherits {hook}() from {owner}; manual optimization "
+                    f"never calls it, so training_step must do its work. See {_link('porting')}"
+                )
         for index, scheduler in enumerate(self._schedulers):
             if self._scheduler_steps.get(id(scheduler)) == 0:
                 self._find(
@@ -600,6 +651,23 @@ class PitfallChecks(Callback):
             return result
 
         return scale
+
+    def _wrap_unscale(self, original: Any) -> Any:
+        def unscale_(optimizer: Any) -> Any:
+            if self._in_step_fn and not self._in_lightning:
+                index = self._opt_index.get(id(getattr(optimizer, "_optimizer", optimizer)))
+                self._find(
+                    "clipping",
+                    index,
+                    f"scaler.unscale_() was called {self._where()} from training_step: Lightning's MixedPrecision "
+                    f"unscales again inside opt.step(), and GradScaler raises 'unscale_() has already been called on "
+                    f"this optimizer since the last update()'. Fix: clip inside on_before_optimizer_step (after "
+                    f"Lightning's unscale_), or use ManualMixedPrecision.",
+                    optimizer=index,
+                )
+            return original(optimizer)
+
+        return unscale_
 
     def _wrap_update(self, original: Any) -> Any:
         def update(new_scale: Any = None) -> Any:

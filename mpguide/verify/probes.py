@@ -274,6 +274,23 @@ def with_checks(recipes: Any, probes: Any = None) -> dict[str, list[Any]]:
     return {name: [*own.get(name, ()), Pitfalls] for name in recipes}
 
 
+def print_findings(record: dict[str, Any], show: Any = print) -> None:
+    """Print what :class:`mpguide.checks.PitfallChecks` told each run of ``record``, as a reader would see it.
+
+    One line per run: ``run id: no finding``, or the run id and each finding's message (how often it was
+    seen when more than once). Runs that did not carry the check are left out.
+    """
+    for run in record["runs"]:
+        findings = run.get("extra", {}).get("pitfall_findings")
+        if findings is None:
+            continue
+        if not findings:
+            show(f"{run['id']}: no finding")
+        for finding in findings:
+            times = f" ({finding['count']} times)" if finding.get("count", 1) > 1 else ""
+            show(f"{run['id']}{times}: {finding['message']}")
+
+
 def callbacks() -> list[Callback]:
     """Fresh instances of every probe, for one ``Trainer``."""
     return [LoggedValues(), AppliedUpdates(), LostUpdates(), PrecisionInUse(), FinalLossScale(), FinalWeights()]

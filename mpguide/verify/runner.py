@@ -40,6 +40,7 @@ from . import probes as probes_mod
 from .declarations import SWAP_ENV, RunDecl, parse_swaps
 from .probes import (
     parameter_digest,  # noqa: F401 - examples call runner.parameter_digest
+    print_findings,  # noqa: F401 - examples call runner.print_findings
     with_checks,  # noqa: F401 - examples call runner.with_checks
 )
 
