@@ -188,16 +188,22 @@ class _Backward:
 
 
 class _MatrixCalls(TorchFunctionMode):
-    """Record whether any matrix function runs (used around a sampled optimizer step)."""
+    """Record the matrix functions that autocast would run in ``dtype`` although their inputs are in another
+    floating dtype (used around a sampled optimizer step). A matrix product whose inputs already have
+    autocast's dtype (Muon's Newton-Schulz iteration in bfloat16 under bf16-mixed) computes the same
+    either way and is not recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()
+        self.dtype = dtype
         self.seen: list[str] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", "")
-        if name in _MATRIX_FUNCTIONS:
-            self.seen.append(name)
+        if name in _MATRIX_FUNCTIONS and any(
+            isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != self.dtype for a in args
+        ):
+            self.seen.append(f"{name} on {next(a.dtype for a in args if isinstance(a, torch.Tensor))}")
         return func(*args, **(kwargs or {}))
 
 
@@ -214,7 +220,8 @@ def _link(section: str) -> str:
 
 
 def _fmt(value: float) -> str:
-    return f"{value:.3g}"
+    """A number in 3 significant digits; a whole number (a loss scale, 65536) in full."""
+    return str(int(value)) if value == int(value) and abs(value) < 1e9 else f"{value:.3g}"
 
 
 class PitfallChecks(Callback):
@@ -459,9 +466,23 @@ class PitfallChecks(Callback):
                     f"{len(half)} trainable parameter(s) are half precision under {self._precision} "
                     f"({', '.join(half[:3])}{', ...' if len(half) > 3 else ''}: "
                     f"{pl_module.get_parameter(half[0]).dtype}); "
-                    f"GradScaler refuses to unscale fp16 gradients and small updates round away. Fix: keep "
+                    f"under 16-mixed GradScaler refuses to unscale fp16 gradients, and any update below half the "
+                    f"weight's spacing rounds away. Fix: keep "
                     f"trainable weights in float32 (autocast casts them per op).",
                 )
+        if self._precision == "16-true":
+            for i, opt in enumerate(trainer.optimizers):
+                eps = [g["eps"] for g in opt.param_groups if isinstance(g.get("eps"), float)]
+                if eps and float(torch.tensor(min(eps), dtype=torch.float16)) == 0.0:
+                    self._find(
+                        "fp16-parameters",
+                        f"eps {i}",
+                        f"optimizer {i} ({type(opt).__name__}) has eps={min(eps):g}, which is 0 in float16 (the "
+                        f"smallest float16 is 6e-08): under 16-true its update divides by the square root of a "
+                        f"second moment that underflows to 0, and the weights become NaN. Fix: eps=1e-4 or larger, "
+                        f"or 16-mixed with float32 weights.",
+                        optimizer=i,
+                    )
         self._timed(start)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -871,7 +892,7 @@ class PitfallChecks(Callback):
             device = self._autocast_device() if self._math_samples.get(index, 0) < 3 else None
             if device is not None:
                 self._math_samples[index] = self._math_samples.get(index, 0) + 1
-                mode = _MatrixCalls()
+                mode = _MatrixCalls(torch.get_autocast_dtype(device))
                 self._timed(start)
                 with mode:
                     result = original(*args, **kwargs)
@@ -881,7 +902,8 @@ class PitfallChecks(Callback):
                         "optimizer-math",
                         index,
                         f"{self._name(index)}'s step runs under {device} autocast {self._where()} and calls "
-                        f"{', '.join(sorted(set(mode.seen)))}: its matrix math runs in low precision, unlike "
+                        f"{', '.join(sorted(set(mode.seen)))}, which autocast recasts to "
+                        f"{torch.get_autocast_dtype(device)}: its matrix math changes precision, unlike "
                         f"automatic optimization. Fix: mpguide.precision.ManualMixedPrecision, or wrap opt.step() "
                         f"in torch.autocast(device_type, enabled=False).",
                         optimizer=index,
@@ -958,8 +980,8 @@ class PitfallChecks(Callback):
                 if name == "clip_grad_norm_" and isinstance(result, torch.Tensor):
                     seen = float(result)
                     numbers = (
-                        f"the total norm it clipped to {limit} was {_fmt(seen)}, unscaled "
-                        f"{_fmt(seen / self._scale)}, so every update shrinks by about {_fmt(self._scale)}x"
+                        f"it clipped a total norm of {_fmt(seen)} to {limit}; unscaled, the norm was "
+                        f"{_fmt(seen / self._scale)}, so every update shrinks about {_fmt(self._scale)} times"
                     )
                 else:
                     numbers = f"the values it clipped to {limit} are {_fmt(self._scale)}x the true ones"
