@@ -237,7 +237,8 @@ class PitfallChecks(Callback):
         findings: every :class:`Finding`, in the order seen (one per section and subject; ``count``
             says how often).
         notes: remarks that are not pitfalls (an own autocast that only repeats Lightning's), as strings.
-        check_seconds: wall time spent in this callback's own code during training (seconds).
+        check_seconds: wall time spent in this callback's own code during the training batches (seconds).
+        setup_seconds: its wall time at fit start, train start and train end, once per fit (seconds).
         step_seconds: wall time of the training batches (``on_train_batch_start`` to ``_end``, seconds).
 
     Raises:
@@ -256,6 +257,7 @@ class PitfallChecks(Callback):
         self.findings: list[Finding] = []
         self.notes: list[str] = []
         self.check_seconds = 0.0
+        self.setup_seconds = 0.0
         self.step_seconds = 0.0
         self._restore: list[Any] = []
         self._reset()
@@ -306,6 +308,14 @@ class PitfallChecks(Callback):
         self._outside: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._dead_hooks: list[tuple[str, str]] = []
 
+    def _known(self, section: str, subject: Any) -> bool:
+        """Whether this finding is already recorded; if so, count one more sighting (cheap: no message is built)."""
+        finding = self._keys.get((section, subject))
+        if finding is None:
+            return False
+        finding.count += 1
+        return True
+
     def _find(self, section: str, subject: Any, message: str, optimizer: int | None = None) -> None:
         """Record a finding (once per section and subject), warn once, or raise when strict."""
         key = (section, subject)
@@ -328,9 +338,20 @@ class PitfallChecks(Callback):
         return f"optimizer {index} ({type(opt).__name__})"
 
     def cost(self) -> dict[str, float]:
-        """The check's own time against the step time: ``{"check_seconds", "step_seconds", "fraction"}``."""
+        """The check's own time against the step time, measured with ``time.perf_counter`` around its code.
+
+        Returns:
+            ``{"check_seconds", "setup_seconds", "step_seconds", "fraction"}``: seconds in its code during the
+            batches, seconds at fit start and train end, seconds of the batches themselves (batch start to
+            batch end, its own time included), and ``check_seconds / step_seconds``.
+        """
         fraction = self.check_seconds / self.step_seconds if self.step_seconds else 0.0
-        return {"check_seconds": self.check_seconds, "step_seconds": self.step_seconds, "fraction": fraction}
+        return {
+            "check_seconds": self.check_seconds,
+            "setup_seconds": self.setup_seconds,
+            "step_seconds": self.step_seconds,
+            "fraction": fraction,
+        }
 
     # ------------------------------------------------------------------ patching
     def _patch(self, owner: Any, name: str, make: Any) -> None:
@@ -359,8 +380,11 @@ class PitfallChecks(Callback):
             self._forward_hook = None
         self._active = False
 
-    def _timed(self, start: float) -> None:
-        self.check_seconds += time.perf_counter() - start
+    def _timed(self, start: float, once: bool = False) -> None:
+        if once:  # fit start and train end: not part of any step
+            self.setup_seconds += time.perf_counter() - start
+        else:
+            self.check_seconds += time.perf_counter() - start
 
     # ------------------------------------------------------------------ Lightning hooks
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -373,7 +397,7 @@ class PitfallChecks(Callback):
         self._manual = not pl_module.automatic_optimization
         self._active = True
         if not self._manual:
-            self._timed(start)
+            self._timed(start, once=True)
             return
         self._opts = list(trainer.optimizers)
         names = {id(p): name.split(".")[0] for name, p in pl_module.named_parameters()}
@@ -449,7 +473,7 @@ class PitfallChecks(Callback):
                     f"optimization, so its code does not run. Fix: move that code into training_step (clipping: "
                     f"on_before_optimizer_step or self.clip_gradients before opt.step()).",
                 )
-        self._timed(start)
+        self._timed(start, once=True)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         start = time.perf_counter()
@@ -483,7 +507,7 @@ class PitfallChecks(Callback):
                         f"or 16-mixed with float32 weights.",
                         optimizer=i,
                     )
-        self._timed(start)
+        self._timed(start, once=True)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._epoch = trainer.current_epoch
@@ -559,7 +583,7 @@ class PitfallChecks(Callback):
                     f"ignored). Fix: call sch.step() yourself (self.lr_schedulers()), per batch or in "
                     f"on_train_epoch_end.",
                 )
-        self._timed(start)
+        self._timed(start, once=True)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._unpatch()
@@ -614,7 +638,7 @@ class PitfallChecks(Callback):
             if self._in_backward:  # manual_backward (or a nested call): Lightning's own
                 return original(*args, **kwargs)
             start = time.perf_counter()
-            if self._in_step_fn:
+            if self._in_step_fn and not self._known("backward-flags", "loss.backward"):
                 scaled = self._scaler is not None
                 self._find(
                     "backward-flags",
@@ -646,7 +670,9 @@ class PitfallChecks(Callback):
             create_graph = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
             if self._in_step_fn and self._scaler is not None and create_graph and not self._in_lightning:
                 outs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-                if not any(id(o) in self._scaled_ids for o in outs):
+                if not any(id(o) in self._scaled_ids for o in outs) and not self._known(
+                    "gradient-penalty", "autograd.grad"
+                ):
                     self._find(
                         "gradient-penalty",
                         "autograd.grad",
@@ -747,6 +773,10 @@ class PitfallChecks(Callback):
         if not thrown:
             return
         owner = index if index is not None else self._param_opt.get(id(thrown[0]))
+        if ("accumulation", owner) in self._keys or ("nonfinite-guard", owner) in self._keys:
+            self._consumed |= thrown_backwards  # already reported: no second device read
+            self._keys.get(("accumulation", owner), self._keys.get(("nonfinite-guard", owner))).count += 1
+            return
         finite = bool(torch.stack([torch.isfinite(p.grad).all() for p in thrown]).all())
         if not finite:
             if self._scaler is not None:
@@ -806,7 +836,7 @@ class PitfallChecks(Callback):
 
     def _before_step(self, index: int, optimizer: Any) -> None:
         name = self._name(index)
-        if not self._in_step_fn and self._batch is not None:
+        if not self._in_step_fn and self._batch is not None and not self._known("step-frequencies", index):
             self._find(
                 "step-frequencies",
                 index,
@@ -817,6 +847,8 @@ class PitfallChecks(Callback):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         with_grad = [p for p in params if p.grad is not None]
         if not with_grad:
+            if self._known("no-gradient-step", index):
+                return
             reached = sorted(
                 {m for b in self._batch_backwards if b in self._backwards for m in self._backwards[b].modules}
             )
@@ -854,7 +886,12 @@ class PitfallChecks(Callback):
                 backs |= state.backwards
                 scales |= state.scales
         self._consumed |= backs
-        if self._scaler is not None and not self._rescales_held and scales - {self._scale}:
+        if (
+            self._scaler is not None
+            and not self._rescales_held
+            and scales - {self._scale}
+            and not self._known("scale-changes", index)
+        ):
             old = sorted(scales - {self._scale})
             self._find(
                 "scale-changes",
@@ -929,7 +966,7 @@ class PitfallChecks(Callback):
             start = time.perf_counter()
             self._scheduler_steps[id(scheduler)] = self._scheduler_steps.get(id(scheduler), 0) + 1
             index = self._opt_index.get(id(getattr(scheduler, "optimizer", None)))
-            skipped = index is not None and index in self._skipped_in_batch
+            skipped = index is not None and index in self._skipped_in_batch and not self._known("schedulers", index)
             before = [g["lr"] for g in scheduler.optimizer.param_groups] if skipped else []
             self._timed(start)
             result = original(*args, **kwargs)
@@ -971,6 +1008,8 @@ class PitfallChecks(Callback):
                     stage = OptState.READY if state is None else state["stage"]
                     if fused or stage is OptState.READY:
                         scaled.append((i, fused))
+            if scaled and self._known("clipping", scaled[0][0]):
+                scaled = []  # seen before: no numbers to read again (reading the norm would synchronise)
             self._timed(start)
             result = original(params, *args, **kwargs)
             if scaled:
@@ -1081,6 +1120,8 @@ class PitfallChecks(Callback):
 
     def _forward_after_step(self, module: Any, inputs: Any) -> None:
         if self._in_lightning or not any(e["stepped"] for e in self._autocast_stack):
+            return
+        if self._known("autocast-cache", "forward after step"):
             return
         for entry in self._autocast_stack:
             entry["flagged"] = True

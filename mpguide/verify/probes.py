@@ -248,14 +248,19 @@ class Pitfalls(PitfallChecks):
     """
 
     def record_extra(self) -> dict[str, Any]:
-        """``pitfall_findings`` (list of ``{"section", "message", "batch", "epoch", "optimizer", "count"}``),
-        ``pitfall_notes`` (list of strings), ``pitfall_check_seconds`` and ``pitfall_step_seconds`` (the check's
-        own time and the batches' time, seconds, :meth:`mpguide.checks.PitfallChecks.cost`)."""
+        """What the check saw and cost, for ``extra``.
+
+        ``pitfall_findings`` (list of ``{"section", "message", "batch", "epoch", "optimizer", "count"}``),
+        ``pitfall_notes`` (list of strings), and seconds (:meth:`mpguide.checks.PitfallChecks.cost`):
+        ``pitfall_check_seconds`` (its code during the batches), ``pitfall_setup_seconds`` (at fit start and
+        train end) and ``pitfall_step_seconds`` (the batches).
+        """
         cost = self.cost()
         return {
             "pitfall_findings": [f.as_dict() for f in self.findings],
             "pitfall_notes": list(self.notes),
             "pitfall_check_seconds": round(cost["check_seconds"], 6),
+            "pitfall_setup_seconds": round(cost["setup_seconds"], 6),
             "pitfall_step_seconds": round(cost["step_seconds"], 6),
         }
 

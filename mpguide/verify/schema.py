@@ -261,6 +261,7 @@ EXTRA_KEYS: dict[str, Any] = {
     "pitfall_findings": list[PitfallFinding],
     "pitfall_notes": list[str],
     "pitfall_check_seconds": NonNegative,
+    "pitfall_setup_seconds": NonNegative,
     "pitfall_step_seconds": NonNegative,
     # plot_15 (mpguide.verify.throughput)
     "benchmark": dict[str, BenchmarkVariant],
