@@ -71,7 +71,9 @@ What each section's check sees (the section is the anchor on the guide page, :da
   left on another optimizer's parameters after which another optimizer stepped (a GAN's generator
   loss fills the discriminator's gradients) are by design and not reported.
 * ``autocast-cache``: an own ``torch.autocast`` with the cache on, inside ``training_step``, around a
-  forward after an ``opt.step()`` in the same region (stale casts of the stepped weights). An own
+  forward after an ``opt.step()`` in the same region (stale casts of the stepped weights). The cache
+  setting is the region's own (``cache_enabled=None`` inherits it: Lightning 2.6.6 opens its region with
+  the cache off, ``plugins/precision/amp.py``, so a default own autocast inside it does not cache). An own
   autocast that only repeats Lightning's is a note (:attr:`PitfallChecks.notes`), not a finding.
 * ``optimizer-math``: an optimizer step that runs under autocast and calls matrix functions (``mm``,
   ``matmul``, ``linear``, ``einsum``...), watched on each optimizer's first three steps under autocast.

@@ -499,3 +499,128 @@ def test_findings_warn_once_and_name_a_known_section_with_a_link():
     ours = [w for w in caught if issubclass(w.category, PitfallWarning)]
     assert len(ours) == 1 and checks.findings[0].count == 4
     assert all(f.section in SECTIONS and f"#{f.section}" in f.message for f in checks.findings)
+
+
+class AutomaticTeacher(pl.LightningModule):
+    """An automatic-optimization parent that updates an EMA teacher in optimizer_step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.student = torch.nn.Linear(12, 2)
+        self.teacher = torch.nn.Linear(12, 2).requires_grad_(False)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.student.parameters(), lr=0.1)
+
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
+        self.follow()
+
+    @torch.no_grad()
+    def follow(self):
+        for t, s in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
+            t.lerp_(s, 0.1)
+
+
+class PortedTeacher(AutomaticTeacher):
+    follows = True
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(F.cross_entropy(self.student(x), y))
+        opt.step()
+        if self.follows:
+            self.follow()
+
+
+def test_an_inherited_hook_is_a_finding_only_when_its_work_never_happens():
+    checks, error = fit(PortedTeacher(), "bf16-mixed")
+    assert error is None and checks.findings == []
+    assert any("inherits optimizer_step() from AutomaticTeacher" in n for n in checks.notes)
+    PortedTeacher.follows = False
+    try:
+        checks, error = fit(PortedTeacher(), "bf16-mixed")
+    finally:
+        PortedTeacher.follows = True
+    assert error is None and sections(checks) == {"porting"}
+    assert "teacher.weight" in checks.findings[0].message
+
+
+class PowerIteration(torch.optim.Optimizer):
+    """SGD on a direction found by matrix products of the gradient (a stand-in for Shampoo or Muon)."""
+
+    def __init__(self, params, lr=0.05):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad if p.grad.dim() == 2 else p.grad.unsqueeze(0)
+                direction = (g @ g.mT @ g) / (g.norm() ** 2 + 1e-12)
+                p.add_(direction.reshape(p.shape), alpha=-group["lr"])
+
+
+def test_matrix_math_in_a_step_under_autocast_is_found_with_stock_only():
+    class Stepper(PlainStep):
+        def configure_optimizers(self):
+            return PowerIteration(self.parameters())
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(self.loss(batch))
+            opt.step()
+
+    checks, error = fit(Stepper(), "bf16-mixed")
+    assert error is None and sections(checks) == {"optimizer-math"}
+    assert "matmul on torch.float32" in checks.findings[0].message
+    assert fit(Stepper(), "bf16-mixed", plugin="manual")[0].findings == []
+    assert fit(Stepper(), "32-true")[0].findings == []
+
+
+def test_a_caching_autocast_around_a_forward_after_the_step_is_found_and_a_redundant_one_is_a_note():
+    class OwnAutocast(Manual):
+        cache = True
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            # inside Lightning 2.6's region (cache off) a default autocast inherits the cache setting: off
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=self.cache or None):
+                opt.zero_grad()
+                loss = self.loss(batch)
+                self.manual_backward(loss)
+                opt.step()
+                self.log("after_step", self.loss(batch).float())  # a forward after the step
+
+    checks, error = fit(OwnAutocast(), "bf16-mixed")
+    assert error is None and sections(checks) == {"autocast-cache"}
+    OwnAutocast.cache = False
+    checks, error = fit(OwnAutocast(), "bf16-mixed")
+    assert error is None and checks.findings == []
+    assert len(checks.notes) == 1 and "redundant (not a finding)" in checks.notes[0]
+
+
+def test_an_adam_eps_that_float16_rounds_to_zero_is_found_under_16_true():
+    class HalfAdam(PlainStep):
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3, eps=1e-8)
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(self.loss((batch[0].half(), batch[1])))
+            opt.step()
+
+    checks, _ = fit(HalfAdam(), "16-true", batches=2)
+    assert "fp16-parameters" in sections(checks)
+    assert "eps=1e-08, which is 0 in float16" in " ".join(f.message for f in checks.findings)
