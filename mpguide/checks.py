@@ -56,7 +56,9 @@ What each section's check sees (the section is the anchor on the guide page, :da
 * ``nonfinite-guard``: under a loss scale, gradients that are not finite zeroed without any
   ``opt.step()`` on them (a guard that skips the step also skips the scale's only way down).
 * ``backward-flags``: ``loss.backward()`` (or ``torch.autograd.backward``) inside ``training_step``
-  instead of ``self.manual_backward(loss)``, seen before the backward runs.
+  instead of ``self.manual_backward(loss)``, when its gradients reach the trainer's optimizers'
+  parameters (a backward through another model, such as an inner loop's, is not reported); seen right
+  after that backward, before the ``opt.step()`` that fails under 16-mixed.
 * ``fp16-parameters``: trainable float16/bfloat16 parameters under a ``*-mixed`` precision, at train
   start; under ``*-true``, most (over half) of the gradient-carrying weight elements left unchanged by
   the optimizer, measured on a sample of batches (0, 1, 3, 7, 15, ...), not on every step.
@@ -640,29 +642,39 @@ class PitfallChecks(Callback):
             if self._in_backward:  # manual_backward (or a nested call): Lightning's own
                 return original(*args, **kwargs)
             start = time.perf_counter()
-            if self._in_step_fn and not self._known("backward-flags", "loss.backward"):
-                scaled = self._scaler is not None
+            self._start_backward()
+            own = self._backward_id
+            self._in_backward += 1
+            self._timed(start)
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._in_backward -= 1
+            # only a backward that reached the trainer's optimizers' parameters (not an unrelated model's):
+            # reported after it ran and before the opt.step() that fails under 16-mixed
+            record = self._backwards.get(own)
+            if (
+                self._in_step_fn
+                and record is not None
+                and record.reached
+                and not self._known("backward-flags", "loss.backward")
+            ):
                 self._find(
                     "backward-flags",
                     "loss.backward",
-                    f"loss.backward() was called {self._where()} instead of self.manual_backward(loss): "
+                    f"loss.backward() was called {self._where()} instead of self.manual_backward(loss), and its "
+                    f"gradients reached {', '.join(sorted(record.modules))}: "
                     + (
                         "under 16-mixed the loss is not multiplied by the loss scale, so GradScaler then "
                         "unscales gradients that were never scaled (or fails with 'Attempted unscale_ but "
                         "_scale is None')"
-                        if scaled
+                        if self._scaler is not None
                         else "Lightning's precision and strategy hooks are bypassed (it works here by luck: "
                         "under 16-mixed it breaks)"
                     )
                     + ". Fix: self.manual_backward(loss).",
                 )
-            self._start_backward()
-            self._in_backward += 1
-            self._timed(start)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._in_backward -= 1
+            return result
 
         return backward
 

@@ -624,3 +624,17 @@ def test_an_adam_eps_that_float16_rounds_to_zero_is_found_under_16_true():
     checks, _ = fit(HalfAdam(), "16-true", batches=2)
     assert "fp16-parameters" in sections(checks)
     assert "eps=1e-08, which is 0 in float16" in " ".join(f.message for f in checks.findings)
+
+
+def test_a_backward_through_another_model_is_not_a_finding():
+    class InnerLoop(PlainStep):
+        """Fits a throwaway probe with its own backward, then trains the module as the guide says."""
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            probe = torch.nn.Linear(12, 2)
+            F.cross_entropy(probe(x), y).backward()  # not the trainer's parameters
+            return super().training_step(batch, batch_idx)
+
+    checks, error = fit(InnerLoop(), "16-mixed")
+    assert error is None and checks.findings == []
