@@ -936,6 +936,9 @@ class PitfallChecks(Callback):
     def _wrap_inner_step(self, optimizer: Any, original: Any) -> Any:
         index = self._opt_index[id(optimizer)]
 
+        # functools.wraps keeps the marks others left on the step (torch's LR schedulers mark theirs
+        # ``_wrapped_by_lr_sched``, torch/optim/lr_scheduler.py, and warn when the mark is gone)
+        @functools.wraps(original)
         def step(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             if self._applied is False:

@@ -638,3 +638,20 @@ def test_a_backward_through_another_model_is_not_a_finding():
 
     checks, error = fit(InnerLoop(), "16-mixed")
     assert error is None and checks.findings == []
+
+
+def test_torchs_scheduler_warning_survives_the_check():
+    checks = PitfallChecks()
+    with pytest.warns(UserWarning, match="Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`"):
+        pl.Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            limit_train_batches=3,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            plugins=[huge_scale_plugin()],
+            callbacks=[checks],
+        ).fit(SchedulerEveryBatch(), loader())
+    assert sections(checks) == {"schedulers"}
