@@ -125,6 +125,7 @@ _MATRIX_FUNCTIONS = frozenset(
     {"mm", "matmul", "bmm", "addmm", "addmv", "mv", "baddbmm", "addbmm", "einsum", "linear", "__matmul__", "inner"}
 )
 _MIXED = ("16-mixed", "bf16-mixed")
+_ACTIVE: Any = None  # the instance whose patches are in place (one at a time)
 
 
 class PitfallWarning(UserWarning):
@@ -383,6 +384,9 @@ class PitfallChecks(Callback):
             self._forward_hook.remove()
             self._forward_hook = None
         self._active = False
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
 
     def _timed(self, start: float, once: bool = False) -> None:
         if once:  # fit start and train end: not part of any step
@@ -392,7 +396,12 @@ class PitfallChecks(Callback):
 
     # ------------------------------------------------------------------ Lightning hooks
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        global _ACTIVE
         self._unpatch()
+        if _ACTIVE is not None and _ACTIVE is not self:
+            # two instances would wrap torch's functions twice and could not restore them in order
+            raise PitfallError("only one PitfallChecks can watch a fit at a time; pass a single instance")
+        _ACTIVE = self
         self._reset()
         start = time.perf_counter()
         self._module = pl_module

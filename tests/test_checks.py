@@ -655,3 +655,9 @@ def test_torchs_scheduler_warning_survives_the_check():
             callbacks=[checks],
         ).fit(SchedulerEveryBatch(), loader())
     assert sections(checks) == {"schedulers"}
+
+
+def test_a_second_instance_in_the_same_fit_is_refused_in_one_line():
+    _, error = fit(PlainStep(), "32-true", callbacks=[PitfallChecks(), PitfallChecks()])
+    assert isinstance(error, PitfallError) and "only one PitfallChecks" in str(error)
+    assert fit(PlainStep(), "32-true")[0].findings == []  # and the next fit is watched again
