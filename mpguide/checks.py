@@ -29,9 +29,19 @@ Device synchronisation: none per step beyond GradScaler's own. A skipped step is
 a device value (GradScaler calls the optimizer's ``step`` only when the gradients are finite,
 ``torch/amp/grad_scaler.py``, ``_maybe_opt_step``); the loss scale is read once at fit start and then
 followed from the skips (on a CUDA scaler) or read after each ``update()`` (a CPU scaler, where reading
-costs nothing). Device values are read only to give a finding its numbers (once per finding), and to
-tell discarded gradients that were not finite from finite ones (only when gradients that no optimizer
-stepped on are zeroed, which correct code does not do).
+costs nothing). Device values are read only to give a finding its numbers (once per finding), to tell
+discarded gradients that were not finite from finite ones (only when gradients that no optimizer stepped
+on are zeroed, which correct code does not do), and under ``*-true`` on the sampled batches of the
+lost-update count (a copy of the stepped weights, batches 0, 1, 3, 7, 15, ...).
+
+Cost: every wrapper times its own code with ``time.perf_counter``; :meth:`PitfallChecks.cost` gives that
+time against the batches' time (``check_seconds / step_seconds``), apart from the one-off work at fit
+start and train end (``setup_seconds``).
+
+What may raise a false alarm: a batch thrown away on purpose with ``zero_grad`` before its step
+(``accumulation``, when that optimizer steps later); stepping an optimizer whose parameters are meant to
+have no gradient in that batch (``no-gradient-step``: a no-op in fp32, an error under 16-mixed); a penalty
+loss multiplied by the scale by hand (``gradient-penalty``).
 
 What each section's check sees (the section is the anchor on the guide page, :data:`GUIDE_URL`):
 
@@ -84,7 +94,8 @@ What each section's check sees (the section is the anchor on the guide page, :da
   gradients underflow in fp16). A loss multiplied by the scale by hand is reported too (a false alarm).
 
 Not detectable from outside, so not reported: a loss not divided by the accumulation window (the
-intended size is unknown); a teacher or EMA update outside the optimizer losing updates in ``*-true``;
+intended size is unknown); a scheduler stepped at the wrong cadence (per batch is right for a schedule
+meant per step, wrong for one meant per epoch: the intent is not in the code); a teacher or EMA update outside the optimizer losing updates in ``*-true``;
 gradients read directly (``p.grad``) for anything but clipping; an ``opt.step()`` taken from a closure
 the check cannot see (another thread, a compiled region).
 
