@@ -95,9 +95,10 @@ What each section's check sees (the section is the anchor on the guide page, :da
 
 Not detectable from outside, so not reported: a loss not divided by the accumulation window (the
 intended size is unknown); a scheduler stepped at the wrong cadence (per batch is right for a schedule
-meant per step, wrong for one meant per epoch: the intent is not in the code); a teacher or EMA update outside the optimizer losing updates in ``*-true``;
-gradients read directly (``p.grad``) for anything but clipping; an ``opt.step()`` taken from a closure
-the check cannot see (another thread, a compiled region).
+meant per step, wrong for one meant per epoch: the intent is not in the code); a teacher or EMA update
+outside the optimizer losing updates in ``*-true``; gradients read directly (``p.grad``) for anything
+but clipping; an ``opt.step()`` taken from a closure the check cannot see (another thread, a compiled
+region).
 
 Tested with Lightning 2.6.6 and torch 2.13 (Lightning's ``MixedPrecision`` and
 :class:`mpguide.precision.ManualMixedPrecision`). It reads GradScaler's private
