@@ -109,9 +109,9 @@ on a Lightning older than 2.0 it refuses in one line (:class:`PitfallError` at c
 from __future__ import annotations
 
 import functools
-import time
 import warnings
 from dataclasses import dataclass, field
+from time import perf_counter as _clock
 from typing import Any
 
 import lightning.pytorch as pl
@@ -200,8 +200,16 @@ class _Param:
 class _Backward:
     seq: int  # the step sequence number when it ran
     batch: int
-    reached: set[int] = field(default_factory=set)  # optimizer indices whose parameters it reached
-    modules: set[str] = field(default_factory=set)
+
+
+class _Lazy:
+    """A string computed when formatted (keeps the per-step path free of string building)."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def __format__(self, spec: str) -> str:
+        return format(self.make(), spec)
 
 
 class _MatrixCalls(TorchFunctionMode):
@@ -292,6 +300,7 @@ class PitfallChecks(Callback):
         self._in_grad = 0
         self._opt_index: dict[int, int] = {}  # id(torch optimizer) -> index
         self._opts: list[Any] = []
+        self._opt_params: list[list[torch.Tensor]] = []
         self._params: dict[int, _Param] = {}
         self._param_opt: dict[int, int] = {}
         self._param_module: dict[int, str] = {}
@@ -402,9 +411,9 @@ class PitfallChecks(Callback):
 
     def _timed(self, start: float, once: bool = False) -> None:
         if once:  # fit start and train end: not part of any step
-            self.setup_seconds += time.perf_counter() - start
+            self.setup_seconds += _clock() - start
         else:
-            self.check_seconds += time.perf_counter() - start
+            self.check_seconds += _clock() - start
 
     # ------------------------------------------------------------------ Lightning hooks
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -415,7 +424,7 @@ class PitfallChecks(Callback):
             raise PitfallError("only one PitfallChecks can watch a fit at a time; pass a single instance")
         _ACTIVE = self
         self._reset()
-        start = time.perf_counter()
+        start = _clock()
         self._module = pl_module
         plugin = trainer.precision_plugin
         self._precision = str(getattr(plugin, "precision", trainer.precision))
@@ -426,6 +435,7 @@ class PitfallChecks(Callback):
             return
         self._opts = list(trainer.optimizers)
         names = {id(p): name.split(".")[0] for name, p in pl_module.named_parameters()}
+        self._opt_params = [[p for g in opt.param_groups for p in g["params"]] for opt in self._opts]
         for i, opt in enumerate(self._opts):
             self._opt_index[id(opt)] = i
             for group in opt.param_groups:
@@ -501,7 +511,7 @@ class PitfallChecks(Callback):
         self._timed(start, once=True)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        start = time.perf_counter()
+        start = _clock()
         if self._precision in _MIXED:
             half = [
                 name
@@ -544,12 +554,12 @@ class PitfallChecks(Callback):
         self._skipped_in_batch = set()
         self._stepped_in_batch = set()
         self._scaled_ids = set()
-        self._batch_start = time.perf_counter()
+        self._batch_start = _clock()
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if not self._active or not self._precision.endswith("-true") or self._precision == "32-true":
             return
-        start = time.perf_counter()
+        start = _clock()
         if (self._global_batch + 1) & self._global_batch == 0:  # batches 0, 1, 3, 7, 15, ...: a sample, not every step
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -558,7 +568,7 @@ class PitfallChecks(Callback):
         self._timed(start)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        end = time.perf_counter()
+        end = _clock()
         self.step_seconds += end - self._batch_start
         if self._lost_sample:
             moved = lost = 0
@@ -580,7 +590,7 @@ class PitfallChecks(Callback):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if not self._manual:
             return
-        start = time.perf_counter()
+        start = _clock()
         frozen = [n for n, p, before in self._outside if torch.equal(p.detach(), before)]
         for hook, owner in self._dead_hooks:
             if self._outside and len(frozen) == len(self._outside):
@@ -623,17 +633,19 @@ class PitfallChecks(Callback):
     def _grad_hook(self, param: torch.Tensor, grad: torch.Tensor) -> None:
         if self._in_grad and not self._in_backward:
             return  # torch.autograd.grad: nothing is accumulated into .grad
-        start = time.perf_counter()
+        start = _clock()
         state = self._params.get(id(param))
         if state is None or param.grad is None:
             state = self._params[id(param)] = _Param()
         state.backwards.add(self._backward_id)
         state.scales.add(self._scale)
-        record = self._backwards.get(self._backward_id)
-        if record is not None:
-            record.reached.add(self._param_opt.get(id(param), -1))
-            record.modules.add(self._param_module.get(id(param), "?"))
-        self._timed(start)
+        self.check_seconds += _clock() - start
+
+    def _reached(self, backwards: set[int]) -> list[str]:
+        """The top-level modules whose parameters hold gradients from these backward calls (for messages)."""
+        return sorted(
+            {self._param_module.get(pid, "?") for pid, st in self._params.items() if st.backwards & backwards}
+        )
 
     def _start_backward(self) -> None:
         self._backward_id += 1
@@ -645,7 +657,7 @@ class PitfallChecks(Callback):
 
     def _wrap_strategy_backward(self, original: Any) -> Any:
         def backward(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = _clock()
             self._start_backward()
             self._in_backward += 1
             self._in_lightning += 1
@@ -662,7 +674,7 @@ class PitfallChecks(Callback):
         def backward(*args: Any, **kwargs: Any) -> Any:
             if self._in_backward:  # manual_backward (or a nested call): Lightning's own
                 return original(*args, **kwargs)
-            start = time.perf_counter()
+            start = _clock()
             self._start_backward()
             own = self._backward_id
             self._in_backward += 1
@@ -673,18 +685,17 @@ class PitfallChecks(Callback):
                 self._in_backward -= 1
             # only a backward that reached the trainer's optimizers' parameters (not an unrelated model's):
             # reported after it ran and before the opt.step() that fails under 16-mixed
-            record = self._backwards.get(own)
-            if (
-                self._in_step_fn
-                and record is not None
-                and record.reached
-                and not self._known("backward-flags", "loss.backward")
-            ):
+            reached = (
+                self._reached({own})
+                if self._in_step_fn and ("backward-flags", "loss.backward") not in self._keys
+                else []
+            )
+            if reached and not self._known("backward-flags", "loss.backward"):
                 self._find(
                     "backward-flags",
                     "loss.backward",
                     f"loss.backward() was called {self._where()} instead of self.manual_backward(loss), and its "
-                    f"gradients reached {', '.join(sorted(record.modules))}: "
+                    f"gradients reached {', '.join(reached)}: "
                     + (
                         "under 16-mixed the loss is not multiplied by the loss scale, so GradScaler then "
                         "unscales gradients that were never scaled (or fails with 'Attempted unscale_ but "
@@ -701,7 +712,7 @@ class PitfallChecks(Callback):
 
     def _wrap_autograd_grad(self, original: Any) -> Any:
         def grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = _clock()
             create_graph = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
             if self._in_step_fn and self._scaler is not None and create_graph and not self._in_lightning:
                 outs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
@@ -754,7 +765,7 @@ class PitfallChecks(Callback):
     def _wrap_update(self, original: Any) -> Any:
         def update(new_scale: Any = None) -> Any:
             result = original(new_scale)
-            start = time.perf_counter()
+            start = _clock()
             scaler = self._scaler
             if new_scale is not None or scaler._scale is None or scaler._scale.device.type == "cpu":
                 self._scale = float(scaler.get_scale())  # a CPU tensor: reading it costs no synchronisation
@@ -774,12 +785,9 @@ class PitfallChecks(Callback):
 
     def _wrap_zero_grad(self, optimizer: Any, original: Any) -> Any:
         def zero_grad(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            if optimizer is None:
-                params = [p for p in self._module.parameters()]
-            else:
-                params = [p for group in optimizer.param_groups for p in group["params"]]
+            start = _clock()
             index = None if optimizer is None else self._opt_index.get(id(optimizer))
+            params = list(self._module.parameters()) if index is None else self._opt_params[index]
             self._discard(params, index)
             self._timed(start)
             return original(*args, **kwargs)
@@ -847,11 +855,11 @@ class PitfallChecks(Callback):
             index = self._opt_index.get(id(optimizer))
             if index is None:
                 return original(optimizer, model, closure, **kwargs)
-            outer = time.perf_counter()
+            outer = _clock()
 
             def checked_closure() -> Any:
                 result = closure()
-                start = time.perf_counter()
+                start = _clock()
                 self._before_step(index, optimizer)
                 self._timed(start)
                 return result
@@ -863,14 +871,14 @@ class PitfallChecks(Callback):
                 return original(optimizer, model, checked_closure, **kwargs)
             finally:
                 self._in_lightning -= 1
-                start = time.perf_counter()
+                start = _clock()
                 self._after_step(index, optimizer)
                 self._timed(start)
 
         return optimizer_step
 
     def _before_step(self, index: int, optimizer: Any) -> None:
-        name = self._name(index)
+        name = _Lazy(lambda: self._name(index))  # built only when a message is
         if not self._in_step_fn and self._batch is not None and not self._known("step-frequencies", index):
             self._find(
                 "step-frequencies",
@@ -879,14 +887,12 @@ class PitfallChecks(Callback):
                 f"and max_steps do not count steps taken there. Fix: call opt.step() inside training_step.",
                 optimizer=index,
             )
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = self._opt_params[index]
         with_grad = [p for p in params if p.grad is not None]
         if not with_grad:
             if self._known("no-gradient-step", index):
                 return
-            reached = sorted(
-                {m for b in self._batch_backwards if b in self._backwards for m in self._backwards[b].modules}
-            )
+            reached = self._reached(set(self._batch_backwards))
             self._find(
                 "no-gradient-step",
                 index,
@@ -961,7 +967,7 @@ class PitfallChecks(Callback):
         # ``_wrapped_by_lr_sched``, torch/optim/lr_scheduler.py, and warn when the mark is gone)
         @functools.wraps(original)
         def step(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = _clock()
             if self._applied is False:
                 self._applied = True  # GradScaler calls the optimizer's step only for finite gradients
             device = self._autocast_device() if self._math_samples.get(index, 0) < 3 else None
@@ -971,7 +977,7 @@ class PitfallChecks(Callback):
                 self._timed(start)
                 with mode:
                     result = original(*args, **kwargs)
-                start = time.perf_counter()
+                start = _clock()
                 if mode.seen:
                     self._find(
                         "optimizer-math",
@@ -1001,7 +1007,7 @@ class PitfallChecks(Callback):
 
     def _wrap_scheduler_step(self, scheduler: Any, original: Any) -> Any:
         def step(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = _clock()
             self._scheduler_steps[id(scheduler)] = self._scheduler_steps.get(id(scheduler), 0) + 1
             index = self._opt_index.get(id(getattr(scheduler, "optimizer", None)))
             skipped = index is not None and index in self._skipped_in_batch and not self._known("schedulers", index)
@@ -1009,7 +1015,7 @@ class PitfallChecks(Callback):
             self._timed(start)
             result = original(*args, **kwargs)
             if skipped:
-                start = time.perf_counter()
+                start = _clock()
                 after = [g["lr"] for g in scheduler.optimizer.param_groups]
                 self._find(
                     "schedulers",
@@ -1033,7 +1039,7 @@ class PitfallChecks(Callback):
 
     def _wrap_clip(self, name: str, original: Any) -> Any:
         def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = _clock()
             params, owners = self._owners(parameters)
             scaled = []
             if self._scaler is not None and self._batch is not None:
@@ -1051,7 +1057,7 @@ class PitfallChecks(Callback):
             self._timed(start)
             result = original(params, *args, **kwargs)
             if scaled:
-                start = time.perf_counter()
+                start = _clock()
                 i, fused = scaled[0]
                 limit = args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value"))
                 if name == "clip_grad_norm_" and isinstance(result, torch.Tensor):
