@@ -264,7 +264,9 @@ class PitfallChecks(Callback):
         notes: remarks that are not pitfalls (an own autocast that only repeats Lightning's), as strings.
         check_seconds: wall time spent in this callback's own code during the training batches (seconds).
         setup_seconds: its wall time at fit start, train start and train end, once per fit (seconds).
-        step_seconds: wall time of the training batches (``on_train_batch_start`` to ``_end``, seconds).
+        step_seconds: wall time of the training steps: from each batch's start to the next batch's start
+            (the period a reader's steps per second measure: data loading, Lightning's loop and every
+            callback included), the epoch's last batch to its end (seconds).
 
     Raises:
         PitfallError: at construction on a Lightning older than 2.0 (its hooks differ); with
@@ -293,7 +295,8 @@ class PitfallChecks(Callback):
         self._batch: int | None = None
         self._global_batch = -1
         self._epoch = 0
-        self._batch_start = 0.0
+        self._batch_start: float | None = None
+        self._batch_end = 0.0
         self._in_step_fn = 0  # inside the user's training_step
         self._in_lightning = 0  # inside Lightning's backward / step / clip (its own autocast, its backward)
         self._in_backward = 0
@@ -368,8 +371,8 @@ class PitfallChecks(Callback):
 
         Returns:
             ``{"check_seconds", "setup_seconds", "step_seconds", "fraction"}``: seconds in its code during the
-            batches, seconds at fit start and train end, seconds of the batches themselves (batch start to
-            batch end, its own time included), and ``check_seconds / step_seconds``.
+            batches, seconds at fit start and train end, seconds of the training steps (``step_seconds``:
+            each batch's start to the next's, its own time included), and ``check_seconds / step_seconds``.
         """
         fraction = self.check_seconds / self.step_seconds if self.step_seconds else 0.0
         return {
@@ -544,6 +547,11 @@ class PitfallChecks(Callback):
                     )
         self._timed(start, once=True)
 
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._batch_start is not None:  # the epoch's last batch: its start to its end
+            self.step_seconds += self._batch_end - self._batch_start
+            self._batch_start = None
+
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._epoch = trainer.current_epoch
 
@@ -554,7 +562,10 @@ class PitfallChecks(Callback):
         self._skipped_in_batch = set()
         self._stepped_in_batch = set()
         self._scaled_ids = set()
-        self._batch_start = _clock()
+        now = _clock()
+        if self._batch_start is not None:  # the previous batch's period: its start to this one's
+            self.step_seconds += now - self._batch_start
+        self._batch_start = now
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if not self._active or not self._precision.endswith("-true") or self._precision == "32-true":
@@ -569,7 +580,7 @@ class PitfallChecks(Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         end = _clock()
-        self.step_seconds += end - self._batch_start
+        self._batch_end = end
         if self._lost_sample:
             moved = lost = 0
             for p, before, nonzero in self._lost_sample.values():
