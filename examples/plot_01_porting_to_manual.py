@@ -459,6 +459,23 @@ CLAIMS = [
         "a per-step schedule stepped per epoch diverges",
     ),
     ("match", "rep-fixed-bf16", "towers-auto-bf16", "same-precision", "the step to paste = automatic (bf16)"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
+    ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
+    ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
+    ("clean", "manual-fp32", "PitfallChecks: manual-fp32 has no finding"),
+    ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
+    ("clean", "manual-fp16", "PitfallChecks: manual-fp16 has no finding"),
+    ("clean", "towers-auto-fp32", "PitfallChecks: towers-auto-fp32 has no finding"),
+    ("clean", "towers-auto-bf16", "PitfallChecks: towers-auto-bf16 has no finding"),
+    ("clean", "reporter-fp32", "PitfallChecks: reporter-fp32 has no finding"),
+    ("clean", "reporter-bf16", "PitfallChecks: reporter-bf16 has no finding"),
+    ("clean", "rep-noautocast-bf16", "PitfallChecks: rep-noautocast-bf16 has no finding"),
+    ("clean", "rep-gradteacher-bf16", "PitfallChecks: rep-gradteacher-bf16 has no finding"),
+    ("clean", "rep-zerobefore-bf16", "PitfallChecks: rep-zerobefore-bf16 has no finding"),
+    ("clean", "rep-fixed-bf16", "PitfallChecks: rep-fixed-bf16 has no finding"),
+    ("flags", "teacher-fp32", "porting", "PitfallChecks flags teacher-fp32: porting"),
+    ("flags", "teacher-bf16", "porting", "PitfallChecks flags teacher-bf16: porting"),
 ]
 
 # %%
@@ -468,7 +485,10 @@ CLAIMS = [
 # 16-mixed goes through ``plugins=[MixedPrecision("16-mixed", "cpu")]`` so that a real
 # GradScaler runs), prints one line per run and writes the results record.
 
-record = runner.run_example("plot_01_porting_to_manual", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_01_porting_to_manual", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Manual equals automatic, and mixed precision follows fp32

@@ -664,13 +664,47 @@ CLAIMS = [
         True,
         "D stepping inside G's window: a scale change lands inside G's windows",
     ),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "healthy-fp32", "PitfallChecks: healthy-fp32 has no finding"),
+    ("clean", "healthy-bf16", "PitfallChecks: healthy-bf16 has no finding"),
+    ("clean", "healthy-fp16", "PitfallChecks: healthy-fp16 has no finding"),
+    ("clean", "window-fp32", "PitfallChecks: window-fp32 has no finding"),
+    ("clean", "window-fp16", "PitfallChecks: window-fp16 has no finding"),
+    ("clean", "window-fp16-overflow-plugin", "PitfallChecks: window-fp16-overflow-plugin has no finding"),
+    ("clean", "rep-n1-fp16", "PitfallChecks: rep-n1-fp16 has no finding"),
+    ("clean", "fixed-fp32", "PitfallChecks: fixed-fp32 has no finding"),
+    ("clean", "fixed-fp16", "PitfallChecks: fixed-fp16 has no finding"),
+    ("clean", "fixed-fp16-growth", "PitfallChecks: fixed-fp16-growth has no finding"),
+    ("flags", "bug-fp32", "no-gradient-step", "PitfallChecks flags bug-fp32: no-gradient-step"),
+    ("flags", "bug-bf16", "no-gradient-step", "PitfallChecks flags bug-bf16: no-gradient-step"),
+    ("flags", "bug-fp16", "no-gradient-step", "PitfallChecks flags bug-fp16: no-gradient-step"),
+    ("flags", "bug-fp32-plugin", "no-gradient-step", "PitfallChecks flags bug-fp32-plugin: no-gradient-step"),
+    ("flags", "bug-bf16-plugin", "no-gradient-step", "PitfallChecks flags bug-bf16-plugin: no-gradient-step"),
+    ("flags", "bug-fp16-plugin", "no-gradient-step", "PitfallChecks flags bug-fp16-plugin: no-gradient-step"),
+    ("flags", "unreached-fp32", "no-gradient-step", "PitfallChecks flags unreached-fp32: no-gradient-step"),
+    ("flags", "unreached-fp16", "no-gradient-step", "PitfallChecks flags unreached-fp16: no-gradient-step"),
+    (
+        "flags",
+        "unreached-fp16-plugin",
+        "no-gradient-step",
+        "PitfallChecks flags unreached-fp16-plugin: no-gradient-step",
+    ),
+    ("flags", "window-fp16-overflow", "scale-changes", "PitfallChecks flags window-fp16-overflow: scale-changes"),
+    ("flags", "overlap-fp16-growth", "scale-changes", "PitfallChecks flags overlap-fp16-growth: scale-changes"),
+    ("flags", "rep-fp32", "accumulation", "PitfallChecks flags rep-fp32: accumulation"),
+    ("flags", "rep-fp16", "accumulation", "PitfallChecks flags rep-fp16: accumulation"),
+    ("flags", "rep-notoggle-fp16", "accumulation", "PitfallChecks flags rep-notoggle-fp16: accumulation"),
+    ("flags", "unreached-toggle-fp32", "accumulation", "PitfallChecks flags unreached-toggle-fp32: accumulation"),
+    ("flags", "unreached-toggle-fp16", "accumulation", "PitfallChecks flags unreached-toggle-fp16: accumulation"),
+    ("flags", "unreached-guard-fp16", "accumulation", "PitfallChecks flags unreached-guard-fp16: accumulation"),
 ]
 
 # %%
 # Train
 # -----
 
-record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # The captured error

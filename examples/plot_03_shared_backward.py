@@ -221,6 +221,12 @@ CLAIMS = [
     ),
     ("expect", "fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
     ("match", "fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
+    ("clean", "fp16-plugin", "PitfallChecks: fp16-plugin has no finding"),
+    ("clean", "fp16-growth-plugin", "PitfallChecks: fp16-growth-plugin has no finding"),
+    ("flags", "fp16-stock", "scale-changes", "PitfallChecks flags fp16-stock: scale-changes"),
+    ("flags", "fp16-growth-stock", "scale-changes", "PitfallChecks flags fp16-growth-stock: scale-changes"),
 ]
 
 record = runner.run_example(
@@ -229,8 +235,9 @@ record = runner.run_example(
     RUNS,
     CLAIMS,
     plugins=PLUGINS,
-    probes={"body+head": [HeadUpdate]},
+    probes=runner.with_checks({"body+head": BodyAndHead}, {"body+head": [HeadUpdate]}),
 )
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # The update factor, step by step

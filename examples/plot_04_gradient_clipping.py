@@ -201,9 +201,21 @@ CLAIMS = [
         "Automatic gradient clipping is not supported for manual optimization",
         "Trainer(gradient_clip_val) is rejected in manual optimization",
     ),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "sgd-fp32", "PitfallChecks: sgd-fp32 has no finding"),
+    ("clean", "sgd-fp16-hook", "PitfallChecks: sgd-fp16-hook has no finding"),
+    ("clean", "sgd-fp16-plugin", "PitfallChecks: sgd-fp16-plugin has no finding"),
+    ("clean", "adamw-fp32", "PitfallChecks: adamw-fp32 has no finding"),
+    ("flags", "sgd-fp16", "clipping", "PitfallChecks flags sgd-fp16: clipping"),
+    ("flags", "adamw-fp16", "clipping", "PitfallChecks flags adamw-fp16: clipping"),
+    ("flags", "fused-bf16", "clipping", "PitfallChecks flags fused-bf16: clipping"),
+    ("flags", "unscale-fp16", "clipping", "PitfallChecks flags unscale-fp16: clipping"),
 ]
 
-record = runner.run_example("plot_04_gradient_clipping", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_04_gradient_clipping", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 import matplotlib.pyplot as plt
 

@@ -244,9 +244,16 @@ CLAIMS = [
         "final_weights",
         "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise",
     ),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
+    ("clean", "fp16-skip-aware", "PitfallChecks: fp16-skip-aware has no finding"),
+    ("clean", "step-fp32", "PitfallChecks: step-fp32 has no finding"),
+    ("flags", "fp16-naive", "schedulers", "PitfallChecks flags fp16-naive: schedulers"),
+    ("flags", "hook-fp32", "step-frequencies", "PitfallChecks flags hook-fp32: step-frequencies"),
 ]
 
-record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 import matplotlib.pyplot as plt
 

@@ -200,9 +200,21 @@ CLAIMS = [
         "Automatic gradient accumulation is not supported for manual optimization",
         "Trainer(accumulate_grad_batches) is rejected in manual optimization",
     ),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
+    ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
+    ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
+    ("clean", "manual-fp32", "PitfallChecks: manual-fp32 has no finding"),
+    ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
+    ("clean", "manual-fp16", "PitfallChecks: manual-fp16 has no finding"),
+    ("clean", "manual-lr-x4", "PitfallChecks: manual-lr-x4 has no finding"),
+    ("clean", "manual-lr-0.5", "PitfallChecks: manual-lr-0.5 has no finding"),
+    ("clean", "overflow-fp16", "PitfallChecks: overflow-fp16 has no finding"),
+    ("flags", "zero-grad", "accumulation", "PitfallChecks flags zero-grad: accumulation"),
 ]
 
-record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 import matplotlib.pyplot as plt
 

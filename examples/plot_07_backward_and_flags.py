@@ -144,9 +144,16 @@ CLAIMS = [
     ),
     ("expect", "flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all", {"only_on": "cpu"}),
     ("expect", "flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler", {"only_on": "cuda"}),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "fp16-manual-backward", "PitfallChecks: fp16-manual-backward has no finding"),
+    ("clean", "bf16-manual-backward", "PitfallChecks: bf16-manual-backward has no finding"),
+    ("clean", "flag-16-mixed", "PitfallChecks: flag-16-mixed has no finding"),
+    ("flags", "fp16-loss-backward", "backward-flags", "PitfallChecks flags fp16-loss-backward: backward-flags"),
+    ("flags", "bf16-loss-backward", "backward-flags", "PitfallChecks flags bf16-loss-backward: backward-flags"),
 ]
 
-record = runner.run_example("plot_07_backward_and_flags", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_07_backward_and_flags", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # What happened

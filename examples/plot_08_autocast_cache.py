@@ -149,9 +149,14 @@ CLAIMS = [
     ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
     ("expect", "caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "lightning-bf16", "PitfallChecks: lightning-bf16 has no finding"),
+    ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
+    ("flags", "caching-bf16", "autocast-cache", "PitfallChecks flags caching-bf16: autocast-cache"),
 ]
 
-record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 import matplotlib.pyplot as plt
 

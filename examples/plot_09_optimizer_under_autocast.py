@@ -155,13 +155,23 @@ CLAIMS = [
     ),
     ("same", "manual-bf16", "auto-bf16", "weights_digest", "bf16-mixed: manual = automatic, bitwise"),
     ("match", "manual-fp16", "auto-fp16", "mixed-vs-fp32", "the drift does not show in the loss curve"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
+    ("clean", "auto-fp16-plugin", "PitfallChecks: auto-fp16-plugin has no finding"),
+    ("clean", "manual-fp16-plugin", "PitfallChecks: manual-fp16-plugin has no finding"),
+    ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
+    ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
+    ("flags", "manual-fp16", "optimizer-math", "PitfallChecks flags manual-fp16: optimizer-math"),
 ]
 
 # %%
 # Train
 # -----
 
-record = runner.run_example("plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Manual against automatic, step by step

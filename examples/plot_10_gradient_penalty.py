@@ -136,9 +136,17 @@ CLAIMS = [
     ("match", "naive-bf16", "naive-fp32", "mixed-vs-fp32", "bf16-mixed, naive penalty = fp32"),
     ("match", "scaled-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, scaled penalty = fp32"),
     ("match", "naive-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, naive penalty = fp32 on this model"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "naive-fp32", "PitfallChecks: naive-fp32 has no finding"),
+    ("clean", "naive-bf16", "PitfallChecks: naive-bf16 has no finding"),
+    ("clean", "scaled-fp32", "PitfallChecks: scaled-fp32 has no finding"),
+    ("clean", "scaled-bf16", "PitfallChecks: scaled-bf16 has no finding"),
+    ("clean", "scaled-fp16", "PitfallChecks: scaled-fp16 has no finding"),
+    ("flags", "naive-fp16", "gradient-penalty", "PitfallChecks flags naive-fp16: gradient-penalty"),
 ]
 
-record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Curves

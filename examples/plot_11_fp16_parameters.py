@@ -155,9 +155,17 @@ CLAIMS = [
     ),
     ("match", "fixed-bf16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, bf16-mixed = fp32"),
     ("match", "fixed-fp16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, 16-mixed = fp32"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
+    ("clean", "fixed-bf16", "PitfallChecks: fixed-bf16 has no finding"),
+    ("clean", "fixed-fp16", "PitfallChecks: fixed-fp16 has no finding"),
+    ("flags", "half-fp16", "fp16-parameters", "PitfallChecks flags half-fp16: fp16-parameters"),
+    ("flags", "half-bf16", "fp16-parameters", "PitfallChecks flags half-bf16: fp16-parameters"),
+    ("flags", "half-bf16-noclip", "fp16-parameters", "PitfallChecks flags half-bf16-noclip: fp16-parameters"),
 ]
 
-record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # The error under 16-mixed

@@ -144,9 +144,16 @@ CLAIMS = [
     ("same", "detect-fp32", "habit-fp32", "applied_per_step", "step and detect, fp32: same steps as the habit"),
     ("match", "detect-fp16", "habit-fp32", "mixed-vs-fp32", "step and detect, 16-mixed = fp32"),
     ("expect", "detect-fp16", "all_updates_applied", False, "step and detect, 16-mixed: some steps skipped"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "habit-fp32", "PitfallChecks: habit-fp32 has no finding"),
+    ("clean", "habit-bf16", "PitfallChecks: habit-bf16 has no finding"),
+    ("clean", "detect-fp32", "PitfallChecks: detect-fp32 has no finding"),
+    ("clean", "detect-fp16", "PitfallChecks: detect-fp16 has no finding"),
+    ("flags", "habit-fp16", "nonfinite-guard", "PitfallChecks flags habit-fp16: nonfinite-guard"),
 ]
 
-record = runner.run_example("plot_12_nonfinite_guard", recipes, RUNS, CLAIMS)
+record = runner.run_example("plot_12_nonfinite_guard", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Loss and loss scale

@@ -254,9 +254,21 @@ CLAIMS = [
         "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW",
     ),
     ("match", "adamw-16-mixed", "adamw-fp32", "mixed-vs-fp32", "fix: AdamW under 16-mixed = fp32"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
+    ("clean", "bf16-mixed", "PitfallChecks: bf16-mixed has no finding"),
+    ("clean", "adamw-fp32", "PitfallChecks: adamw-fp32 has no finding"),
+    ("clean", "adamw-16-mixed", "PitfallChecks: adamw-16-mixed has no finding"),
+    ("clean", "adamw-16-true-eps", "PitfallChecks: adamw-16-true-eps has no finding"),
+    ("flags", "bf16-true", "fp16-parameters", "PitfallChecks flags bf16-true: fp16-parameters"),
+    ("flags", "fp32-teacher-cast", "fp16-parameters", "PitfallChecks flags fp32-teacher-cast: fp16-parameters"),
+    ("flags", "adamw-16-true", "fp16-parameters", "PitfallChecks flags adamw-16-true: fp16-parameters"),
 ]
 
-record = runner.run_example("plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
+runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Updates that round away

@@ -52,6 +52,7 @@ def test_the_repository_keeps_its_contracts(tree):
     [
         ("mpguide/precision.py", "from mpguide.verify import runner", "The reader API needs torch and Lightning only"),
         ("mpguide/steps.py", "import sphinx", "The reader API needs torch and Lightning only"),
+        ("mpguide/checks.py", "from mpguide.verify import probes", "The reader API needs torch and Lightning only"),
         ("mpguide/verify/records.py", "from mpguide_build import matrix", "The harness never imports the build code"),
         ("mpguide/verify/claims.py", "import docutils", "The harness never imports Sphinx"),
         ("mpguide/verify/probes.py", "from . import runner", "No import cycle inside the harness"),

@@ -55,6 +55,10 @@ NULLABLE = {
     "claims[].value",
     "claims[].expected",
     "runs[].extra.final_loss_scale",
+    # a PitfallChecks finding made at fit start has no batch or epoch; one about the module, no optimizer
+    "runs[].extra.pitfall_findings[].batch",
+    "runs[].extra.pitfall_findings[].epoch",
+    "runs[].extra.pitfall_findings[].optimizer",
 }
 #: Paths whose numbers may be NaN or Infinity (data, judged by the claims).
 NAN_OK = re.compile(r"runs\[\]\.loss\[\]|runs\[\]\.extra\.logged\..*|claims\[\]\.value")

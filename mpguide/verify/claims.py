@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._sections import SECTIONS
 from .judging import evaluate_claim
 from .metrics import decide_paired as decide_paired
 from .metrics import relative_gap as relative_gap
@@ -148,6 +149,34 @@ def rate_ratio(run: str, key: str, tolerance: str, title: str = "") -> dict[str,
     if tolerance not in TOLERANCES:
         raise ClaimSpecError(f"unknown tolerance {tolerance!r}; known: {sorted(TOLERANCES)}")
     return {"kind": "rate_ratio", "runs": [run], "key": key, "tolerance": tolerance, "title": title}
+
+
+def flags(run: str, section: str, title: str = "") -> dict[str, Any]:
+    """Declare that :class:`mpguide.checks.PitfallChecks`, attached to ``run``, reported a pitfall of ``section``.
+
+    The run must carry the check as a probe (``runner.run_example(..., probes=runner.with_checks(recipes, ...))``),
+    which records its findings as ``extra["pitfall_findings"]``; a run without that record fails the claim.
+
+    Args:
+        run: run id judged (a buggy run of the example).
+        section: the guide's anchor of the pitfall, one of :data:`mpguide.checks.SECTIONS`.
+        title: one line for the verdict table.
+
+    Raises:
+        ClaimSpecError: ``section`` is not one of the guide's pitfall sections.
+    """
+    if section not in SECTIONS:
+        raise ClaimSpecError(f"flags() needs a section among {list(SECTIONS)}, found {section!r}")
+    return {"kind": "flags", "runs": [run], "section": section, "title": title}
+
+
+def clean(run: str, title: str = "") -> dict[str, Any]:
+    """Declare that :class:`mpguide.checks.PitfallChecks`, attached to ``run``, reported no finding at all.
+
+    Its notes (remarks that are not pitfalls) do not count. The run must carry the check as a probe (see
+    :func:`~mpguide.verify.claims.flags`); a run without ``extra["pitfall_findings"]`` fails the claim.
+    """
+    return {"kind": "clean", "runs": [run], "title": title}
 
 
 def _check_tolerance(name: str, bound: str) -> None:

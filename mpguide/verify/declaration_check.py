@@ -12,7 +12,18 @@ from typing import Any
 from . import hints
 
 #: Keys of a claim that define it (what the gate compares); judged values and titles are not among them.
-CLAIM_KEYS = ("kind", "runs", "tolerance", "exception", "message", "category", "key", "expected", "only_on")
+CLAIM_KEYS = (
+    "kind",
+    "runs",
+    "tolerance",
+    "exception",
+    "message",
+    "category",
+    "key",
+    "expected",
+    "section",
+    "only_on",
+)
 
 
 def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
@@ -20,7 +31,7 @@ def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
     return {k: claim[k] for k in CLAIM_KEYS if k in claim}
 
 
-_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "only_on")
+_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "section", "only_on")
 
 
 def _claim_label(claim: dict[str, Any]) -> str:
@@ -28,7 +39,13 @@ def _claim_label(claim: dict[str, Any]) -> str:
 
 
 def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
-    return (claim.get("kind"), tuple(claim.get("runs") or ()), claim.get("key"), claim.get("category"))
+    return (
+        claim.get("kind"),
+        tuple(claim.get("runs") or ()),
+        claim.get("key"),
+        claim.get("category"),
+        claim.get("section"),
+    )
 
 
 def compare_with_declaration(

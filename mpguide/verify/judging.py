@@ -48,6 +48,8 @@ def evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) ->
         )
     if kind == "rate_ratio":
         return _evaluate_rate_ratio(claim, runs[ids[0]], base, verdict)
+    if kind in ("flags", "clean"):
+        return _evaluate_findings(claim, runs[ids[0]], base, verdict)
 
     if kind == "raises":
         run = runs[ids[0]]
@@ -236,7 +238,59 @@ def evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) ->
 
 _MISSING = object()
 #: Every claim kind, each the name of its declaration helper in :mod:`mpguide.verify.claims`.
-KINDS = ("match", "diverge", "raises", "warns", "no_warning", "expect", "same", "ratio", "rate_ratio")
+KINDS = (
+    "match",
+    "diverge",
+    "raises",
+    "warns",
+    "no_warning",
+    "expect",
+    "same",
+    "ratio",
+    "rate_ratio",
+    "flags",
+    "clean",
+)
+
+
+def _evaluate_findings(claim: dict[str, Any], run: dict[str, Any], base: dict[str, Any], verdict: Any) -> Verdict:
+    """Judge a ``flags`` or ``clean`` claim on what :class:`mpguide.checks.PitfallChecks` recorded in ``run``."""
+    findings = run.get("extra", {}).get("pitfall_findings")
+    want = f"flags {claim.get('section')}" if claim["kind"] == "flags" else "no finding"
+    if not isinstance(findings, list):
+        return verdict(
+            **base,
+            metric="findings",
+            value=None,
+            threshold=want,
+            passed=False,
+            observed="not recorded",
+            detail=f"run {run['id']} has no extra.pitfall_findings: attach the check to its recipe "
+            f"(run_example(..., probes=runner.with_checks(recipes, probes))) and rerun the example",
+        )
+    sections = [f.get("section") for f in findings if isinstance(f, dict)]
+    if claim["kind"] == "flags":
+        hits = [f for f in findings if isinstance(f, dict) and f.get("section") == claim.get("section")]
+        ok = bool(hits)
+        observed = f"{len(hits)} {claim.get('section')} finding{'s' if len(hits) != 1 else ''}"
+        detail = (
+            hits[0].get("message", "")[:300]
+            if hits
+            else f"no {claim.get('section')!r} finding; the check reported {sorted(set(sections)) or 'nothing'}"
+        )
+    else:
+        ok = not findings
+        observed = "no finding" if ok else f"{len(findings)} finding(s): {', '.join(sorted(set(map(str, sections))))}"
+        detail = "" if ok else str(findings[0].get("message", ""))[:300]
+    return verdict(
+        **base,
+        metric="findings",
+        value=float(len(findings)),
+        threshold=want,
+        passed=ok,
+        observed=observed,
+        detail=detail,
+    )
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ..checks import PitfallChecks
 from ..steps import loss_scale
 
 
@@ -236,6 +237,63 @@ class WeightsDigest(Callback):
     def record_extra(self) -> dict[str, Any]:
         """``{"weights": hex digest}`` (:func:`mpguide.verify.probes.parameter_digest`), ``{}`` before setup."""
         return {"weights": parameter_digest(self.module)} if self.module is not None else {}
+
+
+class Pitfalls(PitfallChecks):
+    """:class:`mpguide.checks.PitfallChecks` as a probe: its findings go into the run's record.
+
+    Attached by :func:`~mpguide.verify.probes.with_checks` to every run of an example, so the module a reader
+    copies stays clean; the ``flags`` and ``clean`` claims (:mod:`mpguide.verify.claims`) judge what it recorded.
+    Each finding is also warned (a ``PitfallWarning`` in the run's ``warnings``), as a reader would see it.
+    """
+
+    def record_extra(self) -> dict[str, Any]:
+        """What the check saw and cost, for ``extra``.
+
+        ``pitfall_findings`` (list of ``{"section", "message", "batch", "epoch", "optimizer", "count"}``),
+        ``pitfall_notes`` (list of strings), and seconds (:meth:`mpguide.checks.PitfallChecks.cost`):
+        ``pitfall_check_seconds`` (its code during the batches), ``pitfall_setup_seconds`` (at fit start and
+        train end) and ``pitfall_step_seconds`` (the batches).
+        """
+        cost = self.cost()
+        return {
+            "pitfall_findings": [f.as_dict() for f in self.findings],
+            "pitfall_notes": list(self.notes),
+            "pitfall_check_seconds": round(cost["check_seconds"], 6),
+            "pitfall_setup_seconds": round(cost["setup_seconds"], 6),
+            "pitfall_step_seconds": round(cost["step_seconds"], 6),
+        }
+
+
+def with_checks(recipes: Any, probes: Any = None) -> dict[str, list[Any]]:
+    """An example's ``probes`` mapping with :class:`~mpguide.verify.probes.Pitfalls` added for every recipe.
+
+    Args:
+        recipes: the example's recipe table (name -> LightningModule factory); only its names are used.
+        probes: the example's own probes (recipe name -> list of probe factories), or ``None``.
+
+    Returns:
+        recipe name -> the example's probes for it, then ``Pitfalls``; pass it as ``run_example(..., probes=...)``.
+    """
+    own = dict(probes or {})
+    return {name: [*own.get(name, ()), Pitfalls] for name in recipes}
+
+
+def print_findings(record: dict[str, Any], show: Any = print) -> None:
+    """Print what :class:`mpguide.checks.PitfallChecks` told each run of ``record``, as a reader would see it.
+
+    One line per run: ``run id: no finding``, or the run id and each finding's message (how often it was
+    seen when more than once). Runs that did not carry the check are left out.
+    """
+    for run in record["runs"]:
+        findings = run.get("extra", {}).get("pitfall_findings")
+        if findings is None:
+            continue
+        if not findings:
+            show(f"{run['id']}: no finding")
+        for finding in findings:
+            times = f" ({finding['count']} times)" if finding.get("count", 1) > 1 else ""
+            show(f"{run['id']}{times}: {finding['message']}")
 
 
 def callbacks() -> list[Callback]:

@@ -16,7 +16,7 @@ claim gate. Layout (``schema_version`` 2)::
                 "loss": [float] * steps, "lr": [float] * steps, "loss_scale": [float] * steps | null,
                 "skipped_steps": int, "seconds": float, "error": null | {"type", "message", "traceback"},
                 "warnings": [str], "extra": {}}],
-      "claims": [{"kind", "runs", "title", "tolerance" | "exception" | "message" | "category" | "key"
+      "claims": [{"kind", "runs", "title", "tolerance" | "exception" | "message" | "category" | "key" | "section"
                   | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 

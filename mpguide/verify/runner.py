@@ -39,7 +39,11 @@ from ..steps import loss_scale
 from . import declarations, hardware, record_build, records
 from . import probes as probes_mod
 from .declarations import SWAP_ENV, RunDecl, parse_swaps
-from .probes import parameter_digest  # noqa: F401 - examples call runner.parameter_digest
+from .probes import (
+    parameter_digest,  # noqa: F401 - examples call runner.parameter_digest
+    print_findings,  # noqa: F401 - examples call runner.print_findings
+    with_checks,  # noqa: F401 - examples call runner.with_checks
+)
 
 
 @dataclass

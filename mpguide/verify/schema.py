@@ -161,6 +161,17 @@ class BenchmarkSize(StrictModel):
     max_rounds: Count = 0
 
 
+class PitfallFinding(StrictModel):
+    """One entry of ``extra.pitfall_findings``: a :class:`mpguide.checks.Finding` (``Finding.as_dict()``)."""
+
+    section: Name
+    message: Name
+    batch: Count | None
+    epoch: Count | None
+    optimizer: Count | None
+    count: Annotated[int, Field(ge=1)]
+
+
 def _json_finite(value: Any) -> Any:
     check_json(value)
     return value
@@ -248,6 +259,12 @@ EXTRA_KEYS: dict[str, Any] = {
     "weight_dtype": Name,
     "teacher_dtype": Name,
     "nonfinite_weights": Count,
+    # PitfallChecks as a probe (mpguide.verify.probes.Pitfalls), judged by the flags and clean claims
+    "pitfall_findings": list[PitfallFinding],
+    "pitfall_notes": list[str],
+    "pitfall_check_seconds": NonNegative,
+    "pitfall_setup_seconds": NonNegative,
+    "pitfall_step_seconds": NonNegative,
     # plot_15 (mpguide.verify.throughput)
     "benchmark": dict[str, BenchmarkVariant],
     "size": BenchmarkSize,
@@ -416,6 +433,8 @@ CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
     "expect": (1, ("key",)),
     "same": (2, ("key",)),
     "rate_ratio": (1, ("tolerance", "key")),
+    "flags": (1, ("section",)),
+    "clean": (1, ()),
 }
 
 
@@ -432,6 +451,7 @@ class Claim(StrictModel):
     message: str = ""
     category: str = ""
     key: str = ""
+    section: str = ""  # a flags claim: the guide section PitfallChecks must report (mpguide.checks.SECTIONS)
     expected: Any = None
     only_on: Literal["cpu", "cuda"] = "cpu"
     # what the run that wrote the record judged (the gate judges again and does not read these)
