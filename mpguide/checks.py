@@ -351,7 +351,7 @@ class PitfallChecks(Callback):
         if key in self._keys:
             self._keys[key].count += 1
             return
-        text = f"[{section}] {message} See {_link(section)}"
+        text = f"[{section}] {message} See the guide, {_link(section)}"
         finding = Finding(section, text, self._batch, self._epoch, optimizer)
         self._keys[key] = finding
         self.findings.append(finding)
@@ -501,7 +501,7 @@ class PitfallChecks(Callback):
             elif leftover:
                 self.notes.append(
                     f"[porting] note: {type(pl_module).__name__} inherits {hook}() from {owner.__name__}; manual "
-                    f"optimization never calls it, so training_step must do its work. See {_link('porting')}"
+                    f"optimization never calls it, so training_step must do its work. See the guide, {_link('porting')}"
                 )
             else:
                 self._find(
