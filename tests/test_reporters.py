@@ -80,6 +80,21 @@ def test_20116_assertion_needs_a_loss_that_misses_model_2(two):
     assert posted["error"] is None and posted["extra"]["generator_changed"] is True
 
 
+def test_20116_fix_shows_the_skip_when_model_2_is_not_reached(two):
+    unreached = train(two, "plot_02_two_optimizers", "fixed-unreached-fp16")
+    reached = train(two, "plot_02_two_optimizers", "fixed-unreached-fp16", recipe="#20116 fixed")
+    assert unreached["error"] is None and unreached["extra"]["generator_changed"] is False
+    assert any("optimizer 1 skipped at batch 5: no gradients" in w for w in unreached["warnings"])
+    assert reached["extra"]["generator_changed"] is True
+    assert not any("skipped at batch" in w for w in reached["warnings"])
+    ex, claim = "plot_02_two_optimizers", "the skip is visible"
+    assert judge(two, ex, claim, {"fixed-unreached-fp16": unreached}).passed
+    assert not judge(two, ex, claim, {"fixed-unreached-fp16": reached}).passed
+    quiet = "the fix on #20116's own step: no skip"
+    assert judge(two, ex, quiet, {"fixed-fp16": reached}).passed
+    assert not judge(two, ex, quiet, {"fixed-fp16": unreached}).passed
+
+
 def test_scale_change_inside_a_window_is_detected(two):
     overlap = train(two, "plot_02_two_optimizers", "overlap-fp16-growth")
     fixed = train(two, "plot_02_two_optimizers", "fixed-fp16-growth")
