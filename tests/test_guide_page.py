@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,13 +259,24 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
     snippet = _guide_snippet("no_gradient_step")
     module = _module_from(snippet, "two", reaches=False)
     before = _weights(module)
-    _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
+    with pytest.warns(UserWarning, match=r"optimizer 0 skipped at batch 1: no gradients") as seen:
+        _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
     after = _weights(module)
     assert not bool((before["net.weight"] == after["net.weight"]).all())  # the critic trained
     assert bool((before["other.weight"] == after["other.weight"]).all())  # the generator had nothing to step
+    # the skip is visible: one warning per skipped window of the generator (2 epochs x 2 windows)
+    assert len([w for w in seen if "skipped at batch" in str(w.message)]) == 4
+    # on a loss that reaches the generator the same snippet trains it and never warns
+    reached = _module_from(snippet, "two")
+    before = _weights(reached)
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        _trainer("16-mixed").fit(reached, digits_loader(batch_size=64))
+    assert not [w for w in quiet if "skipped at batch" in str(w.message)]
+    assert not bool((before["other.weight"] == _weights(reached)["other.weight"]).all())
     unguarded = Snippet(
         snippet.key,
-        snippet.code.replace(" and has_gradients(opt)", ""),
+        snippet.code.replace("if has_gradients(opt):", "if True:"),
         snippet.line,
         snippet.path,
     )

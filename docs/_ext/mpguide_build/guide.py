@@ -31,6 +31,10 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             ("plot_01_porting_to_manual", "diverge(teacher-bf16, auto-bf16)"),
         ],
     ),
+    "drift_20970": (
+        "plot_01_porting_to_manual",
+        [("plot_01_porting_to_manual", "match(reporter-bf16, towers-auto-bf16)")],
+    ),
     "autocast_cache": (
         "plot_08_autocast_cache",
         [
@@ -202,6 +206,9 @@ def numbers() -> dict[str, Any]:
         "n_checks": len(judged),
         "port_gap": max(gap(port, f"manual-{p}", f"auto-{p}") for p in ("fp32", "bf16", "fp16")),
         "bf16_gap": gap(port, "auto-bf16", "auto-fp32"),
+        "rep_bf16_gap": gap(port, "reporter-bf16", "reporter-fp32"),
+        "rep_cache_gap": gap(port, "cache2-bf16", "plain2-bf16"),
+        "rep_seed_gap": gap(port, "reporter-bf16-seed1", "reporter-bf16"),
         "fp16_gap": gap(port, "auto-fp16", "auto-fp32"),
         "sched_final": _run(recs[port], "sched-fp32")["loss"][-1],
         "teacher_final": _run(recs[port], "teacher-fp32")["loss"][-1],
