@@ -153,7 +153,8 @@ class LibraryFree(BodyAndHead):
         opt_body.zero_grad()
         opt_head.zero_grad()
         with torch.autocast(self.fabric.device.type, dtype=torch.float16):
-            loss = F.cross_entropy(self.head(self.body(images)), labels)
+            logits = self.head(self.body(images))
+            loss = F.cross_entropy(logits, labels)
         self.fabric.backward(self.scaler.scale(loss))
         self.scaler.step(opt_body)
         self.scaler.step(opt_head)
@@ -437,7 +438,8 @@ print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed[
 #         opt_body.zero_grad()
 #         opt_head.zero_grad()
 #         with torch.autocast(fabric.device.type, dtype=torch.float16):
-#             loss = F.cross_entropy(head(body(images)), labels)
+#             logits = head(body(images))
+#             loss = F.cross_entropy(logits, labels)
 #         fabric.backward(scaler.scale(loss))
 #         scaler.step(opt_body)
 #         scaler.step(opt_head)

@@ -14,6 +14,7 @@ autocast_cache     this file (#20970's step fixed: no_grad teacher forward, per-
 optimizer_math     this file (step outside autocast, 16-mixed)
 accumulation       this file (16-mixed, window of 4)
 clipping           this file (the hook, 16-mixed)
+clipping_gan       this file (two optimizers; the hook clips the second only) and plot_04's GAN claims
 no_gradient_step   this file (#20116's step fixed: windows of 2 batches, accumulation,
                    toggle_model): the guard keeps a generator without gradients from crashing
                    16-mixed, and the same step without the guard raises "No inf checks"
@@ -21,6 +22,8 @@ schedulers         this file (step_skip_aware, 16-mixed)
 ddp                this file (one process: ``toggle_model(sync_grad=...)`` is a no-op there)
 gradient_penalty   not a hook; plot_10_gradient_penalty runs it (``scaled_input_grad``)
 fabric             not a hook; compiled only (plot_14 runs the same call)
+fabric_no_library  not a hook; compiled only (plot_14's ``LibraryFree`` recipe runs the same loop and
+                   ``test_the_fabric_loop_of_the_guide_is_plot_14s`` checks it is the same code)
 =================  ========================================================================
 
 The figures the guide reuses from the gallery are checked too: each ``{figure}`` names the
@@ -49,6 +52,7 @@ _HOOK = re.compile(r"^\s*def (training_step|on_\w+|configure_\w+|optimizer_step|
 RUN_ELSEWHERE = {
     "gradient_penalty": "examples/plot_10_gradient_penalty.py",
     "fabric": "examples/plot_14_fabric_manual_loop.py",
+    "fabric_no_library": "examples/plot_14_fabric_manual_loop.py",
 }
 
 
@@ -164,10 +168,16 @@ def _harness(optimizers: str = "one", reaches: bool = True):
             return self.generator_loss(batch) if compute_model_1_loss else self.critic_loss(batch)
 
         def training_step(self, batch, batch_idx):  # the guide's recipe, for snippets that are a hook only
-            opt = self.optimizers()
-            opt.zero_grad()
+            opts = self.optimizers()
+            if isinstance(opts, list):  # two optimizers: a GAN-like step of both, each on its own loss
+                for opt, loss in zip(opts, (self.generator_loss(batch), self.compute_loss(batch))):
+                    opt.zero_grad()
+                    self.manual_backward(loss)
+                    opt.step()
+                return
+            opts.zero_grad()
             self.manual_backward(self.compute_loss(batch))
-            opt.step()
+            opts.step()
 
         def generator_loss(self, batch):
             x, y = batch
@@ -205,6 +215,7 @@ RUNS = {
     "optimizer_math": ("16-mixed", "one"),
     "accumulation": ("16-mixed", "one"),
     "clipping": ("16-mixed", "one"),
+    "clipping_gan": ("16-mixed", "two"),
     "no_gradient_step": ("16-mixed", "two"),
     "schedulers": ("16-mixed", "sched"),
     "ddp": ("16-mixed", "one"),
@@ -283,6 +294,51 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
     assert unguarded.code != snippet.code
     with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
         _trainer("16-mixed").fit(_module_from(unguarded, "two", reaches=False), digits_loader(batch_size=64))
+
+
+@pytest.mark.slow
+def test_the_gan_clipping_snippet_clips_only_the_second_optimizer():
+    """In ``on_before_optimizer_step`` the hook gets the raw optimizer: the guide's comparison with
+    ``self.optimizers()[1].optimizer`` clips the second optimizer at every step and never the first,
+    and the natural ``optimizer is self.optimizers()[1]`` never clips at all."""
+    from mpguide.data import digits_loader
+
+    def clipped_params(code: str) -> list[str]:
+        snippet = _guide_snippet("clipping_gan")
+        module = _module_from(Snippet(snippet.key, code, snippet.line, snippet.path), "two")
+        calls: list[str] = []
+        clip = module.clip_gradients
+
+        def recorded(optimizer, *args, **kwargs):
+            calls.append("net" if optimizer.param_groups[0]["params"][0] is module.net.weight else "other")
+            return clip(optimizer, *args, **kwargs)
+
+        module.clip_gradients = recorded
+        _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
+        return calls
+
+    code = _guide_snippet("clipping_gan").code
+    assert clipped_params(code) == ["net"] * 16  # 2 epochs x 8 batches, the second optimizer only
+    trap = code.replace("self.optimizers()[1].optimizer", "self.optimizers()[1]")
+    assert trap != code and clipped_params(trap) == []
+
+
+def test_no_snippet_hard_codes_cuda():
+    assert not [s.where for s in snippets(GUIDE) if '"cuda"' in s.code]
+
+
+def test_the_fabric_loop_of_the_guide_is_plot_14s():
+    """Each statement of the guide's library-free Fabric loop appears in plot_14's ``LibraryFree`` recipe
+    (with ``self.``/``dev`` spelled out), so the claims that verify the recipe verify the snippet."""
+    example = (ROOT / "examples" / "plot_14_fabric_manual_loop.py").read_text()
+    recipe = example[example.index("class LibraryFree") : example.index("class FabricAutocast32")]
+    recipe = recipe.replace("self.fabric.device.type", "dev").replace("self.", "")
+    code = _guide_snippet("fabric_no_library").code
+    loop = code[code.index("\nfor ") :].splitlines()[2:]
+    body = [line.strip() for line in loop if line.strip() and not line.strip().startswith("#")]
+    assert len(body) == 9
+    assert all(line in recipe for line in body), [line for line in body if line not in recipe]
+    assert 'precision="32-true"' in code and "GradScaler(dev)" in code and "GradScaler(fabric.device.type)" in recipe
 
 
 # ----------------------------------------------------------------------------- reused figures

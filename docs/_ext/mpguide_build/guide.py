@@ -220,6 +220,8 @@ def numbers() -> dict[str, Any]:
         "muon_drift": max(extra("plot_09_optimizer_under_autocast", "manual-fp16")["max_abs_diff_vs_automatic"]),
         "clip_update_fp16": extra("plot_04_gradient_clipping", "sgd-fp16")["update_norm"][0],
         "clip_update_fp32": extra("plot_04_gradient_clipping", "sgd-fp32")["update_norm"][0],
+        "gan_hook_calls": extra("plot_04_gradient_clipping", "gan-trap-fp16")["hook_calls"],
+        "gan_wrapper_true": extra("plot_04_gradient_clipping", "gan-trap-fp16")["wrapper_comparison_true"],
         "overflow_factor": extra("plot_03_shared_backward", "fp16-stock")["head_update_factor"][0],
         "skipped": sk["skipped_steps"],
         "skip_batches": sk["batches"],
