@@ -76,6 +76,31 @@ class UnscaleYourself(ClipBeforeStep):
 
 
 # %%
+# ``configure_gradient_clipping`` is an automatic-optimization hook
+# -----------------------------------------------------------------
+# A port that keeps its clipping in ``configure_gradient_clipping`` stops clipping without a word:
+# manual optimization never calls that hook (measured below). Move the call into
+# ``on_before_optimizer_step``.
+
+
+class NoClip(ClipInHook):
+    """The same step without clipping (for the gradient norms a logging callback sees)."""
+
+    def on_before_optimizer_step(self, optimizer):
+        pass
+
+
+class ClipInConfigureHook(ClipInHook):
+    """Clipping left in the automatic hook: in manual optimization it never runs."""
+
+    def on_before_optimizer_step(self, optimizer):
+        pass
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        ClipBeforeStep.clip(self, optimizer)
+
+
+# %%
 # A GAN that clips only its discriminator
 # ---------------------------------------
 # With two optimizers the hook is called for each, and the natural test
@@ -211,6 +236,35 @@ class ClipProbe(Callback):
         return {"seen_norm": self.seen, "update_norm": self.updates}
 
 
+class HookNorms(Callback):
+    """The gradient norm a logging callback sees in ``on_after_backward`` and in ``on_before_optimizer_step``."""
+
+    def setup(self, trainer, pl_module, stage):
+        self.after_backward, self.before_step, self.scales = [], [], []
+
+    def on_after_backward(self, trainer, pl_module):
+        self.after_backward.append(pl_module.gradient_norm())
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.scales.append(scaler.get_scale() if scaler is not None else 1.0)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.before_step.append(pl_module.gradient_norm())
+
+    def record_extra(self):
+        steps = [
+            (a, b, s) for a, b, s in zip(self.after_backward, self.before_step, self.scales) if math.isfinite(a + b)
+        ]
+
+        def every(ratio):  # the ratio holds on every step with finite gradients, to 1 %
+            return bool(steps) and all(abs(ratio(a, b, s) - 1) < 1e-2 for a, b, s in steps)
+
+        return {
+            "after_backward_is_scale_x_before_step": every(lambda a, b, s: a / (s * b)),
+            "before_step_equals_after_backward": every(lambda a, b, s: b / a),
+            "finite_steps": len(steps),
+        }
+
+
 class GANClipProbe(Callback):
     """What the hook receives, and the gradient norms each optimizer stepped with (after the hook)."""
 
@@ -251,10 +305,14 @@ recipes = {
     "clip before step, AdamW": functools.partial(ClipBeforeStep, **adamw),
     "clip in hook, fused AdamW": functools.partial(ClipInHook, optimizer="adamw-fused", lr=3e-3),
     "no clipping, SGD": functools.partial(DigitsClassifier, **sgd),
+    "clip in configure_gradient_clipping, SGD": functools.partial(ClipInConfigureHook, **sgd),
+    "no clipping, AdamW": functools.partial(NoClip, **adamw),
+    "no clipping, fused AdamW": functools.partial(NoClip, optimizer="adamw-fused", lr=3e-3),
     "GAN, clip D, compare with the wrapper": GANClipTrap,
     "GAN, clip D, compare with .optimizer": GANClipFixed,
 }
-probes = {name: [ClipProbe] for name in recipes if name != "no clipping, SGD" and not name.startswith("GAN")}
+probes = {name: [ClipProbe] for name in recipes if not name.startswith(("no clipping", "GAN"))}
+probes.update({name: [HookNorms] for name in ("no clipping, AdamW", "no clipping, fused AdamW")})
 probes.update({name: [GANClipProbe] for name in recipes if name.startswith("GAN")})
 RUNS = [
     # run id          recipe                        precision     options
@@ -277,6 +335,9 @@ RUNS = [
         "32-true",
         {"trainer": {"gradient_clip_val": 0.5}, "label": "Trainer(gradient_clip_val=0.5)"},
     ),
+    ("configure-hook-fp16", "clip in configure_gradient_clipping, SGD", "16-mixed", {"label": "configure hook"}),
+    ("norms-fp16", "no clipping, AdamW", "16-mixed", {"label": "AdamW, norms logged in two hooks"}),
+    ("norms-fused-fp16", "no clipping, fused AdamW", "16-mixed", {"label": "fused AdamW, norms in two hooks"}),
     ("gan-trap-fp16", "GAN, clip D, compare with the wrapper", "16-mixed", {"label": "GAN, is optimizers()[1]"}),
     (
         "gan-fixed-fp16",
@@ -310,6 +371,21 @@ CLAIMS = [
         "MisconfigurationException",
         "Automatic gradient clipping is not supported for manual optimization",
         "Trainer(gradient_clip_val) is rejected in manual optimization",
+    ),
+    ("expect", "configure-hook-fp16", "seen_norm", [], "manual optimization never calls configure_gradient_clipping"),
+    (
+        "expect",
+        "norms-fp16",
+        "after_backward_is_scale_x_before_step",
+        True,
+        "16-mixed: a norm logged in on_after_backward is the loss scale x the real one",
+    ),
+    (
+        "expect",
+        "norms-fused-fp16",
+        "before_step_equals_after_backward",
+        True,
+        "16-mixed, fused AdamW: on_before_optimizer_step still sees scaled gradients",
     ),
     ("expect", "gan-trap-fp16", "wrapper_comparison_true", 0, "GAN: `optimizer is self.optimizers()[1]` never true"),
     ("expect", "gan-trap-fp16", "d_clipped", False, "GAN, that comparison: the discriminator is never clipped"),
