@@ -374,3 +374,48 @@ def test_footer_and_numbers_fail_clearly_on_bad_input(monkeypatch):
         guide._run({"example": "plot_01", "runs": [{"id": "x"}]}, "gone")
     assert set(guide.SECTIONS) >= {"porting", "clipping", "no_gradient_step"}
     assert all(f'guide.footer("{key}")' in GUIDE.read_text() for key in guide.SECTIONS)
+
+
+# ----------------------------------------------------------------------------- resuming under 16-mixed
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_checkpoints_scaler_settings_unless_set_in_on_train_start(tmp_path):
+    """The guide's resuming section: ``Trainer.fit(ckpt_path=...)`` restores the GradScaler's saved state over
+    the settings of a new GradScaler (``growth_interval`` stays 2000), and settings made in
+    ``on_train_start`` (after the restore) hold."""
+    import lightning.pytorch as L
+    import torch
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from mpguide.data import digits_loader
+
+    class Resumed(_harness("one")):
+        def on_train_start(self):
+            if self.set_on_start:
+                self.trainer.precision_plugin.scaler.set_growth_interval(1)
+
+    def fit(growth_interval: int, steps: int, ckpt=None, set_on_start=False):
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=growth_interval)
+        plugin = MixedPrecision("16-mixed", "cpu", scaler=scaler)
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            plugins=[plugin],
+        )
+        module = Resumed()
+        module.set_on_start = set_on_start
+        trainer.fit(module, digits_loader(batch_size=64), ckpt_path=ckpt)
+        return trainer, scaler
+
+    first, _ = fit(2000, 4)
+    ckpt = tmp_path / "c.ckpt"
+    first.save_checkpoint(ckpt)
+    _, kept = fit(1, 6, ckpt)
+    assert kept.get_growth_interval() == 2000  # the checkpoint's setting silently wins
+    _, changed = fit(1, 6, ckpt, set_on_start=True)
+    assert changed.get_growth_interval() == 1
