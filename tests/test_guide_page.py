@@ -419,3 +419,26 @@ def test_resume_keeps_the_checkpoints_scaler_settings_unless_set_in_on_train_sta
     assert kept.get_growth_interval() == 2000  # the checkpoint's setting silently wins
     _, changed = fit(1, 6, ckpt, set_on_start=True)
     assert changed.get_growth_interval() == 1
+
+
+def test_gpu_overview_says_which_examples_have_a_record_and_how_old(monkeypatch):
+    from types import SimpleNamespace
+
+    import mpguide.verify.declarations as declarations
+    import mpguide.verify.gate as gate
+    from mpguide_build import guide
+
+    def entry(stale: str):
+        record = {"created": "2026-11-30T01:05:39Z", "env": {"device": "NVIDIA H200"}}
+        return SimpleNamespace(record=record, stale=stale)
+
+    refs = {"plot_01_porting_to_manual": [entry("the example changed")], "plot_02_two_optimizers": [entry("")]}
+    names = ["plot_01_porting_to_manual", "plot_02_two_optimizers", "plot_03_shared_backward"]
+    monkeypatch.setattr(declarations, "example_names", lambda: names)
+    monkeypatch.setattr(gate, "page_entries", lambda name: [None, *refs.get(name, [])])
+    text = guide.gpu_overview()
+    assert text.startswith("2 of 3 examples have a committed GPU record: 01 (NVIDIA H200, 2026-11-30, older than")
+    assert "02 (NVIDIA H200, 2026-11-30, made from the current example)" in text
+    assert "1 of them are older" in text and "Examples 03 have no GPU record" in text
+    refs.clear()
+    assert guide.gpu_overview().startswith("No example has a GPU record")

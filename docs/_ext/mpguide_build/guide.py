@@ -358,6 +358,35 @@ def reference_entries() -> list[Any]:
     return [e for name in example_names() for e in page_entries(name)[1:]]
 
 
+def gpu_overview() -> str:
+    """One plain paragraph for the top of the GPU page: which examples have a committed GPU record, on
+    which device, when it was made and whether its example changed since, and which have none."""
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
+
+    with_record, without = [], []
+    for name in example_names():
+        refs = page_entries(name)[1:]
+        number = _example_number(name)
+        if not refs:
+            without.append(number)
+            continue
+        for ref in refs:
+            made = ref.record.get("created", "")[:10]
+            age = "older than its example" if ref.stale else "made from the current example"
+            with_record.append(f"{number} ({ref.record['env'].get('device', '?')}, {made}, {age})")
+    if not with_record:
+        return "No example has a GPU record: everything on this site ran on a CPU."
+    stale = sum("older than" in s for s in with_record)
+    return (
+        f"{len(with_record)} of {len(with_record) + len(without)} examples have a committed GPU record: "
+        + "; ".join(with_record)
+        + f". {stale} of them are older than their example, so they are judged only on the checks they "
+        f"already held. Examples {', '.join(without)} have no GPU record: they ran on a CPU only, and "
+        "nothing on this site says they were verified on a GPU."
+    )
+
+
 def tolerance_table() -> str:
     """Markdown table of every tolerance: its name (the anchor ``tol-<name>`` that verdict rows link
     to), the bound, its value and the measurements behind it (``mpguide.verify.tolerances.TOLERANCES``)."""
