@@ -516,6 +516,13 @@ CLAIMS = [
         "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)",
     ),
     ("match", "reporter-bf16", "reporter-fp32", "mixed-vs-fp32", "#20970 as posted: bf16-mixed = fp32"),
+    (
+        "same",
+        "reporter-bf16",
+        "towers-auto-bf16",
+        "weights",
+        "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise",
+    ),
     ("same", "rep-noautocast-bf16", "reporter-bf16", "weights", "the own autocast changes no weight (bitwise)"),
     ("same", "rep-gradteacher-bf16", "reporter-bf16", "weights", "no_grad on the teachers changes no weight (bitwise)"),
     (
