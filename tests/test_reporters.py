@@ -117,3 +117,19 @@ def test_20970_elements_change_no_weight_and_the_same_claim_can_fail(one):
     assert not judge(
         one, "plot_01_porting_to_manual", claim, {"rep-noautocast-bf16": per_epoch, "reporter-bf16": posted}
     ).passed
+
+
+def test_20970_the_measured_cause_moves_bf16_only_and_the_posted_step_is_bitwise_automatic(one):
+    ex = "plot_01_porting_to_manual"
+    cached, plain = train(one, ex, "cache2-bf16"), train(one, ex, "plain2-bf16")
+    cached32, plain32 = train(one, ex, "cache2-fp32"), train(one, ex, "plain2-fp32")
+    drift = "two updates in a caching autocast: bf16-mixed drifts"
+    assert judge(one, ex, drift, {"cache2-bf16": cached, "plain2-bf16": plain}).passed
+    assert not judge(one, ex, drift, {"cache2-bf16": plain, "plain2-bf16": plain}).passed
+    fp32 = "two updates in a caching autocast: fp32 unchanged"
+    assert judge(one, ex, fp32, {"cache2-fp32": cached32, "plain2-fp32": plain32}).passed
+    assert not judge(one, ex, fp32, {"cache2-fp32": cached, "plain2-fp32": plain32}).passed
+    posted, automatic = train(one, ex, "reporter-bf16"), train(one, ex, "towers-auto-bf16")
+    bitwise = "final weights bitwise"
+    assert judge(one, ex, bitwise, {"reporter-bf16": posted, "towers-auto-bf16": automatic}).passed
+    assert not judge(one, ex, bitwise, {"reporter-bf16": cached, "towers-auto-bf16": automatic}).passed
