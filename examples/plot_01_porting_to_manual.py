@@ -21,8 +21,10 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 * a faithful manual port reproduces automatic optimization exactly, in every precision;
 * the reporter's step (EMA teachers under ``no_grad``, their own ``torch.autocast``, a scheduler
   stepped every batch, ``zero_grad(set_to_none=True)`` after the step) trains in bf16-mixed exactly
-  as automatic optimization does on the installed torch and Lightning, and none of its elements
-  changes a single weight; what could make it drift on older versions, and the step to paste;
+  as automatic optimization does on the installed torch and Lightning (the final weights are bitwise
+  equal), and none of its elements changes a single weight;
+* what does make a port drift in bf16-mixed only, each cause measured in the reporter's shape, and
+  how to find which one is yours;
 * two porting mistakes that look like a mixed-precision problem but break fp32 just as much:
   a scheduler stepped at the wrong cadence, and a teacher update left in a hook that manual
   optimization never calls.
