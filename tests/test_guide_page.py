@@ -442,3 +442,46 @@ def test_gpu_overview_says_which_examples_have_a_record_and_how_old(monkeypatch)
     assert "1 of them are older" in text and "Examples 03 have no GPU record" in text
     refs.clear()
     assert guide.gpu_overview().startswith("No example has a GPU record")
+
+
+@pytest.mark.slow
+def test_fabric_resume_keeps_the_loss_scale_only_with_the_precision_plugin_in_the_state(tmp_path):
+    """The guide's Fabric resume: ``fabric.save`` stores only ``state``; without the precision plugin the
+    resumed scaler starts again at 65536, with ``state["precision"] = fabric.strategy.precision`` it
+    continues at the saved scale."""
+    import torch
+    import torch.nn.functional as F
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision import MixedPrecision
+
+    gen = torch.Generator().manual_seed(7)
+    xs, ys = torch.randn(8, 32, 16, generator=gen), torch.randint(0, 4, (8, 32), generator=gen)
+
+    def setup():
+        fabric = Fabric(accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu")])
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        model, opt = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=1e-3))
+        return fabric, model, opt
+
+    fabric, model, opt = setup()
+    for x, y in zip(xs, ys):
+        opt.zero_grad()
+        fabric.backward(F.cross_entropy(model(x), y) * 2000.0)  # large enough that the first steps overflow
+        opt.step()
+    saved = fabric.strategy.precision.scaler.get_scale()
+    assert saved < 65536.0
+    for with_plugin in (False, True):
+        state = {"model": model, "optimizer": opt}
+        if with_plugin:
+            state["precision"] = fabric.strategy.precision
+        path = tmp_path / f"last-{with_plugin}.ckpt"
+        fabric.save(path, state)
+        fabric2, model2, opt2 = setup()
+        state2 = {"model": model2, "optimizer": opt2}
+        if with_plugin:
+            state2["precision"] = fabric2.strategy.precision
+        fabric2.load(path, state2)
+        scaler = fabric2.strategy.precision.scaler
+        resumed = scaler.get_scale() if scaler._scale is not None else scaler._init_scale
+        assert resumed == (saved if with_plugin else 65536.0), (with_plugin, resumed, saved)
