@@ -485,3 +485,32 @@ def test_fabric_resume_keeps_the_loss_scale_only_with_the_precision_plugin_in_th
         scaler = fabric2.strategy.precision.scaler
         resumed = scaler.get_scale() if scaler._scale is not None else scaler._init_scale
         assert resumed == (saved if with_plugin else 65536.0), (with_plugin, resumed, saved)
+
+
+@pytest.mark.slow
+def test_loss_backward_after_another_manual_backward_silently_shrinks_the_update():
+    """The guide's ``loss.backward()`` sentence: under 16-mixed it raises at the first step, unless another
+    optimizer of the step went through ``manual_backward`` first (a GAN); then nothing fails and that
+    optimizer's update is divided by the loss scale (fp32 and ``manual_backward`` for both: the full update)."""
+    from mpguide.data import digits_loader
+
+    def net_change(precision: str, plain_backward: bool) -> float:
+        class Step(_harness("two")):
+            def training_step(self, batch, batch_idx):
+                opt_g, opt_d = self.optimizers()
+                for opt, loss, plain in ((opt_g, self.generator_loss(batch), False), (opt_d, None, plain_backward)):
+                    opt.zero_grad()
+                    loss = self.compute_loss(batch) if loss is None else loss
+                    loss.backward() if plain else self.manual_backward(loss)
+                    opt.step()
+
+        module = Step()
+        before = module.net.weight.detach().clone()
+        _trainer(precision).fit(module, digits_loader(batch_size=64))
+        return float((module.net.weight.detach() - before).norm())
+
+    fp32 = net_change("32-true", plain_backward=True)
+    assert abs(net_change("16-mixed", plain_backward=False) / fp32 - 1) < 0.05
+    shrunk = net_change("16-mixed", plain_backward=True) / fp32
+    print(f"loss.backward() after a manual_backward, 16-mixed: update / fp32 update = {shrunk:.3g}")
+    assert shrunk < 1e-2  # no error, and almost no update
