@@ -514,3 +514,57 @@ def test_loss_backward_after_another_manual_backward_silently_shrinks_the_update
     shrunk = net_change("16-mixed", plain_backward=True) / fp32
     print(f"loss.backward() after a manual_backward, 16-mixed: update / fp32 update = {shrunk:.3g}")
     assert shrunk < 1e-2  # no error, and almost no update
+
+
+@pytest.mark.slow
+def test_detect_anomaly_stops_a_correct_16_mixed_run_at_its_first_overflow():
+    """The guide's ``detect_anomaly`` sentence: on a model whose first fp16 steps overflow (scale 65536), the
+    same correct step trains without it and raises at step 0 with it; bf16-mixed with it trains."""
+    import lightning.pytorch as L
+    import torch
+    import torch.nn.functional as F
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Overflowing(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(16, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 4)
+            )
+            self.steps = 0
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(F.cross_entropy(self.net(batch[0]), batch[1]) * 100)
+            opt.step()
+            self.steps += 1
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    gen = torch.Generator().manual_seed(10)
+    data = TensorDataset(torch.randn(160, 16, generator=gen) * 10, torch.randint(0, 4, (160,), generator=gen))
+
+    def fit(precision: str, anomaly: bool) -> Overflowing:
+        module = Overflowing()
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            detect_anomaly=anomaly,
+            plugins=[MixedPrecision(precision, "cpu")],
+        )
+        trainer.fit(module, DataLoader(data, batch_size=16))
+        return module
+
+    assert fit("16-mixed", anomaly=False).steps == 10
+    assert fit("bf16-mixed", anomaly=True).steps == 10
+    with pytest.raises(RuntimeError, match="returned nan values"):
+        fit("16-mixed", anomaly=True)
