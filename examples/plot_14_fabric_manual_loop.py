@@ -152,7 +152,7 @@ class LibraryFree(BodyAndHead):
         opt_body, opt_head = self.optimizers
         opt_body.zero_grad()
         opt_head.zero_grad()
-        with torch.autocast(self.fabric.device.type, dtype=torch.float16):
+        with torch.autocast(self.fabric.device.type, torch.float16):
             logits = self.head(self.body(images))
             loss = F.cross_entropy(logits, labels)
         self.fabric.backward(self.scaler.scale(loss))
@@ -437,7 +437,7 @@ print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed[
 #     for images, labels in loader:
 #         opt_body.zero_grad()
 #         opt_head.zero_grad()
-#         with torch.autocast(fabric.device.type, dtype=torch.float16):
+#         with torch.autocast(fabric.device.type, torch.float16):
 #             logits = head(body(images))
 #             loss = F.cross_entropy(logits, labels)
 #         fabric.backward(scaler.scale(loss))

@@ -300,7 +300,7 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
     snippet = _guide_snippet("no_gradient_step")
     module = _module_from(snippet, "two", reaches=False)
     before = _weights(module)
-    with pytest.warns(UserWarning, match=r"optimizer 0 skipped at batch 1: no gradients") as seen:
+    with pytest.warns(UserWarning, match=r"optimizer 0 skipped at batch 1") as seen:
         _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
     after = _weights(module)
     assert not bool((before["net.weight"] == after["net.weight"]).all())  # the critic trained
