@@ -21,8 +21,10 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 * a faithful manual port reproduces automatic optimization exactly, in every precision;
 * the reporter's step (EMA teachers under ``no_grad``, their own ``torch.autocast``, a scheduler
   stepped every batch, ``zero_grad(set_to_none=True)`` after the step) trains in bf16-mixed exactly
-  as automatic optimization does on the installed torch and Lightning, and none of its elements
-  changes a single weight; what could make it drift on older versions, and the step to paste;
+  as automatic optimization does on the installed torch and Lightning (the final weights are bitwise
+  equal), and none of its elements changes a single weight;
+* what does make a port drift in bf16-mixed only, each cause measured in the reporter's shape, and
+  how to find which one is yours;
 * two porting mistakes that look like a mixed-precision problem but break fp32 just as much:
   a scheduler stepped at the wrong cadence, and a teacher update left in a hook that manual
   optimization never calls.
@@ -330,21 +332,22 @@ class ReporterStep(TwoTowerEMA):
 
 def variant(**changes):
     """The posted step with some elements changed (one ablation row)."""
-    return type("ReporterVariant", (ReporterStep,), changes)
+    return variant_of(ReporterStep, **changes)
+
+
+def variant_of(step, **changes):
+    """``step`` with some elements changed."""
+    return type(f"{step.__name__}Variant", (step,), changes)
 
 
 # %%
 # The step to paste
 # -----------------
-# Nothing in the posted step is specific to bf16 on the installed versions (measured below), so the
-# pasted version changes two things that only matter elsewhere: no autocast of its own
-# (``precision="bf16-mixed"`` already runs ``training_step`` under bf16 autocast), and
-# ``torch.clear_autocast_cache()`` after the ``no_grad`` block, which protects a module shared by the
-# teacher and the student forward on Lightning 2.5.4 and older, whose autocast region caches casts,
-# with a torch that still caches them without autograd history (torch 2.10 and older; see the guide's
-# :ref:`Your own torch.autocast and the autocast cache <autocast-cache>`). The scheduler stays per
-# batch because the automatic model says ``"interval": "step"``; with Lightning's default interval,
-# step it in ``on_train_epoch_end``.
+# Nothing in the posted step is specific to bf16 on the measured versions (below: every element
+# switched off changes no weight), so there is no fix to paste, only one simplification: drop the
+# own autocast, because ``precision="bf16-mixed"`` already runs ``training_step`` under bf16 autocast.
+# The scheduler stays per batch because the automatic model says ``"interval": "step"``; with
+# Lightning's default interval, step it in ``on_train_epoch_end``.
 
 
 class ReporterFixed(ReporterStep):
@@ -353,7 +356,6 @@ class ReporterFixed(ReporterStep):
         with torch.no_grad():
             _, za_ema, _ = self.audio_ema(xa)
             _, zt_ema, _ = self.text_ema(xt)
-        torch.clear_autocast_cache()  # drop casts made under no_grad (Lightning <= 2.5.4 caches them)
         total_loss = self.forward_and_loss(xa, xt, labels, za_ema, zt_ema)["total_loss"]  # no own autocast
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         self.manual_backward(total_loss)
@@ -361,6 +363,67 @@ class ReporterFixed(ReporterStep):
         scheduler.step()  # per batch, as the automatic model's "interval": "step"
         optimizer.zero_grad(set_to_none=True)
         self.update_ema()
+        return total_loss.detach()
+
+
+# %%
+# What does make a port drift only in bf16-mixed
+# ----------------------------------------------
+# Three candidates, each in the reporter's shape and each measured below:
+#
+# * **An own autocast that caches, around two updates in one step** (one update per view, per
+#   modality, a lookahead). ``torch.autocast(..., cache_enabled=True)`` keeps the bf16 copy of each
+#   weight until the block closes, so the second forward runs on the weights from *before* the first
+#   ``optimizer.step()``. In fp32 the same code casts nothing. The reporter's own
+#   ``torch.autocast(dtype=torch.bfloat16, enabled=...)`` does not pass ``cache_enabled``: nested in
+#   Lightning's autocast it inherits Lightning's setting (off since Lightning 2.5.5, on up to 2.5.4).
+# * **A module shared by a no_grad teacher forward and the student forward** in a caching autocast
+#   (a stop-gradient teacher instead of EMA copies). On torch 2.10 and older the student forward reused
+#   the cast made under ``no_grad`` and lost the weight's gradient (example 08 and the version matrix
+#   measure it); on torch 2.11 and newer it changes nothing.
+# * **bf16's own spread**: the same seed run twice, and another seed, against the bf16-vs-fp32 gap. On a
+#   CPU the same seed is bitwise repeatable; on a GPU some kernels are not.
+
+
+class CachingTwoUpdates(ReporterStep):
+    """The reporter's model with two updates per batch inside an own autocast with ``cache_enabled=True``."""
+
+    def training_step(self, batch, batch_idx):
+        xa, xt, labels = self.modalities(batch)
+        with torch.no_grad():
+            _, za_ema, _ = self.audio_ema(xa)
+            _, zt_ema, _ = self.text_ema(xt)
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        mixed = self.trainer.precision in ("16-mixed", "bf16-mixed")
+        own = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=True)
+        with own if self.own_autocast else nullcontext():
+            for shift in (0.0, 0.1):  # two updates, e.g. one per augmented view
+                loss_dict = self.forward_and_loss(xa + shift, xt + shift, labels, za_ema, zt_ema)
+                self.manual_backward(loss_dict["total_loss"])
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        self.update_ema()
+        return loss_dict["total_loss"].detach()
+
+
+class SharedTeacher(ReporterStep):
+    """The reporter's model with a stop-gradient teacher: the student's own encoders under ``no_grad``."""
+
+    def training_step(self, batch, batch_idx):
+        xa, xt, labels = self.modalities(batch)
+        mixed = self.trainer.precision in ("16-mixed", "bf16-mixed")
+        own = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=True)
+        with own if self.own_autocast else nullcontext():
+            with torch.no_grad():
+                _, za_ema, _ = self.audio_encoder(xa)  # the student's weights, not an EMA copy
+                _, zt_ema, _ = self.text_encoder(xt)
+            total_loss = self.forward_and_loss(xa, xt, labels, za_ema, zt_ema)["total_loss"]
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        self.manual_backward(total_loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
         return total_loss.detach()
 
 
@@ -385,10 +448,14 @@ recipes = {
     "#20970, zero_grad before backward": variant(zero_grad_after_step=False),
     "#20970, scheduler per epoch": variant(scheduler_every_batch=False),
     "#20970 fixed": ReporterFixed,
+    "two updates, caching autocast": CachingTwoUpdates,
+    "two updates, no own autocast": variant_of(CachingTwoUpdates, own_autocast=False),
+    "shared teacher, caching autocast": SharedTeacher,
+    "shared teacher, no own autocast": variant_of(SharedTeacher, own_autocast=False),
     "scheduler every batch": SchedulerEveryBatch,
     "teacher update in hook": TeacherUpdateInHook,
 }
-probes = {name: [WeightsDigest] for name in recipes if name.startswith(("two towers", "#20970"))}
+probes = {name: [WeightsDigest] for name in recipes if name.startswith(("two towers", "#20970", "two upd", "shared"))}
 RUNS = [
     # run id          recipe                     precision
     ("auto-fp32", "automatic", "32-true", {"label": "automatic, 32-true"}),
@@ -422,6 +489,16 @@ RUNS = [
     ),
     ("rep-epochsched-bf16", "#20970, scheduler per epoch", "bf16-mixed", {"label": "scheduler per epoch, bf16-mixed"}),
     ("rep-fixed-bf16", "#20970 fixed", "bf16-mixed", {"label": "the step to paste, bf16-mixed"}),
+    # what does make a port drift only in bf16-mixed: each candidate, in the reporter's shape
+    ("cache2-bf16", "two updates, caching autocast", "bf16-mixed", {"label": "two updates, caching autocast, bf16"}),
+    ("cache2-fp32", "two updates, caching autocast", "32-true", {"label": "two updates, caching autocast, fp32"}),
+    ("plain2-bf16", "two updates, no own autocast", "bf16-mixed", {"label": "two updates, no own autocast, bf16"}),
+    ("plain2-fp32", "two updates, no own autocast", "32-true", {"label": "two updates, no own autocast, fp32"}),
+    ("shared-bf16", "shared teacher, caching autocast", "bf16-mixed", {"label": "shared teacher, caching autocast"}),
+    ("shared-plain-bf16", "shared teacher, no own autocast", "bf16-mixed", {"label": "shared, no own autocast"}),
+    ("reporter-bf16-again", "#20970 as posted", "bf16-mixed", {"label": "#20970 as posted, bf16, same seed again"}),
+    ("reporter-bf16-seed1", "#20970 as posted", "bf16-mixed", {"seed": 1, "label": "#20970 as posted, bf16, seed 1"}),
+    ("reporter-fp32-seed1", "#20970 as posted", "32-true", {"seed": 1, "label": "#20970 as posted, fp32, seed 1"}),
 ]
 CLAIMS = [
     ("match", "manual-fp32", "auto-fp32", "same-precision", "manual port = automatic (fp32)"),
@@ -442,6 +519,13 @@ CLAIMS = [
         "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)",
     ),
     ("match", "reporter-bf16", "reporter-fp32", "mixed-vs-fp32", "#20970 as posted: bf16-mixed = fp32"),
+    (
+        "same",
+        "reporter-bf16",
+        "towers-auto-bf16",
+        "weights",
+        "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise",
+    ),
     ("same", "rep-noautocast-bf16", "reporter-bf16", "weights", "the own autocast changes no weight (bitwise)"),
     ("same", "rep-gradteacher-bf16", "reporter-bf16", "weights", "no_grad on the teachers changes no weight (bitwise)"),
     (
@@ -459,6 +543,31 @@ CLAIMS = [
         "a per-step schedule stepped per epoch diverges",
     ),
     ("match", "rep-fixed-bf16", "towers-auto-bf16", "same-precision", "the step to paste = automatic (bf16)"),
+    ("same", "cache2-fp32", "plain2-fp32", "weights", "two updates in a caching autocast: fp32 unchanged (bitwise)"),
+    (
+        "diverge",
+        "cache2-bf16",
+        "plain2-bf16",
+        "pitfall-gap",
+        "two updates in a caching autocast: bf16-mixed drifts (stale casts)",
+    ),
+    ("match", "plain2-bf16", "plain2-fp32", "mixed-vs-fp32", "two updates without own autocast: bf16 follows fp32"),
+    (
+        "same",
+        "shared-bf16",
+        "shared-plain-bf16",
+        "weights",
+        "a teacher sharing the student's weights in a caching autocast changes no weight (installed torch)",
+    ),
+    (
+        "same",
+        "reporter-bf16-again",
+        "reporter-bf16",
+        "weights",
+        "the same seed twice in bf16-mixed: bitwise identical on a CPU",
+        {"only_on": "cpu"},
+    ),
+    ("match", "reporter-bf16-seed1", "reporter-fp32-seed1", "mixed-vs-fp32", "seed 1: bf16-mixed follows fp32"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
@@ -476,6 +585,16 @@ CLAIMS = [
     ("clean", "rep-fixed-bf16", "PitfallChecks: rep-fixed-bf16 has no finding"),
     ("flags", "teacher-fp32", "porting", "PitfallChecks flags teacher-fp32: porting"),
     ("flags", "teacher-bf16", "porting", "PitfallChecks flags teacher-bf16: porting"),
+    ("flags", "cache2-bf16", "autocast-cache", "PitfallChecks flags cache2-bf16: autocast-cache"),
+    ("clean", "cache2-fp32", "PitfallChecks: cache2-fp32 has no finding"),
+    ("clean", "plain2-bf16", "PitfallChecks: plain2-bf16 has no finding"),
+    ("clean", "plain2-fp32", "PitfallChecks: plain2-fp32 has no finding"),
+    # the shared-teacher variants keep the reporter's EMA copies unused: the check sees they never change
+    ("flags", "shared-bf16", "porting", "PitfallChecks flags shared-bf16: porting (unused EMA copies)"),
+    ("flags", "shared-plain-bf16", "porting", "PitfallChecks flags shared-plain-bf16: porting (unused EMA copies)"),
+    ("clean", "reporter-bf16-again", "PitfallChecks: reporter-bf16-again has no finding"),
+    ("clean", "reporter-bf16-seed1", "PitfallChecks: reporter-bf16-seed1 has no finding"),
+    ("clean", "reporter-fp32-seed1", "PitfallChecks: reporter-fp32-seed1 has no finding"),
 ]
 
 # %%
@@ -568,6 +687,27 @@ for run_id in (
     print(f"{run['label']:<42} gap to automatic {gap:8.4f} %   weights = posted bf16 step: {same}")
 
 # %%
+# Which cause is yours
+# --------------------
+# Each candidate against its control: the largest gap between smoothed loss curves, and whether the
+# final weights are bitwise equal. Only the caching autocast around two updates moves bf16-mixed; on
+# this torch the shared teacher changes nothing, and the same seed repeats bitwise, while another seed
+# moves the curve far more than bf16 does.
+
+for run_id, control in (
+    ("cache2-bf16", "plain2-bf16"),
+    ("cache2-fp32", "plain2-fp32"),
+    ("shared-bf16", "shared-plain-bf16"),
+    ("reporter-bf16-again", "reporter-bf16"),
+    ("reporter-bf16-seed1", "reporter-bf16"),
+    ("reporter-bf16", "reporter-fp32"),
+):
+    run, ref = plotting.run_by_id(record, run_id), plotting.run_by_id(record, control)
+    gap = 100 * claims.relative_gap(run["loss"], ref["loss"]).max() if run["loss"] and ref["loss"] else float("nan")
+    same = run["extra"].get("weights") == ref["extra"].get("weights")
+    print(f"{run['label']:<42} vs {control:<18} gap {gap:8.4f} %   same weights: {same}")
+
+# %%
 # Verdicts
 # --------
 # Every claim, measured on this machine. The guide page renders the same table from the
@@ -579,9 +719,10 @@ print(report.summary(record))
 # Conclusion
 # ----------
 # If a manual port drifts only in bf16-mixed, first compare it with the automatic model in
-# **fp32**: on current versions a faithful port matches exactly, so a gap there is a porting
-# bug (scheduler cadence, hooks manual mode skips) and not a precision problem. The #20970
-# reporter's step as posted matches its automatic model in bf16-mixed too, on the installed
-# versions; a drift seen only in bf16-mixed with that code points to something the issue does not
-# show, such as a module shared by the ``no_grad`` teacher forward and the student forward on
-# Lightning 2.5.4 or older (the autocast cache), which the step to paste guards against.
+# **fp32**: a faithful port matches exactly, so a gap there is a porting bug (scheduler cadence,
+# hooks manual mode skips), not precision. The #20970 step as posted matches its automatic model in
+# bf16-mixed too, bitwise, on every version measured here (CPU). What does move bf16-mixed alone: an
+# own autocast with ``cache_enabled=True`` around more than one update in a step, and, on torch 2.10
+# and older, a module shared by a ``no_grad`` teacher forward and the student forward in a caching
+# autocast. Run the same seed twice before trusting a small gap: on a GPU, bf16 kernels need not
+# repeat bitwise, and another seed moves this curve far more than bf16 does.

@@ -248,6 +248,10 @@ def variant(**changes):
 # discarded), the loss divided by the window length (an average, as ``accumulate_grad_batches``
 # does), and a guard that steps only an optimizer whose parameters hold gradients (GradScaler
 # cannot step one without: that is the AssertionError; in fp32 the same step silently does nothing).
+# The guard stops the crash, not the bug: a window whose loss reaches none of that model's parameters
+# still leaves the model untrained, so the guard says so, naming the optimizer and the batch.
+
+import warnings
 
 
 class ReporterFixed(ReporterAlternation):
@@ -261,9 +265,27 @@ class ReporterFixed(ReporterAlternation):
         with opt.toggle_model():
             loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
             self.manual_backward(loss / n)
-            if (batch_idx + 1) % n == 0 and has_gradients(opt):
-                opt.step()
+            if (batch_idx + 1) % n == 0:
+                if has_gradients(opt):
+                    opt.step()
+                else:
+                    # no crash, but this model does not train: say so
+                    warnings.warn(f"optimizer {current_cycle} skipped at batch {batch_idx}: no gradients", stacklevel=2)
         return loss.detach()
+
+
+class FixedUnreached(ReporterFixed):
+    """The fix, with a model-2 loss that reaches no parameter of model 2, only a loss weight no optimizer holds."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.loss_weight = nn.Parameter(torch.ones(1))  # in no optimizer: toggle_model leaves it trainable
+
+    def inner_training_step(self, batch, batch_idx, compute_model_1_loss):
+        if compute_model_1_loss:
+            return super().inner_training_step(batch, batch_idx, True)
+        fake = self.generate(len(batch[0]), batch_idx).detach()  # the mistake: model 2 is cut off
+        return (self.loss_weight * self.judge(fake, True)).squeeze()
 
 
 class OverlappingWindows(DigitsGAN):
@@ -434,6 +456,7 @@ recipes = {
     "#20116, model 2 loss detached, toggle_model": variant(detach_for_model_2=True),
     "#20116, model 2 loss detached, guard": variant(toggle=False, detach_for_model_2=True, guard=True),
     "#20116 fixed": ReporterFixed,
+    "#20116 fixed, model 2's loss reaches none of it": FixedUnreached,
     "#20116 fixed, growth_interval=1": type("FixedGrowth", (OftenChangingScale, ReporterFixed), {}),
     "overlapping windows, growth_interval=1": type("OverlapGrowth", (OftenChangingScale, OverlappingWindows), {}),
 }
@@ -526,6 +549,12 @@ RUNS = [
     ),
     ("fixed-fp32", "#20116 fixed", "32-true", {"label": "#20116 fixed, 32-true"}),
     ("fixed-fp16", "#20116 fixed", "16-mixed", {"label": "#20116 fixed, 16-mixed"}),
+    (
+        "fixed-unreached-fp16",
+        "#20116 fixed, model 2's loss reaches none of it",
+        "16-mixed",
+        {"label": "#20116 fixed, model 2's loss misses it, 16-mixed"},
+    ),
     (
         "fixed-fp16-growth",
         "#20116 fixed, growth_interval=1",
@@ -639,6 +668,15 @@ CLAIMS = [
         "has_gradients guard: 16-mixed completes and = fp32",
     ),
     ("expect", "unreached-guard-fp16", "generator_changed", False, "has_gradients guard: the empty step is skipped"),
+    (
+        "warns",
+        "fixed-unreached-fp16",
+        "UserWarning",
+        "optimizer 1 skipped at batch 5",
+        "the fix, model 2's loss missing it: the skip is visible (a warning naming optimizer and batch)",
+    ),
+    ("expect", "fixed-unreached-fp16", "generator_changed", False, "the fix, model 2's loss missing it: G frozen"),
+    ("no_warning", "fixed-fp16", "skipped at batch", "the fix on #20116's own step: no skip, no warning"),
     (
         "warns",
         "unreached-fp16-plugin",

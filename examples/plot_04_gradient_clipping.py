@@ -77,6 +77,99 @@ class UnscaleYourself(ClipBeforeStep):
 
 
 # %%
+# ``configure_gradient_clipping`` is an automatic-optimization hook
+# -----------------------------------------------------------------
+# A port that keeps its clipping in ``configure_gradient_clipping`` stops clipping without a word:
+# manual optimization never calls that hook (measured below). Move the call into
+# ``on_before_optimizer_step``.
+
+
+class NoClip(ClipInHook):
+    """The same step without clipping (for the gradient norms a logging callback sees)."""
+
+    def on_before_optimizer_step(self, optimizer):
+        pass
+
+
+class ClipInConfigureHook(ClipInHook):
+    """Clipping left in the automatic hook: in manual optimization it never runs."""
+
+    def on_before_optimizer_step(self, optimizer):
+        pass
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        ClipBeforeStep.clip(self, optimizer)
+
+
+# %%
+# A GAN that clips only its discriminator
+# ---------------------------------------
+# With two optimizers the hook is called for each, and the natural test
+# ``optimizer is self.optimizers()[1]`` is **never true**: Lightning passes the hook the raw
+# :class:`torch.optim.Optimizer`, while ``self.optimizers()`` returns Lightning's wrappers
+# (``LightningOptimizer``). Compare with the wrapper's ``.optimizer`` instead.
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mpguide.data import NUM_FEATURES
+
+LATENT = 16
+
+
+class GANClipTrap(DigitsClassifier):
+    """Clips the discriminator in the hook, found with the comparison that is never true."""
+
+    def __init__(self, lr=0.05):
+        super().__init__(optimizer="sgd", lr=lr)
+        self.generator = nn.Sequential(nn.Linear(LATENT, 64), nn.ReLU(), nn.Linear(64, NUM_FEATURES))
+        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
+
+    def training_step(self, batch, batch_idx):
+        real = batch[0]
+        opt_g, opt_d = self.optimizers()
+        noise = torch.Generator().manual_seed(batch_idx)
+        fake = self.generator(torch.randn(len(real), LATENT, generator=noise).to(real))
+        ones, zeros = torch.ones(len(real), 1).to(real), torch.zeros(len(real), 1).to(real)
+        with opt_d.toggle_model():
+            d_real, d_fake = self.discriminator(real), self.discriminator(fake.detach())
+            loss_d = F.binary_cross_entropy_with_logits(d_real, ones)
+            loss_d = loss_d + F.binary_cross_entropy_with_logits(d_fake, zeros)
+            opt_d.zero_grad()
+            self.manual_backward(loss_d)
+            opt_d.step()
+        with opt_g.toggle_model():
+            loss_g = F.binary_cross_entropy_with_logits(self.discriminator(fake), ones)
+            opt_g.zero_grad()
+            self.manual_backward(loss_g)
+            opt_g.step()
+        return (loss_d + loss_g).detach()
+
+    def is_discriminator(self, optimizer):
+        return optimizer is self.optimizers()[1]  # the trap: a wrapper is never the raw optimizer
+
+    def on_before_optimizer_step(self, optimizer):
+        if self.is_discriminator(optimizer):
+            self.clip_gradients(optimizer, gradient_clip_val=GAN_MAX_NORM, gradient_clip_algorithm="norm")
+
+    def configure_optimizers(self):
+        return (
+            torch.optim.SGD(self.generator.parameters(), lr=self.lr),
+            torch.optim.SGD(self.discriminator.parameters(), lr=self.lr),
+        )
+
+
+class GANClipFixed(GANClipTrap):
+    def is_discriminator(self, optimizer):
+        # the hook gets the raw torch optimizer: compare with the wrapper's .optimizer
+        return optimizer is self.optimizers()[1].optimizer
+
+
+GAN_MAX_NORM = 0.05
+
+
+# %%
 # The ``Trainer`` call to copy
 # ----------------------------
 # Clipping in the hook, with SGD, under 16-mixed. On a GPU ``precision="16-mixed"`` is enough; on a
@@ -84,7 +177,6 @@ class UnscaleYourself(ClipBeforeStep):
 # passed explicitly.
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from mpguide.data import digits_loader
@@ -117,6 +209,8 @@ print(
 # the optimizer applied: the weights are copied in ``on_before_optimizer_step``, which Lightning calls
 # inside ``opt.step()`` just before the optimizer runs, and compared at the end of the batch.
 
+import math
+
 from lightning.pytorch.callbacks import Callback
 
 
@@ -143,6 +237,67 @@ class ClipProbe(Callback):
         return {"seen_norm": self.seen, "update_norm": self.updates}
 
 
+class HookNorms(Callback):
+    """The gradient norm a logging callback sees in ``on_after_backward`` and in ``on_before_optimizer_step``."""
+
+    def setup(self, trainer, pl_module, stage):
+        self.after_backward, self.before_step, self.scales = [], [], []
+
+    def on_after_backward(self, trainer, pl_module):
+        self.after_backward.append(pl_module.gradient_norm())
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.scales.append(scaler.get_scale() if scaler is not None else 1.0)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.before_step.append(pl_module.gradient_norm())
+
+    def record_extra(self):
+        steps = [
+            (a, b, s) for a, b, s in zip(self.after_backward, self.before_step, self.scales) if math.isfinite(a + b)
+        ]
+
+        def every(ratio):  # the ratio holds on every step with finite gradients, to 1 %
+            return bool(steps) and all(abs(ratio(a, b, s) - 1) < 1e-2 for a, b, s in steps)
+
+        return {
+            "after_backward_is_scale_x_before_step": every(lambda a, b, s: a / (s * b)),
+            "before_step_equals_after_backward": every(lambda a, b, s: b / a),
+            "finite_steps": len(steps),
+        }
+
+
+class GANClipProbe(Callback):
+    """What the hook receives, and the gradient norms each optimizer stepped with (after the hook)."""
+
+    def setup(self, trainer, pl_module, stage):
+        self.calls, self.wrapper_hits, self.raw_hits, self.norms = 0, 0, 0, {"g": [], "d": []}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        wrapped_d = pl_module.optimizers()[1]
+        self.calls += 1
+        self.wrapper_hits += optimizer is wrapped_d
+        self.raw_hits += optimizer is wrapped_d.optimizer
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        for key, part in (("g", pl_module.generator), ("d", pl_module.discriminator)):
+            grads = [p.grad.float().norm() for p in part.parameters() if p.grad is not None]
+            norm = float(torch.stack(grads).norm()) if grads else float("nan")
+            if math.isfinite(norm):  # a step GradScaler skipped has inf/NaN gradients
+                self.norms[key].append(norm)
+
+    def record_extra(self):
+        clipped = {k: bool(v) and max(v) <= GAN_MAX_NORM * (1 + 1e-3) for k, v in self.norms.items()}
+        return {
+            "hook_calls": self.calls,
+            "wrapper_comparison_true": self.wrapper_hits,
+            "raw_comparison_true": self.raw_hits,
+            "raw_comparison_once_per_batch": 2 * self.raw_hits == self.calls,
+            "d_clipped": clipped["d"],
+            "g_clipped": clipped["g"],
+            "d_norm_max": max(self.norms["d"], default=None),
+        }
+
+
 sgd, adamw = {"optimizer": "sgd", "lr": 0.05}, {"optimizer": "adamw", "lr": 3e-3}
 recipes = {
     "clip before step, SGD": functools.partial(ClipBeforeStep, **sgd),
@@ -151,8 +306,15 @@ recipes = {
     "clip before step, AdamW": functools.partial(ClipBeforeStep, **adamw),
     "clip in hook, fused AdamW": functools.partial(ClipInHook, optimizer="adamw-fused", lr=3e-3),
     "no clipping, SGD": functools.partial(DigitsClassifier, **sgd),
+    "clip in configure_gradient_clipping, SGD": functools.partial(ClipInConfigureHook, **sgd),
+    "no clipping, AdamW": functools.partial(NoClip, **adamw),
+    "no clipping, fused AdamW": functools.partial(NoClip, optimizer="adamw-fused", lr=3e-3),
+    "GAN, clip D, compare with the wrapper": GANClipTrap,
+    "GAN, clip D, compare with .optimizer": GANClipFixed,
 }
-probes = {name: [ClipProbe] for name in recipes if name != "no clipping, SGD"}
+probes = {name: [ClipProbe] for name in recipes if not name.startswith(("no clipping", "GAN"))}
+probes.update({name: [HookNorms] for name in ("no clipping, AdamW", "no clipping, fused AdamW")})
+probes.update({name: [GANClipProbe] for name in recipes if name.startswith("GAN")})
 RUNS = [
     # run id          recipe                        precision     options
     ("sgd-fp32", "clip before step, SGD", "32-true", {"label": "SGD, fp32, clip before step"}),
@@ -173,6 +335,16 @@ RUNS = [
         "no clipping, SGD",
         "32-true",
         {"trainer": {"gradient_clip_val": 0.5}, "label": "Trainer(gradient_clip_val=0.5)"},
+    ),
+    ("configure-hook-fp16", "clip in configure_gradient_clipping, SGD", "16-mixed", {"label": "configure hook"}),
+    ("norms-fp16", "no clipping, AdamW", "16-mixed", {"label": "AdamW, norms logged in two hooks"}),
+    ("norms-fused-fp16", "no clipping, fused AdamW", "16-mixed", {"label": "fused AdamW, norms in two hooks"}),
+    ("gan-trap-fp16", "GAN, clip D, compare with the wrapper", "16-mixed", {"label": "GAN, is optimizers()[1]"}),
+    (
+        "gan-fixed-fp16",
+        "GAN, clip D, compare with .optimizer",
+        "16-mixed",
+        {"label": "GAN, is ...[1].optimizer"},
     ),
 ]
 CLAIMS = [
@@ -201,6 +373,26 @@ CLAIMS = [
         "Automatic gradient clipping is not supported for manual optimization",
         "Trainer(gradient_clip_val) is rejected in manual optimization",
     ),
+    ("expect", "configure-hook-fp16", "seen_norm", [], "manual optimization never calls configure_gradient_clipping"),
+    (
+        "expect",
+        "norms-fp16",
+        "after_backward_is_scale_x_before_step",
+        True,
+        "16-mixed: a norm logged in on_after_backward is the loss scale x the real one",
+    ),
+    (
+        "expect",
+        "norms-fused-fp16",
+        "before_step_equals_after_backward",
+        True,
+        "16-mixed, fused AdamW: on_before_optimizer_step still sees scaled gradients",
+    ),
+    ("expect", "gan-trap-fp16", "wrapper_comparison_true", 0, "GAN: `optimizer is self.optimizers()[1]` never true"),
+    ("expect", "gan-trap-fp16", "d_clipped", False, "GAN, that comparison: the discriminator is never clipped"),
+    ("expect", "gan-fixed-fp16", "raw_comparison_once_per_batch", True, "GAN: `.optimizer` finds D once a batch"),
+    ("expect", "gan-fixed-fp16", "d_clipped", True, "GAN, compared with `.optimizer`: D clipped to its max norm"),
+    ("expect", "gan-fixed-fp16", "g_clipped", False, "GAN, compared with `.optimizer`: G left unclipped"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "sgd-fp32", "PitfallChecks: sgd-fp32 has no finding"),
     ("clean", "sgd-fp16-hook", "PitfallChecks: sgd-fp16-hook has no finding"),
@@ -210,6 +402,11 @@ CLAIMS = [
     ("flags", "adamw-fp16", "clipping", "PitfallChecks flags adamw-fp16: clipping"),
     ("flags", "fused-bf16", "clipping", "PitfallChecks flags fused-bf16: clipping"),
     ("flags", "unscale-fp16", "clipping", "PitfallChecks flags unscale-fp16: clipping"),
+    ("flags", "configure-hook-fp16", "porting", "PitfallChecks flags configure-hook-fp16: porting"),
+    ("clean", "norms-fp16", "PitfallChecks: norms-fp16 has no finding"),
+    ("clean", "norms-fused-fp16", "PitfallChecks: norms-fused-fp16 has no finding"),
+    # gan-trap-fp16 is not declared: a clip that the reader's own condition never reaches is invisible from outside
+    ("clean", "gan-fixed-fp16", "PitfallChecks: gan-fixed-fp16 has no finding"),
 ]
 
 record = runner.run_example(

@@ -140,6 +140,54 @@ for _, (images, labels) in zip(range(20), fabric.setup_dataloaders(digits_loader
     opt_head.step()
 print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fabric):g}")
 
+
+class LibraryFree(BodyAndHead):
+    """The loop without the library: Fabric at 32-true, autocast and GradScaler of your own."""
+
+    def setup(self, fabric):
+        super().setup(fabric)
+        self.scaler = torch.amp.GradScaler(fabric.device.type)
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        opt_body, opt_head = self.optimizers
+        opt_body.zero_grad()
+        opt_head.zero_grad()
+        with torch.autocast(self.fabric.device.type, torch.float16):
+            logits = self.head(self.body(images))
+            loss = F.cross_entropy(logits, labels)
+        self.fabric.backward(self.scaler.scale(loss))
+        self.scaler.step(opt_body)
+        self.scaler.step(opt_head)
+        self.scaler.update()  # once per iteration, after every step
+        self.step_count += 1
+        return loss.detach()
+
+    def maybe_overflow(self, grad):
+        # the forced overflow of the runs above, for this loop's own GradScaler
+        return grad * float("inf") if self.step_count in OVERFLOW_BATCHES else grad
+
+
+class FabricAutocast32(LibraryFree):
+    """The shortcut that trains fp32: ``fabric.autocast()`` at ``precision="32-true"``."""
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        opt_body, opt_head = self.optimizers
+        opt_body.zero_grad()
+        opt_head.zero_grad()
+        with self.fabric.autocast():  # at 32-true: nothing is cast
+            logits = self.head(self.body(images))
+            self.logits_dtype = str(logits.dtype)
+            loss = F.cross_entropy(logits, labels)
+        self.fabric.backward(self.scaler.scale(loss))
+        self.scaler.step(opt_body)
+        self.scaler.step(opt_head)
+        self.scaler.update()
+        self.step_count += 1
+        return loss.detach()
+
+
 # %%
 # How this page is verified
 # -------------------------
@@ -196,6 +244,20 @@ class HeadUpdate:
         }
 
 
+class Weights:
+    """A digest of the body's and the head's weights when training ends (bitwise comparisons)."""
+
+    def on_train_start(self, recipe):
+        self.recipe = recipe
+
+    def record_extra(self):
+        both = nn.ModuleList([self.recipe.body, self.recipe.head])
+        extra = {"weights": runner.parameter_digest(both)}
+        if hasattr(self.recipe, "logits_dtype"):
+            extra["logits_dtype"] = self.recipe.logits_dtype
+        return extra
+
+
 class UnusedModelMoved:
     def on_train_start(self, recipe):
         self.recipe, self.initial = recipe, recipe.unused.weight.detach().clone()
@@ -204,8 +266,18 @@ class UnusedModelMoved:
         return {"unused_model_moved": not torch.equal(self.initial, self.recipe.unused.weight.detach())}
 
 
-recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer}
-probes = {"body+head": [HeadUpdate], "unused optimizer": [UnusedModelMoved]}
+recipes = {
+    "body+head": BodyAndHead,
+    "unused optimizer": StepsAnUnusedOptimizer,
+    "library-free": LibraryFree,
+    "fabric.autocast() at 32-true": FabricAutocast32,
+}
+probes = {
+    "body+head": [HeadUpdate, Weights],
+    "unused optimizer": [UnusedModelMoved],
+    "library-free": [Weights],
+    "fabric.autocast() at 32-true": [Weights],
+}
 PLUGINS = {
     "FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
     "Trainer's MixedPrecision": TrainerMixedPrecision,
@@ -240,6 +312,9 @@ RUNS = [
         "16-mixed",
         {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"},
     ),
+    # the loop without the library: Fabric at 32-true, fp16 autocast and GradScaler of the loop's own
+    ("libfree", "library-free", "32-true", {"label": "no library: own autocast + GradScaler"}),
+    ("autocast32", "fabric.autocast() at 32-true", "32-true", {"label": "fabric.autocast() at 32-true"}),
 ]
 CLAIMS = [
     (
@@ -291,6 +366,9 @@ CLAIMS = [
         "'NoneType' object has no attribute 'trainer'",
         "nor can the Trainer's own MixedPrecision",
     ),
+    ("same", "libfree", "fp16-fixed", "weights", "no library: weights = FabricManualMixedPrecision (bitwise)"),
+    ("match", "libfree", "fp32", "mixed-vs-fp32", "no library: 16-mixed loss = fp32 loss"),
+    ("expect", "autocast32", "logits_dtype", "torch.float32", "fabric.autocast() at 32-true casts nothing"),
 ]
 
 record = runner.run_example(
@@ -343,9 +421,33 @@ print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed[
 # %%
 # The fix without the library
 # ---------------------------
-# The ``Fabric`` call above is the fix with the library. Without it: call ``scaler.step`` for every
-# optimizer and ``scaler.update()`` once per iteration yourself, with a plain
-# ``torch.amp.GradScaler`` and ``fabric.autocast()``, and step only optimizers that have gradients.
+# The loop above with the library's plugin, and the same loop without it, measured below:
+#
+# * ``Fabric(precision="32-true")``, so that Fabric neither casts nor scales;
+# * your own ``torch.autocast`` with fp16, the device type taken from ``fabric.device``;
+# * your own ``torch.amp.GradScaler``: ``fabric.backward(scaler.scale(loss))``, ``scaler.step`` for each
+#   optimizer, and **one** ``scaler.update()`` after the last step.
+#
+# One shortcut fails silently: at ``precision="32-true"``, ``fabric.autocast()`` casts nothing (measured
+# below: the logits stay float32), so that loop trains in fp32.
+#
+# .. code-block:: python
+#
+#     fabric = Fabric(accelerator=device, devices=1, precision="32-true")
+#     scaler = torch.amp.GradScaler(fabric.device.type)
+#     for images, labels in loader:
+#         opt_body.zero_grad()
+#         opt_head.zero_grad()
+#         with torch.autocast(fabric.device.type, torch.float16):
+#             logits = head(body(images))
+#             loss = F.cross_entropy(logits, labels)
+#         fabric.backward(scaler.scale(loss))
+#         scaler.step(opt_body)
+#         scaler.step(opt_head)
+#         # once per iteration, after every step
+#         scaler.update()
+#
+# Every run of it in this example is a ``LibraryFree`` recipe, defined before the verification.
 
 # %%
 # Verdicts

@@ -140,7 +140,9 @@ class FP32TeacherFromCast(FP32Teacher):
 # the two fp32 teachers train next to bf16-true students. The same model with AdamW (``lr=1e-3``)
 # trains in fp32, 16-mixed and 16-true, in 16-true also with ``eps=1e-4``; the 16-true run with the
 # default ``eps`` runs with ``Trainer(detect_anomaly=True)``, so that the NaN becomes an error at the
-# first backward that meets it. The probe :class:`mpguide.verify.probes.LostUpdates` counts, in every step,
+# first backward that meets it (a diagnostic for 16-true and bf16; under 16-mixed it can stop a correct
+# run at its first expected overflow, see :ref:`sphx_glr_auto_examples_plot_11_fp16_parameters.py`).
+# The probe :class:`mpguide.verify.probes.LostUpdates` counts, in every step,
 # the weight elements that had a non-zero gradient and did not change; this page's own probe (a
 # Lightning callback: the modules above carry no measuring code) records which weights moved between
 # fit start (after Lightning's cast) and the end of training, the dtypes, and non-finite weights.

@@ -9,11 +9,13 @@ snippet            runs in
 =================  ========================================================================
 recipe             this file (its ``Model`` class, 16-mixed with a CPU GradScaler)
 porting            this file (manual step + teacher update + per-epoch scheduler, bf16-mixed)
-autocast_cache     this file (#20970's step fixed: no_grad teacher forward, per-batch scheduler,
-                   set_to_none, teacher update; bf16-mixed)
+autocast_cache     this file, on example 01's two-tower model (#20970's step simplified: two EMA teachers
+                   under no_grad, loss_dict, per-batch scheduler, set_to_none; bf16-mixed), bitwise equal
+                   to the example's verified ``ReporterFixed``
 optimizer_math     this file (step outside autocast, 16-mixed)
 accumulation       this file (16-mixed, window of 4)
 clipping           this file (the hook, 16-mixed)
+clipping_gan       this file (two optimizers; the hook clips the second only) and plot_04's GAN claims
 no_gradient_step   this file (#20116's step fixed: windows of 2 batches, accumulation,
                    toggle_model): the guard keeps a generator without gradients from crashing
                    16-mixed, and the same step without the guard raises "No inf checks"
@@ -21,6 +23,8 @@ schedulers         this file (step_skip_aware, 16-mixed)
 ddp                this file (one process: ``toggle_model(sync_grad=...)`` is a no-op there)
 gradient_penalty   not a hook; plot_10_gradient_penalty runs it (``scaled_input_grad``)
 fabric             not a hook; compiled only (plot_14 runs the same call)
+fabric_no_library  not a hook; compiled only (plot_14's ``LibraryFree`` recipe runs the same loop and
+                   ``test_the_fabric_loop_of_the_guide_is_plot_14s`` checks it is the same code)
 =================  ========================================================================
 
 The figures the guide reuses from the gallery are checked too: each ``{figure}`` names the
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +53,7 @@ _HOOK = re.compile(r"^\s*def (training_step|on_\w+|configure_\w+|optimizer_step|
 RUN_ELSEWHERE = {
     "gradient_penalty": "examples/plot_10_gradient_penalty.py",
     "fabric": "examples/plot_14_fabric_manual_loop.py",
+    "fabric_no_library": "examples/plot_14_fabric_manual_loop.py",
 }
 
 
@@ -163,10 +169,16 @@ def _harness(optimizers: str = "one", reaches: bool = True):
             return self.generator_loss(batch) if compute_model_1_loss else self.critic_loss(batch)
 
         def training_step(self, batch, batch_idx):  # the guide's recipe, for snippets that are a hook only
-            opt = self.optimizers()
-            opt.zero_grad()
+            opts = self.optimizers()
+            if isinstance(opts, list):  # two optimizers: a GAN-like step of both, each on its own loss
+                for opt, loss in zip(opts, (self.generator_loss(batch), self.compute_loss(batch))):
+                    opt.zero_grad()
+                    self.manual_backward(loss)
+                    opt.step()
+                return
+            opts.zero_grad()
             self.manual_backward(self.compute_loss(batch))
-            opt.step()
+            opts.step()
 
         def generator_loss(self, batch):
             x, y = batch
@@ -200,10 +212,11 @@ def _harness(optimizers: str = "one", reaches: bool = True):
 RUNS = {
     "recipe": ("16-mixed", None),
     "porting": ("bf16-mixed", "sched"),
-    "autocast_cache": ("bf16-mixed", "sched"),
+    "autocast_cache": ("bf16-mixed", "plot_01"),
     "optimizer_math": ("16-mixed", "one"),
     "accumulation": ("16-mixed", "one"),
     "clipping": ("16-mixed", "one"),
+    "clipping_gan": ("16-mixed", "two"),
     "no_gradient_step": ("16-mixed", "two"),
     "schedulers": ("16-mixed", "sched"),
     "ddp": ("16-mixed", "one"),
@@ -214,6 +227,14 @@ def _guide_snippet(key: str) -> Snippet:
     found = [s for s in snippets(GUIDE) if s.key == key]
     assert len(found) == 1, f"{GUIDE.name}: {len(found)} snippets named {key!r}"
     return found[0]
+
+
+def _plot_01() -> dict:
+    """Example 01's namespace up to its ``run_example`` call (its recipes, nothing trained)."""
+    source = (ROOT / "examples" / "plot_01_porting_to_manual.py").read_text()
+    namespace = {"__name__": "guide_snippet_plot_01"}
+    exec(compile(source[: source.index("record = runner.run_example(")], "plot_01", "exec"), namespace)
+    return namespace
 
 
 def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool = True):
@@ -227,7 +248,8 @@ def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool = True)
     hooks = {k: v for k, v in namespace.items() if callable(v) and _HOOK.search(f"def {k}(")}
     assert hooks, f"{snippet.where}: no training_step or hook found"
     # the snippet's own helpers (has_gradients, step_skip_aware) stay globals of its functions
-    return type("Snippet", (_harness(optimizers, reaches),), hooks)()
+    base = _plot_01()["ReporterStep"] if optimizers == "plot_01" else _harness(optimizers, reaches)
+    return type("Snippet", (base,), hooks)()
 
 
 def _weights(module):
@@ -246,7 +268,27 @@ def test_each_hook_snippet_trains_in_a_real_trainer(key):
     _trainer(precision).fit(module, digits_loader(batch_size=64))
     after = _weights(module)
     changed = [k for k in before if not bool((before[k] == after[k]).all())]
-    assert any(k.startswith("net.") for k in changed), f"{snippet.where}: the snippet did not train ({changed})"
+    trained = ("audio_encoder.", "text_encoder.") if optimizers == "plot_01" else ("net.",)
+    assert any(k.startswith(trained) for k in changed), f"{snippet.where}: the snippet did not train ({changed})"
+
+
+@pytest.mark.slow
+def test_the_20970_snippet_trains_bitwise_like_example_01s_verified_step():
+    import lightning.pytorch as L
+
+    from mpguide.data import digits_loader
+    from mpguide.verify.probes import parameter_digest
+
+    def trained(module):
+        L.seed_everything(0)
+        _trainer("bf16-mixed").fit(module, digits_loader(batch_size=64))
+        return parameter_digest(module)
+
+    L.seed_everything(0)
+    snippet = _module_from(_guide_snippet("autocast_cache"), "plot_01")
+    L.seed_everything(0)
+    verified = _plot_01()["ReporterFixed"]()
+    assert trained(snippet) == trained(verified)
 
 
 @pytest.mark.slow
@@ -258,19 +300,75 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
     snippet = _guide_snippet("no_gradient_step")
     module = _module_from(snippet, "two", reaches=False)
     before = _weights(module)
-    _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
+    with pytest.warns(UserWarning, match=r"optimizer 0 skipped at batch 1") as seen:
+        _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
     after = _weights(module)
     assert not bool((before["net.weight"] == after["net.weight"]).all())  # the critic trained
     assert bool((before["other.weight"] == after["other.weight"]).all())  # the generator had nothing to step
+    # the skip is visible: one warning per skipped window of the generator (2 epochs x 2 windows)
+    assert len([w for w in seen if "skipped at batch" in str(w.message)]) == 4
+    # on a loss that reaches the generator the same snippet trains it and never warns
+    reached = _module_from(snippet, "two")
+    before = _weights(reached)
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        _trainer("16-mixed").fit(reached, digits_loader(batch_size=64))
+    assert not [w for w in quiet if "skipped at batch" in str(w.message)]
+    assert not bool((before["other.weight"] == _weights(reached)["other.weight"]).all())
     unguarded = Snippet(
         snippet.key,
-        snippet.code.replace(" and has_gradients(opt)", ""),
+        snippet.code.replace("if has_gradients(opt):", "if True:"),
         snippet.line,
         snippet.path,
     )
     assert unguarded.code != snippet.code
     with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
         _trainer("16-mixed").fit(_module_from(unguarded, "two", reaches=False), digits_loader(batch_size=64))
+
+
+@pytest.mark.slow
+def test_the_gan_clipping_snippet_clips_only_the_second_optimizer():
+    """In ``on_before_optimizer_step`` the hook gets the raw optimizer: the guide's comparison with
+    ``self.optimizers()[1].optimizer`` clips the second optimizer at every step and never the first,
+    and the natural ``optimizer is self.optimizers()[1]`` never clips at all."""
+    from mpguide.data import digits_loader
+
+    def clipped_params(code: str) -> list[str]:
+        snippet = _guide_snippet("clipping_gan")
+        module = _module_from(Snippet(snippet.key, code, snippet.line, snippet.path), "two")
+        calls: list[str] = []
+        clip = module.clip_gradients
+
+        def recorded(optimizer, *args, **kwargs):
+            calls.append("net" if optimizer.param_groups[0]["params"][0] is module.net.weight else "other")
+            return clip(optimizer, *args, **kwargs)
+
+        module.clip_gradients = recorded
+        _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
+        return calls
+
+    code = _guide_snippet("clipping_gan").code
+    assert clipped_params(code) == ["net"] * 16  # 2 epochs x 8 batches, the second optimizer only
+    trap = code.replace("self.optimizers()[1].optimizer", "self.optimizers()[1]")
+    assert trap != code and clipped_params(trap) == []
+
+
+def test_no_snippet_hard_codes_cuda():
+    assert not [s.where for s in snippets(GUIDE) if '"cuda"' in s.code]
+
+
+def test_the_fabric_loop_of_the_guide_is_plot_14s():
+    """Each statement of the guide's library-free Fabric loop appears in plot_14's ``LibraryFree`` recipe
+    (with ``self.``/``dev`` spelled out), so the claims that verify the recipe verify the snippet."""
+    example = (ROOT / "examples" / "plot_14_fabric_manual_loop.py").read_text()
+    recipe = example[example.index("class LibraryFree") : example.index("class FabricAutocast32")]
+    recipe = recipe.replace("self.fabric.device.type", "dev").replace("self.", "")
+    code = _guide_snippet("fabric_no_library").code
+    loop = code[code.index("\nfor ") :].splitlines()[2:]
+    body = [line.strip() for line in loop if line.strip() and not line.strip().startswith("#")]
+    assert len(body) == 9
+    assert all(line in recipe for line in body), [line for line in body if line not in recipe]
+    assert 'precision="32-true"' in code and "GradScaler(dev)" in code and "GradScaler(fabric.device.type)" in recipe
 
 
 # ----------------------------------------------------------------------------- reused figures
@@ -306,3 +404,197 @@ def test_footer_and_numbers_fail_clearly_on_bad_input(monkeypatch):
         guide._run({"example": "plot_01", "runs": [{"id": "x"}]}, "gone")
     assert set(guide.SECTIONS) >= {"porting", "clipping", "no_gradient_step"}
     assert all(f'guide.footer("{key}")' in GUIDE.read_text() for key in guide.SECTIONS)
+
+
+# ----------------------------------------------------------------------------- resuming under 16-mixed
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_checkpoints_scaler_settings_unless_set_in_on_train_start(tmp_path):
+    """The guide's resuming section: ``Trainer.fit(ckpt_path=...)`` restores the GradScaler's saved state over
+    the settings of a new GradScaler (``growth_interval`` stays 2000), and settings made in
+    ``on_train_start`` (after the restore) hold."""
+    import lightning.pytorch as L
+    import torch
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from mpguide.data import digits_loader
+
+    class Resumed(_harness("one")):
+        def on_train_start(self):
+            if self.set_on_start:
+                self.trainer.precision_plugin.scaler.set_growth_interval(1)
+
+    def fit(growth_interval: int, steps: int, ckpt=None, set_on_start=False):
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=growth_interval)
+        plugin = MixedPrecision("16-mixed", "cpu", scaler=scaler)
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            plugins=[plugin],
+        )
+        module = Resumed()
+        module.set_on_start = set_on_start
+        trainer.fit(module, digits_loader(batch_size=64), ckpt_path=ckpt)
+        return trainer, scaler
+
+    first, _ = fit(2000, 4)
+    ckpt = tmp_path / "c.ckpt"
+    first.save_checkpoint(ckpt)
+    _, kept = fit(1, 6, ckpt)
+    assert kept.get_growth_interval() == 2000  # the checkpoint's setting silently wins
+    _, changed = fit(1, 6, ckpt, set_on_start=True)
+    assert changed.get_growth_interval() == 1
+
+
+def test_gpu_overview_says_which_examples_have_a_record_and_how_old(monkeypatch):
+    from types import SimpleNamespace
+
+    import mpguide.verify.declarations as declarations
+    import mpguide.verify.gate as gate
+    from mpguide_build import guide
+
+    def entry(stale: str):
+        record = {"created": "2026-11-30T01:05:39Z", "env": {"device": "NVIDIA H200"}}
+        return SimpleNamespace(record=record, stale=stale)
+
+    refs = {"plot_01_porting_to_manual": [entry("the example changed")], "plot_02_two_optimizers": [entry("")]}
+    names = ["plot_01_porting_to_manual", "plot_02_two_optimizers", "plot_03_shared_backward"]
+    monkeypatch.setattr(declarations, "example_names", lambda: names)
+    monkeypatch.setattr(gate, "page_entries", lambda name: [None, *refs.get(name, [])])
+    text = guide.gpu_overview()
+    assert text.startswith("2 of 3 examples have a committed GPU record: 01 (NVIDIA H200, 2026-11-30, older than")
+    assert "02 (NVIDIA H200, 2026-11-30, made from the current example)" in text
+    assert "1 of them are older" in text and "Examples 03 have no GPU record" in text
+    refs.clear()
+    assert guide.gpu_overview().startswith("No example has a GPU record")
+
+
+@pytest.mark.slow
+def test_fabric_resume_keeps_the_loss_scale_only_with_the_precision_plugin_in_the_state(tmp_path):
+    """The guide's Fabric resume: ``fabric.save`` stores only ``state``; without the precision plugin the
+    resumed scaler starts again at 65536, with ``state["precision"] = fabric.strategy.precision`` it
+    continues at the saved scale."""
+    import torch
+    import torch.nn.functional as F
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision import MixedPrecision
+
+    gen = torch.Generator().manual_seed(7)
+    xs, ys = torch.randn(8, 32, 16, generator=gen), torch.randint(0, 4, (8, 32), generator=gen)
+
+    def setup():
+        fabric = Fabric(accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu")])
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        model, opt = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=1e-3))
+        return fabric, model, opt
+
+    fabric, model, opt = setup()
+    for x, y in zip(xs, ys):
+        opt.zero_grad()
+        fabric.backward(F.cross_entropy(model(x), y) * 2000.0)  # large enough that the first steps overflow
+        opt.step()
+    saved = fabric.strategy.precision.scaler.get_scale()
+    assert saved < 65536.0
+    for with_plugin in (False, True):
+        state = {"model": model, "optimizer": opt}
+        if with_plugin:
+            state["precision"] = fabric.strategy.precision
+        path = tmp_path / f"last-{with_plugin}.ckpt"
+        fabric.save(path, state)
+        fabric2, model2, opt2 = setup()
+        state2 = {"model": model2, "optimizer": opt2}
+        if with_plugin:
+            state2["precision"] = fabric2.strategy.precision
+        fabric2.load(path, state2)
+        scaler = fabric2.strategy.precision.scaler
+        resumed = scaler.get_scale() if scaler._scale is not None else scaler._init_scale
+        assert resumed == (saved if with_plugin else 65536.0), (with_plugin, resumed, saved)
+
+
+@pytest.mark.slow
+def test_loss_backward_after_another_manual_backward_silently_shrinks_the_update():
+    """The guide's ``loss.backward()`` sentence: under 16-mixed it raises at the first step, unless another
+    optimizer of the step went through ``manual_backward`` first (a GAN); then nothing fails and that
+    optimizer's update is divided by the loss scale (fp32 and ``manual_backward`` for both: the full update)."""
+    from mpguide.data import digits_loader
+
+    def net_change(precision: str, plain_backward: bool) -> float:
+        class Step(_harness("two")):
+            def training_step(self, batch, batch_idx):
+                opt_g, opt_d = self.optimizers()
+                for opt, loss, plain in ((opt_g, self.generator_loss(batch), False), (opt_d, None, plain_backward)):
+                    opt.zero_grad()
+                    loss = self.compute_loss(batch) if loss is None else loss
+                    loss.backward() if plain else self.manual_backward(loss)
+                    opt.step()
+
+        module = Step()
+        before = module.net.weight.detach().clone()
+        _trainer(precision).fit(module, digits_loader(batch_size=64))
+        return float((module.net.weight.detach() - before).norm())
+
+    fp32 = net_change("32-true", plain_backward=True)
+    assert abs(net_change("16-mixed", plain_backward=False) / fp32 - 1) < 0.05
+    shrunk = net_change("16-mixed", plain_backward=True) / fp32
+    print(f"loss.backward() after a manual_backward, 16-mixed: update / fp32 update = {shrunk:.3g}")
+    assert shrunk < 1e-2  # no error, and almost no update
+
+
+@pytest.mark.slow
+def test_detect_anomaly_stops_a_correct_16_mixed_run_at_its_first_overflow():
+    """The guide's ``detect_anomaly`` sentence: on a model whose first fp16 steps overflow (scale 65536), the
+    same correct step trains without it and raises at step 0 with it; bf16-mixed with it trains."""
+    import lightning.pytorch as L
+    import torch
+    import torch.nn.functional as F
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Overflowing(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(16, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 4)
+            )
+            self.steps = 0
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(F.cross_entropy(self.net(batch[0]), batch[1]) * 100)
+            opt.step()
+            self.steps += 1
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    gen = torch.Generator().manual_seed(10)
+    data = TensorDataset(torch.randn(160, 16, generator=gen) * 10, torch.randint(0, 4, (160,), generator=gen))
+
+    def fit(precision: str, anomaly: bool) -> Overflowing:
+        module = Overflowing()
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            detect_anomaly=anomaly,
+            plugins=[MixedPrecision(precision, "cpu")],
+        )
+        trainer.fit(module, DataLoader(data, batch_size=16))
+        return module
+
+    assert fit("16-mixed", anomaly=False).steps == 10
+    assert fit("bf16-mixed", anomaly=True).steps == 10
+    with pytest.raises(RuntimeError, match="returned nan values"):
+        fit("16-mixed", anomaly=True)

@@ -80,6 +80,21 @@ def test_20116_assertion_needs_a_loss_that_misses_model_2(two):
     assert posted["error"] is None and posted["extra"]["generator_changed"] is True
 
 
+def test_20116_fix_shows_the_skip_when_model_2_is_not_reached(two):
+    unreached = train(two, "plot_02_two_optimizers", "fixed-unreached-fp16")
+    reached = train(two, "plot_02_two_optimizers", "fixed-unreached-fp16", recipe="#20116 fixed")
+    assert unreached["error"] is None and unreached["extra"]["generator_changed"] is False
+    assert any("optimizer 1 skipped at batch 5: no gradients" in w for w in unreached["warnings"])
+    assert reached["extra"]["generator_changed"] is True
+    assert not any("skipped at batch" in w for w in reached["warnings"])
+    ex, claim = "plot_02_two_optimizers", "the skip is visible"
+    assert judge(two, ex, claim, {"fixed-unreached-fp16": unreached}).passed
+    assert not judge(two, ex, claim, {"fixed-unreached-fp16": reached}).passed
+    quiet = "the fix on #20116's own step: no skip"
+    assert judge(two, ex, quiet, {"fixed-fp16": reached}).passed
+    assert not judge(two, ex, quiet, {"fixed-fp16": unreached}).passed
+
+
 def test_scale_change_inside_a_window_is_detected(two):
     overlap = train(two, "plot_02_two_optimizers", "overlap-fp16-growth")
     fixed = train(two, "plot_02_two_optimizers", "fixed-fp16-growth")
@@ -102,3 +117,19 @@ def test_20970_elements_change_no_weight_and_the_same_claim_can_fail(one):
     assert not judge(
         one, "plot_01_porting_to_manual", claim, {"rep-noautocast-bf16": per_epoch, "reporter-bf16": posted}
     ).passed
+
+
+def test_20970_the_measured_cause_moves_bf16_only_and_the_posted_step_is_bitwise_automatic(one):
+    ex = "plot_01_porting_to_manual"
+    cached, plain = train(one, ex, "cache2-bf16"), train(one, ex, "plain2-bf16")
+    cached32, plain32 = train(one, ex, "cache2-fp32"), train(one, ex, "plain2-fp32")
+    drift = "two updates in a caching autocast: bf16-mixed drifts"
+    assert judge(one, ex, drift, {"cache2-bf16": cached, "plain2-bf16": plain}).passed
+    assert not judge(one, ex, drift, {"cache2-bf16": plain, "plain2-bf16": plain}).passed
+    fp32 = "two updates in a caching autocast: fp32 unchanged"
+    assert judge(one, ex, fp32, {"cache2-fp32": cached32, "plain2-fp32": plain32}).passed
+    assert not judge(one, ex, fp32, {"cache2-fp32": cached, "plain2-fp32": plain32}).passed
+    posted, automatic = train(one, ex, "reporter-bf16"), train(one, ex, "towers-auto-bf16")
+    bitwise = "final weights bitwise"
+    assert judge(one, ex, bitwise, {"reporter-bf16": posted, "towers-auto-bf16": automatic}).passed
+    assert not judge(one, ex, bitwise, {"reporter-bf16": cached, "towers-auto-bf16": automatic}).passed

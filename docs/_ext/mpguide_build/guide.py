@@ -31,6 +31,10 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             ("plot_01_porting_to_manual", "diverge(teacher-bf16, auto-bf16)"),
         ],
     ),
+    "drift_20970": (
+        "plot_01_porting_to_manual",
+        [("plot_01_porting_to_manual", "match(reporter-bf16, towers-auto-bf16)")],
+    ),
     "autocast_cache": (
         "plot_08_autocast_cache",
         [
@@ -202,6 +206,9 @@ def numbers() -> dict[str, Any]:
         "n_checks": len(judged),
         "port_gap": max(gap(port, f"manual-{p}", f"auto-{p}") for p in ("fp32", "bf16", "fp16")),
         "bf16_gap": gap(port, "auto-bf16", "auto-fp32"),
+        "rep_bf16_gap": gap(port, "reporter-bf16", "reporter-fp32"),
+        "rep_cache_gap": gap(port, "cache2-bf16", "plain2-bf16"),
+        "rep_seed_gap": gap(port, "reporter-bf16-seed1", "reporter-bf16"),
         "fp16_gap": gap(port, "auto-fp16", "auto-fp32"),
         "sched_final": _run(recs[port], "sched-fp32")["loss"][-1],
         "teacher_final": _run(recs[port], "teacher-fp32")["loss"][-1],
@@ -213,6 +220,8 @@ def numbers() -> dict[str, Any]:
         "muon_drift": max(extra("plot_09_optimizer_under_autocast", "manual-fp16")["max_abs_diff_vs_automatic"]),
         "clip_update_fp16": extra("plot_04_gradient_clipping", "sgd-fp16")["update_norm"][0],
         "clip_update_fp32": extra("plot_04_gradient_clipping", "sgd-fp32")["update_norm"][0],
+        "gan_hook_calls": extra("plot_04_gradient_clipping", "gan-trap-fp16")["hook_calls"],
+        "gan_wrapper_true": extra("plot_04_gradient_clipping", "gan-trap-fp16")["wrapper_comparison_true"],
         "overflow_factor": extra("plot_03_shared_backward", "fp16-stock")["head_update_factor"][0],
         "skipped": sk["skipped_steps"],
         "skip_batches": sk["batches"],
@@ -347,6 +356,35 @@ def reference_entries() -> list[Any]:
     from mpguide.verify.gate import page_entries
 
     return [e for name in example_names() for e in page_entries(name)[1:]]
+
+
+def gpu_overview() -> str:
+    """One plain paragraph for the top of the GPU page: which examples have a committed GPU record, on
+    which device, when it was made and whether its example changed since, and which have none."""
+    from mpguide.verify.declarations import example_names
+    from mpguide.verify.gate import page_entries
+
+    with_record, without = [], []
+    for name in example_names():
+        refs = page_entries(name)[1:]
+        number = _example_number(name)
+        if not refs:
+            without.append(number)
+            continue
+        for ref in refs:
+            made = ref.record.get("created", "")[:10]
+            age = "older than its example" if ref.stale else "made from the current example"
+            with_record.append(f"{number} ({ref.record['env'].get('device', '?')}, {made}, {age})")
+    if not with_record:
+        return "No example has a GPU record: everything on this site ran on a CPU."
+    stale = sum("older than" in s for s in with_record)
+    return (
+        f"{len(with_record)} of {len(with_record) + len(without)} examples have a committed GPU record: "
+        + "; ".join(with_record)
+        + f". {stale} of them are older than their example, so they are judged only on the checks they "
+        f"already held. Examples {', '.join(without)} have no GPU record: they ran on a CPU only, and "
+        "nothing on this site says they were verified on a GPU."
+    )
 
 
 def tolerance_table() -> str:
