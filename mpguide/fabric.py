@@ -76,12 +76,12 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
 
     @override
     def _record(self, optimizer: Any) -> OptimizerRecord:
-        optimizer = unwrap(optimizer)  # Fabric's _FabricOptimizer -> torch optimizer
-        for record in self._records:
-            if record.optimizer is optimizer:
-                return record
-        # Fabric never shows its precision plugin the optimizers: they are met at their first step or clip
-        return self._add_record(optimizer, f"{type(optimizer).__name__} optimizer")
+        record = self._find(optimizer)
+        if record is None:
+            # Fabric never shows its precision plugin the optimizers: they are met at their first step or clip
+            inner = unwrap(optimizer)
+            record = self._add_record(inner, f"{type(inner).__name__} optimizer")
+        return record
 
     @override
     def convert_module(self, module: Module) -> Module:
@@ -92,18 +92,17 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
 
     def update_scale(self) -> bool:
         """Apply the pending loss-scale update now. Returns ``True`` when there was one."""
-        if self.scaler is None or not any(record.stepped for record in self._records):
+        if not self._scaling() or not self._pending():
             return False
         self._update()
         return True
 
     @override
     def backward(self, tensor: torch.Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
-        """Apply the previous iteration's pending scale update, bring held gradients to the current
-        scale, then scale and backpropagate ``tensor``."""
-        if self.scaler is not None:
-            self.update_scale()
-            self._all_to_current_scale()  # so that this backward adds like to like
+        """Apply a pending update if a step since it was skipped (rule 2), bring held gradients to the
+        current scale, then scale and backpropagate ``tensor``."""
+        if self._scaling():
+            self._before_backward()  # so that this backward adds like to like, at a lowered scale after a skip
         super().backward(tensor, model, *args, **kwargs)
 
     @override
@@ -117,22 +116,20 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
             TypeError: LBFGS under 16-mixed (as Fabric's plugin; GradScaler does not take closures).
             RuntimeError: a closure under 16-mixed (from ``GradScaler.step``, as with Fabric's plugin).
         """
-        if self.scaler is not None and isinstance(optimizer, torch.optim.LBFGS):
+        if self._scaling() and isinstance(optimizer, torch.optim.LBFGS):
             raise TypeError("AMP and the LBFGS optimizer are not compatible.")
         record = self._record(optimizer)
         if kwargs.get("closure") is not None:
             kwargs["closure"] = self._checked_closure(record, kwargs["closure"])
-            if self.scaler is not None:
+            if self._scaling():
                 return self.scaler.step(optimizer, **kwargs)  # GradScaler refuses closures, as with Fabric's plugin
         elif not has_gradients(optimizer):
             self._warn_no_gradients(record, stacklevel=5)  # stacklevel: the user's optimizer.step() line
+            self._no_op_step(record)
             return None
-        if self.scaler is None:
+        if not self._scaling():
             return super().optimizer_step(optimizer, **kwargs)
-        if record.stepped:
-            # stepped twice without a backward in between: GradScaler needs an update between two steps
-            self.update_scale()
-        self._unscale(record)
+        self._unscale(record)  # applies the pending update first when it already stepped since it (rule 3)
         return self._scaler_step(record, optimizer, **kwargs)
 
     def _checked_closure(self, record: OptimizerRecord, closure: Callable[[], Any]) -> Callable[[], Any]:
@@ -152,14 +149,12 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
         Raises:
             NotImplementedError: a fused optimizer (it unscales inside its step), as with Fabric's plugin.
         """
-        if self.scaler is None:
+        if not self._scaling():
             return
         record = self._record(optimizer)
         if _optimizer_handles_unscaling(record.optimizer):
             raise NotImplementedError("Gradient clipping is not implemented for optimizers handling the unscaling.")
-        if record.stepped:
-            self.update_scale()  # clipped after its step: GradScaler needs the update before a new unscale
-        self._unscale(record)
+        self._unscale(record)  # clipped after its step: the pending update first (rule 3)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -140,14 +140,12 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
 
     @override
     def _record(self, optimizer: Any) -> OptimizerRecord:
-        optimizer = unwrap(optimizer)  # LightningOptimizer -> torch optimizer
-        for record in self._records:
-            if record.optimizer is optimizer:
-                return record
-        raise ValueError(
-            f"{type(optimizer).__name__} was not returned by configure_optimizers; "
-            f"ManualMixedPrecision only handles the trainer's optimizers"
-        )
+        record = self._find(optimizer)
+        if record is None:
+            # not from configure_optimizers: a callback replaced trainer.optimizers mid-run (stock runs it)
+            inner = unwrap(optimizer)
+            record = self._add_record(inner, f"{type(inner).__name__} optimizer (not from configure_optimizers)")
+        return record
 
     # ------------------------------------------------------------------ autocast
     @override
@@ -192,23 +190,21 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
 
     # ------------------------------------------------------------------ scale bookkeeping (see _common)
     def _end_iteration(self) -> None:
-        if self.scaler is not None and any(r.stepped for r in self._records):
+        # rule 4; no optimizer stepped (an accumulation window): the scale stays, as PyTorch's recipe says
+        if self._scaling() and self._pending():
             self._update()
-        # no optimizer stepped (an accumulation window): the scale stays, as PyTorch's recipe says
 
     # ------------------------------------------------------------------ hooks
     @override
     def pre_backward(self, tensor: torch.Tensor, module: Any) -> torch.Tensor:
-        tensor = super().pre_backward(tensor, module)  # scales the loss (initializing the scale)
-        if self.scaler is not None:
-            # held gradients to the scale this backward uses, so that it adds like to like
-            self._all_to_current_scale()
-        return tensor
+        if self._scaling():
+            # rule 2, and held gradients to the scale this backward uses, so that it adds like to like
+            self._before_backward()
+        return super().pre_backward(tensor, module)  # scales the loss (initializing the scale)
 
-    @override
-    def backward(self, tensor: torch.Tensor, model: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        with self._no_autocast():
-            super().backward(tensor, model, optimizer, *args, **kwargs)
+    # manual_backward is not overridden: it runs in training_step's autocast region, as with Lightning's
+    # plugin. Code that recomputes a forward inside the backward (a GradCache hook, an ldm-style activation
+    # checkpoint) needs that region; autocast does not change the backward kernels themselves.
 
     @override
     def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
@@ -217,7 +213,7 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
         Raises:
             MisconfigurationException: LBFGS under 16-mixed (GradScaler does not take closures).
         """
-        if self.scaler is None:
+        if not self._scaling():
             return self._step_without_scaler(optimizer, model, closure, **kwargs)
         if isinstance(optimizer, LBFGS):
             raise MisconfigurationException("AMP and the LBFGS optimizer are not compatible.")
@@ -227,6 +223,7 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
         record = self._record(optimizer)
         if not has_gradients(optimizer):
             self._warn_no_gradients(record)
+            self._no_op_step(record)
             with self._no_autocast():
                 self._after_closure(model, optimizer)
             return closure_result
@@ -234,7 +231,7 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
         with self._no_autocast():
             self._after_closure(model, optimizer)  # on_before_optimizer_step sees unscaled gradients
             output = self._scaler_step(record, optimizer, **kwargs)
-        if not self._in_training_step:
+        if not self._in_training_step and self._pending():
             self._update()  # automatic optimization, or a step taken in a hook: no iteration end to wait for
         return output
 
@@ -276,7 +273,7 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
                 return
             if (
                 clip_val
-                and self.scaler is not None
+                and self._scaling()
                 and not _optimizer_handles_unscaling(optimizer)
                 and has_gradients(optimizer)
             ):
