@@ -233,7 +233,7 @@ def dcgan_updates_per_iteration(plugin, iterations=12):
     gen, opt_g = fab.setup(gen, torch.optim.Adam(gen.parameters(), lr=1e-3))
     disc, opt_d = fab.setup(disc, torch.optim.Adam(disc.parameters(), lr=1e-3))
     bce, per_iteration = torch.nn.BCELoss(), []
-    for i in range(iterations):
+    for _ in range(iterations):
         before = plugin.scaler.updates
         real, noise = torch.randn(8, 6), torch.randn(8, 4)
         disc.zero_grad()
