@@ -27,28 +27,16 @@ from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from torch.amp.grad_scaler import OptState
 from torch.optim import Optimizer
 
-#: The scale-update rule both plugins follow, word for word as their docstrings and the guide state it.
+#: The scale-update rule both plugins follow; their class docstrings and the guide's plugin section state
+#: it in these words (``tests/test_precision.py`` checks that they do).
 UPDATE_RULE = """\
-An optimizer step goes through ``GradScaler.step`` (skipped on inf/NaN gradients) without updating
-the loss scale; the pending ``GradScaler.update()`` runs at the first of these moments:
-
-1. right after a step, once every optimizer that holds gradients has stepped since the last update
-   (one optimizer: after each of its steps, as in Lightning's plugin; a GAN that zeroes each
-   optimizer just before its backward: once per iteration). Fabric shows the plugin an optimizer
-   only at its first step or clip: a gradient on a parameter of a module passed to ``fabric.setup``
-   that no optimizer seen so far holds counts as held by an optimizer that has not stepped;
-2. before a backward (the loss is scaled), when a step since the last update was skipped or, for
-   a fused optimizer, may have been (its inf check is not read, to add no device sync), so that the
-   next gradients are made at the lowered scale, as in Lightning's plugin;
-3. before an optimizer that already stepped since the last update is unscaled or stepped again
-   (GradScaler refuses two steps of one optimizer without an update between them);
-4. Trainer: when ``training_step`` returns, if an optimizer stepped in it; Fabric: at
-   ``plugin.update_scale()`` and before ``plugin.state_dict()``.
-
-So the update count lies between one per iteration (PyTorch's recipe) and one per step
-(Lightning's plugin): the scale never moves between the backward that made a gradient and the
-step that uses it unless the gradient is brought to the new scale first, and an overflow lowers the
-scale before the next backward, as in Lightning's plugin.
+An optimizer step goes through GradScaler.step (skipped on inf/NaN gradients) without updating the
+loss scale. The pending GradScaler.update() runs at the first of these moments: (1) right after a
+step, once every optimizer that holds gradients has stepped since the last update; (2) before a
+backward, when a step since the last update was skipped, or was taken by a fused optimizer (whose
+inf check is not read, so as to add no device sync); (3) before an optimizer that already stepped
+since the last update is unscaled or stepped again; (4) Trainer: when training_step returns, if an
+optimizer stepped in it; Fabric: at plugin.update_scale() and before plugin.state_dict().
 """
 
 

@@ -533,3 +533,25 @@ def test_an_empty_step_after_a_skipped_one_is_not_reported_skipped():
     module = SkippedThenEmpty()
     fit(module, amp(ManualMixedPrecision), steps=3)
     assert module.rows == [(True, False, 0), (False, True, 1), (False, True, 2)]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.replace("`", "").split()).lower()
+
+
+def test_the_update_rule_is_stated_in_both_docstrings_and_the_guide():
+    """The rule (mpguide._common.UPDATE_RULE) appears word for word where the plugins are offered."""
+    from pathlib import Path
+
+    from mpguide._common import UPDATE_RULE
+    from mpguide.fabric import FabricManualMixedPrecision
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "model" / "manual_optimization.md"
+    section = page.read_text().split("(plugin)=")[1].split("(throughput)=")[0]
+    for where, text in [
+        ("ManualMixedPrecision", ManualMixedPrecision.__doc__),
+        ("FabricManualMixedPrecision", FabricManualMixedPrecision.__doc__),
+        ("the guide's plugin section", section),
+    ]:
+        assert _words(UPDATE_RULE) in _words(text), where
+    assert _words(UPDATE_RULE) not in _words(section.replace("(3) before", "(3) after"))  # the check can fail
