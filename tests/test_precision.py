@@ -420,11 +420,13 @@ class OneOpt(pl.LightningModule):
 
 @pytest.mark.parametrize("manual", [True, False])
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
-def test_an_optimizer_replaced_by_a_callback_trains_like_stock(manual, precision):
+def test_an_optimizer_replaced_by_a_callback_trains_like_stock(manual, precision, tmp_path):
     """Issue 26 item 4: ``ValueError: SGD was not returned by configure_optimizers`` on 5d093d9."""
     stock, ours = OneOpt(manual), OneOpt(manual)
-    fit(stock, amp(MixedPrecision, precision), max_epochs=2, callbacks=[Swap()])
-    trainer, _ = fit(ours, amp(ManualMixedPrecision, precision), max_epochs=2, callbacks=[Swap()])
+    fit(stock, amp(MixedPrecision, precision), max_epochs=2, callbacks=[Swap()], default_root_dir=tmp_path)
+    trainer, _ = fit(
+        ours, amp(ManualMixedPrecision, precision), max_epochs=2, callbacks=[Swap()], default_root_dir=tmp_path
+    )
     assert isinstance(trainer.optimizers[0], torch.optim.SGD) and trainer.global_step == 16
     assert parameter_digest(ours) == parameter_digest(stock)
     assert not trainer.precision_plugin.step_was_skipped(trainer.optimizers[0])
