@@ -39,7 +39,7 @@ class Op:
             return f"{guard}opts[{i}].step()"
         if self.kind == "backward":
             heads = " + ".join(f"self.heads[{j}](x).float().pow(2).mean()" for j in self.optimizers)
-            return f"{guard}self.manual_backward(({heads}) * POISON.get((batch_idx, {self.op_id}), 1.0))"
+            return f"{guard}self.manual_backward(({heads}) * GAIN * POISON.get((batch_idx, {self.op_id}), 1.0))"
         code = {
             "plugin": f"self.clip_gradients(opts[{i}], gradient_clip_val=CLIP)",
             "hook": f"self.clip_in_hook.add({i})  # on_before_optimizer_step clips opts[{i}] (unscaled by then)",
@@ -61,6 +61,10 @@ class Program:
     replace_at: int | None  # batch at whose start optimizer 0 is replaced by a fresh one of its kind
     lr: float = 0.05
     clip_val: float = 0.5
+    #: > 1: a "natural overflow" program: the loss is multiplied by ``gain`` (and lr divided by it) at the
+    #: default init scale 65536, so fp16 gradients overflow by themselves at first, as at the start of any
+    #: fp16 run; which steps overflow is then not predicted by the oracle (see ``judge``)
+    gain: float = 1.0
 
     @property
     def n(self) -> int:
@@ -71,7 +75,7 @@ class Program:
         lines = [
             f"# optimizers: {', '.join(self.optimizers)} (lr {self.lr}), one Linear({WIDTH}, 1) head each",
             f"# GradScaler(init_scale={self.init_scale}, growth_interval={self.growth_interval}, "
-            f"enabled={self.enabled}); CLIP = {self.clip_val}; {BATCHES} batches",
+            f"enabled={self.enabled}); CLIP = {self.clip_val}; GAIN = {self.gain}; {BATCHES} batches",
             "POISON = {"
             + ", ".join(f"{key}: float('inf')" for key in sorted(self.poisoned))
             + "}  # injected overflows",
@@ -116,6 +120,8 @@ def _stepping_programs(draw) -> Program:
     steps = BATCHES * sum(op.kind == "step" for op in ops)
     init_scale = min(draw(st.sampled_from((1.0, 16.0, 1024.0))), 2.0 ** (12 - steps // growth_interval))
     replace_at = draw(st.one_of(st.none(), st.integers(1, BATCHES - 1)))
+    if draw(st.integers(0, 3)) == 3:  # about a quarter: natural overflows (no injected ones)
+        return Program(tuple(ops), kinds, 65536.0, growth_interval, True, frozenset(), replace_at, 0.05 / 64, gain=64.0)
     return Program(tuple(ops), kinds, init_scale, growth_interval, enabled, poisoned, replace_at)
 
 

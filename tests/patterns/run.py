@@ -84,7 +84,7 @@ def oracle(program: Program) -> Result:
                 opts[i].zero_grad()
             elif op.kind == "backward":
                 loss = sum(heads[j](x).pow(2).mean() for j in op.optimizers)
-                (loss * _poison(program, b, op.op_id)).backward()
+                (loss * program.gain * _poison(program, b, op.op_id)).backward()
             elif op.kind == "clip":
                 torch.nn.utils.clip_grad_norm_(heads[i].parameters(), program.clip_val)
             else:
@@ -140,7 +140,7 @@ class ProgramModule(pl.LightningModule):
                 opts[i].zero_grad()
             elif op.kind == "backward":
                 loss = sum(self.heads[j](x).float().pow(2).mean() for j in op.optimizers)
-                self.manual_backward(loss * _poison(program, batch_idx, op.op_id))
+                self.manual_backward(loss * program.gain * _poison(program, batch_idx, op.op_id))
             elif op.kind == "clip" and op.clip == "plugin":
                 self.clip_gradients(opts[i], gradient_clip_val=program.clip_val)
             elif op.kind == "clip" and op.clip == "hook":
@@ -225,7 +225,7 @@ def run_fabric(program: Program, plugin_cls) -> Result:
                     elif op.kind == "backward":
                         with fab.autocast():
                             loss = sum(heads[j](x).float().pow(2).mean() for j in op.optimizers)
-                        fab.backward(loss * _poison(program, b, op.op_id))
+                        fab.backward(loss * program.gain * _poison(program, b, op.op_id))
                     elif op.kind == "clip" and op.clip in ("plugin", "hook"):
                         fab.clip_gradients(model, opts[i], max_norm=program.clip_val)
                     elif op.kind == "clip":
@@ -244,6 +244,8 @@ def run_fabric(program: Program, plugin_cls) -> Result:
 def judge(program: Program, expected: Result, stock: Result, ours: Result) -> list[str]:
     """The oracle's checks of ``ours`` (the plugin's run) against ``expected`` (:func:`oracle`) and ``stock``.
 
+    For a natural-overflow program (``program.gain > 1``) only 1 and the two bounds of 3 are checked.
+
     1. Where stock finished, the plugin finishes (no new exception).
     2. Where it finished, its skip decisions (which step ops changed their weights) equal the oracle's.
     3. It never skips more steps than stock (where stock finished) and never updates the scale more
@@ -258,6 +260,14 @@ def judge(program: Program, expected: Result, stock: Result, ours: Result) -> li
     if ours.error is not None:
         if stock.error is None:
             broken.append(f"the plugin raised where stock ran: {ours.error}")
+        return broken
+    if program.gain > 1:
+        # natural overflows: which steps overflow depends on the scale trajectory, which the oracle does not
+        # model; what is checked is that the plugin skips no more than stock and updates no more often
+        if stock.error is None and ours.applied.count(False) > stock.applied.count(False):
+            broken.append(f"skipped {ours.applied.count(False)} steps, stock {stock.applied.count(False)}")
+        if ours.updates > ours.steps:
+            broken.append(f"{ours.updates} scale updates for {ours.steps} steps")
         return broken
     if ours.applied != expected.applied:
         broken.append(f"skip decisions {ours.applied} != the recipe's {expected.applied}")
