@@ -83,8 +83,9 @@ class HeldGradientScales:
 
     The plugin calls ``_init_held_scales`` in ``__init__``, registers optimizers with
     ``_add_record`` and the parameters whose gradients it must follow with ``_track``,
-    implements ``_record(optimizer)``, and calls ``_to_current_scale`` before every backward,
-    ``_unscale`` before every clip or step, and ``_update`` where its loss-scale update
+    implements ``_record(optimizer)``, and calls ``_before_backward`` before every backward (rule 2
+    of :data:`UPDATE_RULE`), ``_unscale`` before every clip or step (rule 3), ``_scaler_step`` for
+    the step (rule 1), ``_no_op_step`` for a step without gradients, and ``_update`` where its rule 4
     belongs. It relies on GradScaler's private ``_per_optimizer_states`` and ``_get_scale_async``
     (torch 2.13); ``mpguide.precision.check_versions`` checks that they exist.
     """
