@@ -62,7 +62,8 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
     was taken by a fused optimizer (whose inf check is not read, so as to add no device sync); (3)
     before an optimizer that already stepped since the last update is unscaled or stepped again; (4)
     Trainer: when training_step returns, if an optimizer stepped in it; Fabric: at
-    plugin.update_scale() and before plugin.state_dict().
+    plugin.update_scale() and before plugin.state_dict(). An update that follows k > 1 skipped
+    steps backs off k times, once per skipped step, as Lightning's plugin does.
 
     What the rule keeps and costs, measured (tests named below, generated programs in
     ``tests/test_generated_programs.py``): GradScaler never sees two steps of one optimizer without
