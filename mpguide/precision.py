@@ -84,7 +84,7 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
     ``tests/test_generated_programs.py``): GradScaler never sees two steps of one optimizer without
     an update between them (rule 3); every gradient is unscaled with the scale it was made at, held
     gradients being brought to a new scale first; never more updates than steps (Lightning's plugins
-    make one per step) and, on every generated program run (60 in CI from seed 26; 1000 from
+    make one per step) and, on every generated program run (150 in CI from seed 26; 1000 from
     seed 2026 by ``nox -s patterns``), no more skips than Lightning's plugin, because an overflow
     lowers the scale before the next backward (rule 2), as there. That also means the scale can
     change inside an accumulation window of another optimizer; its held gradient is then brought to
