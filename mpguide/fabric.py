@@ -70,8 +70,9 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
     an update between them (rule 3); every gradient is unscaled with the scale it was made at, held
     gradients being brought to a new scale first; never more updates than steps (Lightning's plugins
     make one per step) and, on every generated program run (150 in CI from seed 26; 1000 from
-    seed 2026 by ``nox -s patterns``), no more skips than Lightning's plugin, because an overflow
-    lowers the scale before the next backward (rule 2), as there. That also means the scale can
+    each of seeds 2026, 2027 and 2028 by ``nox -s patterns``), no more skips than Lightning's
+    plugin, because an overflow lowers the scale before the next backward (rule 2) and an update
+    backs off once per skipped step, as there. That also means the scale can
     change inside an accumulation window of another optimizer; its held gradient is then brought to
     the new scale, so each micro-batch still counts once. It is not
     PyTorch's one update per iteration wherever rule 1 completes early: one optimizer stepped k times
