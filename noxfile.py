@@ -209,3 +209,16 @@ def upstream(session: nox.Session) -> None:
     ``nox -s upstream -- /path/to/lightning-checkout [options]`` (or MPGUIDE_LIGHTNING_SRC); skips without one."""
     deps = ROOT / ".nox" / "upstream-deps"
     site_run(session, "-m", "upstream.run", "--deps", str(deps), *session.posargs, env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session(venv_backend="none", requires=["site"])
+def patterns(session: nox.Session) -> None:
+    """The long run of the generated stepping programs (tests/test_generated_programs.py; off CI).
+
+    ``nox -s patterns -- [programs] [seed]``: 1000 programs from seed 2026 by default (about 0.7 s each on
+    one CPU core). Each runs stock, with each plugin and in fp32; a failure prints its shrunk training_step.
+    """
+    count = session.posargs[0] if session.posargs else "1000"
+    seed = session.posargs[1] if len(session.posargs) > 1 else "2026"
+    env = {"MPGUIDE_PATTERNS_EXAMPLES": count, "MPGUIDE_PATTERNS_SEED": seed}
+    site_run(session, "-m", "pytest", "tests/test_generated_programs.py", "-q", "-k", "obey", env=env)

@@ -7,7 +7,7 @@ Reader layer: imports only torch and Lightning. Two things live here:
   its gradients across a loss-scale change (an optimizer stepped every k-th batch, accumulation, a
   clip without a step): which scale each held gradient is multiplied by, bringing it to the current
   scale before the next backward adds to it, unscaling each optimizer at most once per step, and
-  ``GradScaler.update()`` from the inf checks of the steps taken since the last update.
+  the scale-update rule (:data:`UPDATE_RULE`): when ``GradScaler.update()`` runs.
 
 GradScaler (``torch/amp/grad_scaler.py``) multiplies every new gradient by the current scale and
 divides an optimizer's gradients by the current scale at ``unscale_``/``step``. It does not know
@@ -19,13 +19,27 @@ while ``update()`` moves the scale to S' unscales it by S', so its update is S/S
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from torch.amp.grad_scaler import OptState
 from torch.optim import Optimizer
+
+#: The scale-update rule both plugins follow; their class docstrings and the guide's plugin section state
+#: it in these words (``tests/test_precision.py`` checks that they do).
+UPDATE_RULE = """\
+An optimizer step goes through GradScaler.step (skipped on inf/NaN gradients) without updating the
+loss scale. The pending GradScaler.update() runs at the first of these moments: (1) right after a
+step, once every optimizer that holds gradients has stepped since the last update; (2) before a
+backward, when a step since the last update was skipped, or was taken by a fused optimizer (whose
+inf check is not read, so as to add no device sync); (3) before an optimizer that already stepped
+since the last update is unscaled or stepped again; (4) Trainer: when training_step returns, if an
+optimizer stepped in it; Fabric: at plugin.update_scale() and before plugin.state_dict(). An
+update that follows k > 1 skipped steps backs off k times, once per skipped step, as Lightning's
+plugin does.
+"""
 
 
 class NoGradientStepWarning(UserWarning):
@@ -59,8 +73,10 @@ class OptimizerRecord:
     optimizer: Optimizer
     label: str  # how warnings name it
     stepped: bool = False  # GradScaler stepped it since the last scale update
-    carried_inf: list[torch.Tensor] = field(default_factory=list)  # inf checks of earlier steps, same update
-    found_inf: torch.Tensor | None = None  # > 0 when its latest step was skipped; None: never stepped
+    # whether its step since the last update was skipped: True/False read at the step (GradScaler.step reads
+    # it on the host there too); None: a fused optimizer's check, not read (no sync): assume it may have been
+    overflow: bool | None = False
+    found_inf: torch.Tensor | None = None  # > 0 when its latest step was skipped; None: never stepped, or a no-op
     warned: bool = False
 
 
@@ -69,8 +85,9 @@ class HeldGradientScales:
 
     The plugin calls ``_init_held_scales`` in ``__init__``, registers optimizers with
     ``_add_record`` and the parameters whose gradients it must follow with ``_track``,
-    implements ``_record(optimizer)``, and calls ``_to_current_scale`` before every backward,
-    ``_unscale`` before every clip or step, and ``_update`` where its loss-scale update
+    implements ``_record(optimizer)``, and calls ``_before_backward`` before every backward (rule 2
+    of :data:`UPDATE_RULE`), ``_unscale`` before every clip or step (rule 3), ``_scaler_step`` for
+    the step (rule 1), ``_no_op_step`` for a step without gradients, and ``_update`` where its rule 4
     belongs. It relies on GradScaler's private ``_per_optimizer_states`` and ``_get_scale_async``
     (torch 2.13); ``mpguide.precision.check_versions`` checks that they exist.
     """
@@ -83,26 +100,53 @@ class HeldGradientScales:
         self._grad_scales: dict[int, torch.Tensor | None] = {}
         self._tracked: dict[int, torch.Tensor] = {}  # id -> parameter (keeps the ids valid)
         self._scale_cache: torch.Tensor | None = None
+        self._uncovered_cache: list[torch.Tensor] | None = None  # followed parameters no known optimizer holds
 
     def _record(self, optimizer: Any) -> OptimizerRecord:
         raise NotImplementedError
 
+    def _scaling(self) -> bool:
+        """Whether gradients are loss-scaled: an enabled GradScaler (``GradScaler(enabled=False)`` scales nothing)."""
+        return self.scaler is not None and self.scaler.is_enabled()
+
     def _add_record(self, optimizer: Any, label: str) -> OptimizerRecord:
-        record = OptimizerRecord(len(self._records), unwrap(optimizer), label)
+        optimizer = unwrap(optimizer)
+        new = {id(p) for p in params(optimizer)}
+        # an optimizer replaced mid-run (a callback assigning trainer.optimizers): the one it replaces
+        # shares its parameters and is never stepped again, so it must not hold back rule 1
+        self._records = [r for r in self._records if not new.intersection(id(p) for p in params(r.optimizer))]
+        record = OptimizerRecord(len(self._records), optimizer, label)
         self._records.append(record)
         self._track(params(record.optimizer))
+        self._uncovered_cache = None
         return record
+
+    def _find(self, optimizer: Any) -> OptimizerRecord | None:
+        optimizer = unwrap(optimizer)  # LightningOptimizer / _FabricOptimizer -> torch optimizer
+        for record in self._records:
+            if record.optimizer is optimizer:
+                return record
+        return None
 
     def _track(self, tensors: Any) -> None:
         """Follow the gradients of ``tensors`` (parameters) from the next backward on."""
         for p in tensors:
             self._tracked.setdefault(id(p), p)
+        self._uncovered_cache = None
+
+    def _uncovered(self) -> list[torch.Tensor]:
+        """Followed parameters of no registered optimizer (Fabric meets optimizers only at their first step)."""
+        if self._uncovered_cache is None:
+            owned = {id(p) for r in self._records for p in params(r.optimizer)}
+            self._uncovered_cache = [p for key, p in self._tracked.items() if key not in owned]
+        return self._uncovered_cache
 
     def step_was_skipped(self, optimizer: Any) -> bool:
         """Whether GradScaler skipped the latest ``step()`` of ``optimizer`` (inf/NaN gradients).
 
-        ``False`` without a GradScaler (fp32, bf16-mixed), before the first step, and for a step
-        that was a no-op because no parameter had a gradient. Reads a device tensor: on CUDA this
+        ``False`` without a GradScaler (fp32, bf16-mixed) or with a disabled one, before the first
+        step, and for a step that was a no-op because no parameter had a gradient (also when the
+        step before it was skipped). Reads a device tensor: on CUDA this
         synchronizes. These plugins do not update the loss scale inside ``step()``, so comparing the
         scale around it cannot tell; use this method.
 
@@ -110,10 +154,17 @@ class HeldGradientScales:
             optimizer: a torch optimizer or the wrapper Lightning or Fabric returns for it.
 
         Raises:
-            ValueError: (Trainer plugin) ``optimizer`` is not one of the trainer's optimizers.
+            ValueError: ``optimizer`` was never registered (configure_optimizers, or a first step or clip).
         """
-        found_inf = self._record(optimizer).found_inf
-        return found_inf is not None and bool(found_inf.item() > 0)
+        record = self._find(optimizer)
+        if record is None:
+            raise ValueError(
+                f"{type(unwrap(optimizer)).__name__} has not been set up with or stepped through this plugin "
+                f"(configure_optimizers, trainer.optimizers, or fabric.setup and a step)"
+            )
+        if not self._scaling():
+            return False
+        return record.found_inf is not None and bool(record.found_inf.item() > 0)
 
     def _scale(self) -> torch.Tensor:
         """The current loss scale as a 0-dim tensor, one object per scale value (no device sync)."""
@@ -167,14 +218,12 @@ class HeldGradientScales:
 
     def _unscale(self, record: OptimizerRecord) -> None:
         """Leave ``record``'s gradients unscaled and inf-checked, unscaling them only if not done yet."""
-        stage = self._stage(record)
-        if stage is OptState.UNSCALED:
+        if record.stepped:
+            # rule 3: stepped since the last update (several steps of one optimizer in one training_step,
+            # truncated BPTT): GradScaler needs an update between two steps of one optimizer
+            self._update()
+        if self._stage(record) is OptState.UNSCALED:
             return  # clipped before the step: unscaled once already
-        if stage is OptState.STEPPED:
-            # stepped again before the scale update (e.g. several critic steps in one training_step):
-            # keep the first step's inf check for the update and let GradScaler check the new gradients
-            record.carried_inf.append(self._found_inf(record))
-            self.scaler._per_optimizer_states.pop(id(record.optimizer))
         self._to_current_scale(record)
         if not _optimizer_handles_unscaling(record.optimizer):
             self.scaler.unscale_(record.optimizer)
@@ -183,26 +232,51 @@ class HeldGradientScales:
             self._grad_scales[id(p)] = None
 
     def _scaler_step(self, record: OptimizerRecord, optimizer: Any, **kwargs: Any) -> Any:
-        """``GradScaler.step`` on gradients ``_unscale`` has prepared; remembers its inf check."""
+        """``GradScaler.step`` on gradients ``_unscale`` has prepared; remembers its inf check, then rule 1."""
+        overflow: bool | None = None
+        if not _optimizer_handles_unscaling(record.optimizer):
+            # GradScaler.step reads this same check on the host next (``.item()``): no extra wait
+            overflow = bool(self._found_inf(record).item() > 0)
         output = self.scaler.step(optimizer, **kwargs)
-        record.stepped, record.found_inf = True, self._found_inf(record)
+        record.stepped, record.found_inf, record.overflow = True, self._found_inf(record), overflow
+        # rule 1: every optimizer that holds gradients has stepped since the last update
+        if all(r.stepped or not has_gradients(r.optimizer) for r in self._records) and not any(
+            p.grad is not None for p in self._uncovered()
+        ):
+            self._update()
         return output
+
+    def _no_op_step(self, record: OptimizerRecord) -> None:
+        """A step without gradients did nothing: it was not skipped (``step_was_skipped`` is ``False``)."""
+        record.found_inf = None
+
+    def _pending(self) -> bool:
+        return any(r.stepped for r in self._records)
+
+    def _before_backward(self) -> None:
+        """Rule 2, then every followed gradient to the current scale (call before the loss is scaled)."""
+        if any(r.stepped and r.overflow is not False for r in self._records):
+            self._update()
+        self._all_to_current_scale()
 
     def _update(self) -> None:
         """``GradScaler.update()`` from the inf checks of the steps taken since the last update."""
         states = self.scaler._per_optimizer_states
+        stepped = [r for r in self._records if r.stepped]
         for record in self._records:
             if not record.stepped:
                 # unscaled by a clip but not stepped: that check is redone when it steps
                 states.pop(id(record.optimizer), None)
-            elif record.carried_inf:
-                carried = sum(record.carried_inf[1:], record.carried_inf[0].clone())
-                states[("carried", record.index)] = {
-                    "stage": OptState.STEPPED,
-                    "found_inf_per_device": {carried.device: carried},
-                }
-            record.stepped, record.carried_inf = False, []
-        self.scaler.update()
+            record.stepped, record.overflow = False, False
+        self.scaler.update()  # one growth step or one backoff, from all the inf checks
+        checks = [r.found_inf > 0 for r in stepped if r.found_inf is not None]
+        if len(checks) > 1:
+            # one backoff per skipped step, as Lightning's plugin (one update per step) backs off: a single
+            # backoff for several skipped steps left the scale higher there, and later steps overflowed
+            # (found by the generated programs: 12 skips vs stock's 10). Device math, no sync.
+            skipped = torch.stack(checks).sum()
+            extra = (skipped - 1).clamp(min=0).to(self.scaler._scale.dtype)
+            self.scaler._scale.mul_(torch.full_like(self.scaler._scale, self.scaler.get_backoff_factor()).pow(extra))
         self._scale_cache = None
 
     def _warn_no_gradients(self, record: OptimizerRecord, stacklevel: int = 2) -> None:

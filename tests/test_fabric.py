@@ -40,8 +40,8 @@ def test_fabric_plugin_doubles_the_second_update_and_ours_does_not():
     ours, plugin = head_factor_after_body_overflow(mf.FabricManualMixedPrecision("16-mixed", "cpu"))
     assert stock == pytest.approx(2.0, rel=1e-3)
     assert ours == pytest.approx(1.0, rel=1e-3)
-    assert plugin.scaler.get_scale() == 65536.0  # not updated yet: the update is deferred ...
-    assert plugin.update_scale() and plugin.scaler.get_scale() == 32768.0  # ... and halves once
+    # rule 1: updated once both optimizers holding gradients had stepped, halving once (stock: twice)
+    assert plugin.scaler.get_scale() == 32768.0
     assert not plugin.update_scale()  # nothing pending any more
 
 
@@ -52,7 +52,9 @@ def test_update_is_applied_at_the_next_backward_and_before_state_dict():
     body.weight.grad.fill_(float("nan"))
     opt_body.step()
     opt_head.step()
-    assert plugin.state_dict()["scale"] == 32768.0
+    # both steps skipped (the head's fp16 gradient, 65536 per output, overflows too): one backoff per skipped
+    # step, as Lightning's plugin backs off
+    assert plugin.state_dict()["scale"] == 16384.0
     fab.backward(head(body(torch.randn(8, 4))).sum())
     opt_body.step()
     opt_body.step()  # the same optimizer twice without a backward: GradScaler needs an update in between
@@ -208,4 +210,104 @@ def test_a_held_gradient_keeps_its_scale_across_an_update(growth_interval, poiso
     ref = head_updates_every_second_batch(None, poison_batch)
     factors = [float((got * exp).sum() / (exp * exp).sum()) for got, exp in zip(ours, ref, strict=True)]
     assert factors == pytest.approx([1.0] * 4, abs=5e-3)
-    assert scaler.get_scale() == (512.0 if poison_batch == 0 else 1024.0 * 2**7)  # updated once per batch
+    # 8 updates in 8 batches (rules 1 and 3; none pending at the end, so a saved scaler is current)
+    assert scaler.get_scale() == (512.0 if poison_batch == 0 else 1024.0 * 2**8)
+
+
+# ---------------------------------------------------------------------------------------------- issue 26
+def counted(scaler):
+    update, scaler.updates = scaler.update, 0
+
+    def wrapper(*args, **kwargs):
+        scaler.updates += 1
+        return update(*args, **kwargs)
+
+    scaler.update = wrapper
+    return scaler
+
+
+def dcgan_updates_per_iteration(plugin, iterations=12):
+    """Lightning's Fabric DCGAN loop (``examples/fabric/dcgan/train_dcgan.py``): D backward on real and on
+    detached fake, D step, G backward through D, G step; each optimizer zeroed just before its backward."""
+    fab = Fabric(accelerator="cpu", devices=1, plugins=[plugin])
+    torch.manual_seed(0)
+    gen, disc = torch.nn.Linear(4, 6), torch.nn.Sequential(torch.nn.Linear(6, 1), torch.nn.Sigmoid())
+    gen, opt_g = fab.setup(gen, torch.optim.Adam(gen.parameters(), lr=1e-3))
+    disc, opt_d = fab.setup(disc, torch.optim.Adam(disc.parameters(), lr=1e-3))
+    bce, per_iteration = torch.nn.BCELoss(), []
+    for _ in range(iterations):
+        before = plugin.scaler.updates
+        real, noise = torch.randn(8, 6), torch.randn(8, 4)
+        disc.zero_grad()
+        fab.backward(bce(disc(real).float(), torch.ones(8, 1)))
+        fake = gen(noise)
+        fab.backward(bce(disc(fake.detach()).float(), torch.zeros(8, 1)))
+        opt_d.step()
+        gen.zero_grad()
+        fab.backward(bce(disc(fake).float(), torch.ones(8, 1)))
+        opt_g.step()
+        per_iteration.append(plugin.scaler.updates - before)
+    return per_iteration
+
+
+def test_the_dcgan_loop_updates_the_scale_once_per_iteration():
+    """Issue 26 item 2: 24 updates in 12 iterations on 5d093d9, exactly like Fabric's plugin (stock)."""
+    stock = dcgan_updates_per_iteration(MixedPrecision("16-mixed", "cpu", counted(torch.amp.GradScaler("cpu", 16.0))))
+    scaler = counted(torch.amp.GradScaler("cpu", 16.0, growth_interval=2))
+    ours = dcgan_updates_per_iteration(mf.FabricManualMixedPrecision("16-mixed", "cpu", scaler))
+    assert stock == [2] * 12
+    assert ours == [1] * 12  # rule 1 after D's step (G holds last iteration's gradients, stepped since)
+    assert scaler.get_scale() == 16.0 * 2**6  # 12 updates, growth every 2: half of stock's doublings
+
+
+def fabric_linear(plugin, lr=1e-3):
+    fab = Fabric(accelerator="cpu", devices=1, plugins=[plugin])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    model, opt = fab.setup(model, torch.optim.SGD(model.parameters(), lr=lr))
+    return fab, model, opt
+
+
+def train(fab, model, opt, batches, scale_loss=2000.0):
+    gen = torch.Generator().manual_seed(7)
+    data = [(torch.randn(32, 16, generator=gen), torch.randint(0, 4, (32,), generator=gen)) for _ in range(14)]
+    for x, y in (data[b] for b in batches):
+        opt.zero_grad()
+        fab.backward(torch.nn.functional.cross_entropy(model(x).float(), y) * scale_loss)
+        opt.step()
+
+
+def test_a_saved_gradscaler_holds_the_current_scale(tmp_path):
+    """Issue 26 item 8: saving ``plugin.scaler`` (PyTorch's recipe) stored 512 instead of 256 on 5d093d9, and
+    the resumed run skipped 2 steps instead of 1. With one optimizer rule 1 updates after each step."""
+    plugin = mf.FabricManualMixedPrecision("16-mixed", "cpu")
+    fab, model, opt = fabric_linear(plugin)
+    train(fab, model, opt, range(14))
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    stock = MixedPrecision("16-mixed", "cpu")
+    fab_s, model_s, opt_s = fabric_linear(stock)
+    train(fab_s, model_s, opt_s, range(8))
+    plugin = mf.FabricManualMixedPrecision("16-mixed", "cpu")
+    fab, model, opt = fabric_linear(plugin)
+    train(fab, model, opt, range(8))
+    assert plugin.scaler.get_scale() == stock.scaler.get_scale() < 65536.0  # overflowed, updated after each step
+    fab.save(tmp_path / "ck.pt", {"model": model, "optimizer": opt, "scaler": plugin.scaler})
+    resumed = mf.FabricManualMixedPrecision("16-mixed", "cpu")
+    fab2, model2, opt2 = fabric_linear(resumed)
+    fab2.load(tmp_path / "ck.pt", {"model": model2, "optimizer": opt2, "scaler": resumed.scaler})
+    assert resumed.scaler.get_scale() == stock.scaler.get_scale()
+    train(fab2, model2, opt2, range(8, 14))
+    for a, b in zip(model2.parameters(), uninterrupted, strict=True):
+        assert torch.equal(a.detach(), b)
+
+
+def test_a_disabled_gradscaler_runs_like_fabric_plugin():
+    """Issue 26 item 3 (Fabric): ``AttributeError: ... no attribute '_scale'`` on 5d093d9."""
+    runs = []
+    for cls in (MixedPrecision, mf.FabricManualMixedPrecision):
+        plugin = cls("16-mixed", "cpu", torch.amp.GradScaler("cpu", enabled=False))
+        fab, model, opt = fabric_linear(plugin)
+        train(fab, model, opt, range(4), scale_loss=1.0)
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+    assert not plugin.update_scale()  # nothing to update without scaling

@@ -302,7 +302,7 @@ def test_step_was_skipped_without_a_scaler_and_for_foreign_optimizers():
     module = Pair("shared")
     fit(module, plugin)
     assert not plugin.step_was_skipped(module.trainer.optimizers[0])
-    with pytest.raises(ValueError, match="was not returned by configure_optimizers"):
+    with pytest.raises(ValueError, match="has not been set up with or stepped through this plugin"):
         plugin.step_was_skipped(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
 
 
@@ -323,3 +323,237 @@ def test_fp32_opens_no_autocast_even_when_lightning_builds_its_own(monkeypatch):
         assert (torch.nn.Linear(4, 4)(torch.randn(2, 4))).dtype == torch.float32
     with ManualMixedPrecision("bf16-mixed", "cpu").forward_context():  # the mixed precisions keep Lightning's region
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------- issue 26
+def skips_and_distance(module_cls, plugin_factory, ref_weights=None, **fit_kw):
+    """Run ``module_cls()``; returns (module, skipped steps, max |W - W_ref|, scale updates)."""
+    module, plugin, updates = module_cls(), plugin_factory() if plugin_factory else None, [0]
+    if plugin is not None and plugin.scaler is not None:
+        update = plugin.scaler.update
+
+        def counted(*args, **kwargs):
+            updates[0] += 1
+            return update(*args, **kwargs)
+
+        plugin.scaler.update = counted
+    fit(module, plugin, **fit_kw)
+    weights = torch.cat([p.detach().flatten() for p in module.parameters()])
+    distance = None if ref_weights is None else float((weights - ref_weights).abs().max())
+    return module, module.steps - module.applied, distance, updates[0], weights
+
+
+class ChunkSteps(pl.LightningModule):
+    """Truncated BPTT as in Lightning-AI/pytorch-lightning#17848: one optimizer stepped after every one of
+    the 6 time chunks of a batch, inside one ``training_step``. The loss is large enough that the default
+    init scale 65536 overflows the first steps, as at the start of any fp16 run."""
+
+    def __init__(self):
+        super().__init__()
+        pl.seed_everything(0)
+        self.automatic_optimization = False
+        self.inp, self.rec, self.out = torch.nn.Linear(6, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 1)
+        self.steps = self.applied = 0
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch  # (4, 6): six time steps of one feature each, copied to 6 features
+        opt, h = self.optimizers(), torch.zeros(x.shape[0], 16)
+        for t in range(0, 6, 2):  # chunks of 2 time steps
+            for k in (t, t + 1):
+                h = torch.tanh(self.inp(x * x[:, k : k + 1]) + self.rec(h))
+            loss = (self.out(h).float() - x[:, t : t + 1]).pow(2).mean() * 300.0
+            opt.zero_grad()
+            self.manual_backward(loss)
+            before = self.rec.weight.detach().clone()
+            opt.step()
+            self.steps += 1
+            self.applied += int(not torch.equal(before, self.rec.weight))
+            h = h.detach()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+
+def test_several_steps_of_one_optimizer_skip_no_more_than_stock():
+    """Issue 26 item 1: the plugin updated once per training_step (46 of 64 skipped on the public case,
+    stock 6); rule 1 updates after each step of a lone optimizer, so skips and weights equal stock's."""
+    *_, ref = skips_and_distance(ChunkSteps, None)
+    _, stock_skips, stock_dist, stock_updates, _ = skips_and_distance(
+        ChunkSteps, lambda: MixedPrecision("16-mixed", "cpu"), ref, max_epochs=2
+    )
+    _, ours_skips, ours_dist, ours_updates, _ = skips_and_distance(
+        ChunkSteps, lambda: ManualMixedPrecision("16-mixed", "cpu"), ref, max_epochs=2
+    )
+    assert stock_skips > 0  # the case overflows at all
+    assert ours_skips <= stock_skips
+    assert ours_dist <= stock_dist * 1.01 + 1e-7
+    assert ours_updates == stock_updates == 48  # 2 epochs x 8 batches x 3 chunk steps
+
+
+class Swap(pl.Callback):
+    """Replaces the optimizer at epoch 1, as finetuning callbacks do (``trainer.optimizers = [...]``)."""
+
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.current_epoch == 1:
+            trainer.optimizers = [torch.optim.SGD(module.parameters(), lr=0.05)]
+
+
+class OneOpt(pl.LightningModule):
+    def __init__(self, manual):
+        super().__init__()
+        pl.seed_everything(0)
+        self.automatic_optimization = not manual
+        self.net = torch.nn.Linear(6, 1)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.net(batch[0]).float().pow(2).mean()
+        if self.automatic_optimization:
+            return loss
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("manual", [True, False])
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_an_optimizer_replaced_by_a_callback_trains_like_stock(manual, precision, tmp_path):
+    """Issue 26 item 4: ``ValueError: SGD was not returned by configure_optimizers`` on 5d093d9."""
+    stock, ours = OneOpt(manual), OneOpt(manual)
+    fit(stock, amp(MixedPrecision, precision), max_epochs=2, callbacks=[Swap()], default_root_dir=tmp_path)
+    trainer, _ = fit(
+        ours, amp(ManualMixedPrecision, precision), max_epochs=2, callbacks=[Swap()], default_root_dir=tmp_path
+    )
+    assert isinstance(trainer.optimizers[0], torch.optim.SGD) and trainer.global_step == 16
+    assert parameter_digest(ours) == parameter_digest(stock)
+    assert not trainer.precision_plugin.step_was_skipped(trainer.optimizers[0])
+
+
+def test_a_disabled_gradscaler_runs_like_stock():
+    """Issue 26 item 3: ``AttributeError: 'GradScaler' object has no attribute '_scale'`` on 5d093d9."""
+    stock, ours = Pair("alternate"), Pair("alternate")
+    fit(stock, MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", enabled=False)))
+    trainer, _ = fit(ours, ManualMixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", enabled=False)))
+    assert parameter_digest(ours) == parameter_digest(stock)
+    assert not trainer.precision_plugin.step_was_skipped(trainer.optimizers[0])
+
+
+class _Recompute(torch.autograd.Function):
+    """An ldm-style activation checkpoint (CompVis/latent-diffusion ``ldm/modules/diffusionmodules/util.py``,
+    ``CheckpointFunction``): the forward runs under ``no_grad``; the backward recomputes it under
+    ``enable_grad`` in whatever autocast state the backward runs in."""
+
+    @staticmethod
+    def forward(ctx, layer, x, *weights):
+        ctx.layer = layer
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return layer(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        weights = tuple(ctx.layer.parameters())
+        with torch.enable_grad():
+            out = ctx.layer(x)
+        grads = torch.autograd.grad(out, (x, *weights), grad)
+        return (None, *grads)
+
+
+class Checkpointed(pl.LightningModule):
+    def __init__(self, recompute):
+        super().__init__()
+        pl.seed_everything(0)
+        self.automatic_optimization = False
+        self.first, self.second = torch.nn.Linear(6, 8), torch.nn.Linear(8, 1)
+        self.recompute, self.grads = recompute, []
+
+    def training_step(self, batch, batch_idx):
+        h = self.first(batch[0])
+        h = _Recompute.apply(self.second, h, *self.second.parameters()) if self.recompute else self.second(h)
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(h.float().pow(2).mean())
+        self.grads.append(torch.cat([p.grad.flatten() for p in self.parameters()]))
+        opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_recompute_in_backward_gives_the_gradients_without_checkpoint(precision):
+    """Issue 26 item 5: ``mat1 and mat2 must have the same dtype`` on 5d093d9, whose plugin ran
+    ``manual_backward`` with autocast disabled; the backward now runs in training_step's region, as stock's."""
+    plain, checkpointed, stock = Checkpointed(False), Checkpointed(True), Checkpointed(True)
+    fit(plain, amp(ManualMixedPrecision, precision))
+    fit(checkpointed, amp(ManualMixedPrecision, precision))
+    fit(stock, amp(MixedPrecision, precision))
+    for a, b, c in zip(plain.grads, checkpointed.grads, stock.grads, strict=True):
+        assert torch.equal(a, b) and torch.equal(b, c)
+
+
+class SkippedThenEmpty(pl.LightningModule):
+    """Batch 0: an inf gradient (skipped step); batch 1: a loss that reaches no parameter (empty step);
+    later batches: normal. A scheduler is stepped by ``step_skip_aware``."""
+
+    def __init__(self):
+        super().__init__()
+        pl.seed_everything(0)
+        self.automatic_optimization = False
+        self.net = torch.nn.Linear(6, 1)
+        self.rows = []
+
+    def training_step(self, batch, batch_idx):
+        from mpguide.steps import step_skip_aware
+
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        opt.zero_grad()
+        if batch_idx == 1:
+            loss = batch[0].sum() * 0 + self.net(batch[0]).detach().sum()  # reaches no parameter
+            loss.requires_grad_(True)
+        else:
+            loss = self.net(batch[0]).float().pow(2).mean()
+        if batch_idx != 1:
+            self.manual_backward(loss * (float("inf") if batch_idx == 0 else 1.0))
+        applied = step_skip_aware(opt, self.trainer, sched)
+        plugin = self.trainer.precision_plugin
+        self.rows.append((plugin.step_was_skipped(opt), applied, sched.last_epoch))
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1)]
+
+
+def test_an_empty_step_after_a_skipped_one_is_not_reported_skipped():
+    """Issue 26 item 6: on 5d093d9 the empty step after a skipped one reported (True, False) and the
+    scheduler did not step; the docstrings promise (False, True)."""
+    module = SkippedThenEmpty()
+    fit(module, amp(ManualMixedPrecision), steps=3)
+    assert module.rows == [(True, False, 0), (False, True, 1), (False, True, 2)]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.replace("`", "").split()).lower()
+
+
+def test_the_update_rule_is_stated_in_both_docstrings_and_the_guide():
+    """The rule (mpguide._common.UPDATE_RULE) appears word for word where the plugins are offered."""
+    from pathlib import Path
+
+    from mpguide._common import UPDATE_RULE
+    from mpguide.fabric import FabricManualMixedPrecision
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "model" / "manual_optimization.md"
+    section = page.read_text().split("(plugin)=")[1].split("(throughput)=")[0]
+    for where, text in [
+        ("ManualMixedPrecision", ManualMixedPrecision.__doc__),
+        ("FabricManualMixedPrecision", FabricManualMixedPrecision.__doc__),
+        ("the guide's plugin section", section),
+    ]:
+        assert _words(UPDATE_RULE) in _words(text), where
+    assert _words(UPDATE_RULE) not in _words(section.replace("(3) before", "(3) after"))  # the check can fail

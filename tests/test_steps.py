@@ -111,3 +111,40 @@ def test_metrics_for_another_scheduler_is_refused():
     opt = torch.optim.SGD([param], lr=0.1)
     with pytest.raises(TypeError, match="metrics= is for ReduceLROnPlateau only; StepLR was given"):
         step_skip_aware(opt, Trainer(), torch.optim.lr_scheduler.StepLR(opt, 1), metrics=1.0)
+
+
+# ---------------------------------------------------------------------------------------------- issue 26 item 7
+def tiny_gradient_setup(scale=65536.0):
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", init_scale=scale)))
+    x = torch.linspace(-1, 1, 64).half().requires_grad_(True)
+    coeff = torch.linspace(1e-8, 1e-7, 64)  # below fp16's smallest normal (6.1e-05), as a balancer's small loss
+    return trainer, x, coeff
+
+
+def test_scaled_input_grad_unscales_in_fp32():
+    """On 5d093d9 the unscaling ran in float16 and these gradients came back rounded to fp16's subnormal grid
+    (relative error > 0.1, zeros); in float32 they are within fp16's rounding of the scaled values."""
+    from mpguide.steps import scaled_input_grad
+
+    trainer, x, coeff = tiny_gradient_setup()
+    (grad,) = scaled_input_grad(x * coeff, x, trainer, create_graph=False)  # float32 product: fp16 x's grad
+    expected = coeff
+    assert grad.dtype == torch.float32
+    assert float(((grad - expected).abs() / expected).max()) < 2e-3
+    fp16_unscaled = (grad * 65536.0).half() * (1.0 / 65536.0)  # what unscaling in fp16 gives
+    assert float(((fp16_unscaled.float() - expected).abs() / expected).max()) > 0.1  # the check can fail
+
+
+def test_scaled_input_grad_can_keep_the_graph_without_building_one():
+    """On 5d093d9 ``create_graph=False`` freed the graph (no ``retain_graph``): a second use raised."""
+    from mpguide.steps import scaled_input_grad
+
+    trainer, x, coeff = tiny_gradient_setup()
+    out = (x.float() * 3.0).exp()
+    first = scaled_input_grad(out, x, trainer, create_graph=False, retain_graph=True)
+    second = scaled_input_grad(out, x, trainer, create_graph=False)
+    assert torch.equal(first[0], second[0])
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        scaled_input_grad(out, x, trainer, create_graph=False)

@@ -1,0 +1,1 @@
+"""Generated stepping programs, their oracle and their runners (issue 26)."""
