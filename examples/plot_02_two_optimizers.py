@@ -160,10 +160,10 @@ class WindowedGAN(DigitsGAN):
 # batch, *inside* the generator's window; Lightning updates the scale after each of those steps.
 # To see what that does, this variant forces the discriminator's gradient to inf in the second
 # batch of one generator window (batches 4 and 5 of the first epoch): its step is skipped and the
-# scale halves before the generator's second micro-batch. The run records the scale of each
-# generator backward and the scale the generator's step unscales with; their ratio is the factor
-# by which each micro-batch's gradient enters the update (1 when the scale did not move): a probe
-# of the verification section below does that, the module only forces the overflow.
+# scale halves before the generator's second micro-batch. The run records the factor by which
+# each micro-batch's gradient enters the generator's update (1 = counted once; 2 when it was made at
+# the old, doubled scale): a probe of the verification section below reads it from the gradients,
+# the module only forces the overflow.
 
 
 class WindowedWithOverflow(WindowedGAN):
@@ -341,11 +341,15 @@ class OftenChangingScale:
 #   changes at every step; a discriminator stepping inside the generator's window does not.
 #
 # The measurements come from probes, Lightning callbacks that the modules above never see: whether
-# the generator changed and a digest of all weights; for the forced overflow, the scale of each
-# generator backward (the second backward of a batch) against the scale its step unscales with; for
+# the generator changed and a digest of all weights; for the forced overflow, the weight of each
+# generator micro-batch in the generator's unscaled gradient (least squares over what each
+# generator backward added, divided by its loss scale: a plugin's rescaling of held gradients
+# shows, its absence too); for
 # #20116's windows, at every optimizer step, how many of the window's micro-batches the gradient
 # still holds, and the loss scale each of them was made at relative to the scale the step unscales
 # with (1 = counted once; 2 or 0.5 after a scale change in between).
+
+import functools
 
 from lightning.pytorch.callbacks import Callback
 
@@ -364,12 +368,22 @@ class GeneratorAndWeights(Callback):
 
 
 class WindowFactors(Callback):
+    """How much each generator micro-batch of a window weighs in the step, read from the gradients.
+
+    A hook on the generator's parameters keeps what each generator backward added, divided by the loss
+    scale of that backward (the micro-batch's true gradient). At the generator's step the unscaled
+    gradient is solved, by least squares, as a weighted sum of those: weight 1 = counted once, 2 or 0.5
+    after a scale change. It sees a plugin's rescaling of held gradients as well as its absence.
+    """
+
     def __init__(self):
-        self.g_backward_scales = []  # scale of each generator micro-batch in the current window
-        self.window_factors = []  # per window: backward scale / scale at the generator's step
+        self.window_factors = []  # per window: the weight of each generator micro-batch in the step
+        self.pieces = []  # per generator backward of the current window: (loss scale, {param: gradient})
 
     def setup(self, trainer, pl_module, stage):
-        self.module = pl_module
+        self.module, self.trainer = pl_module, trainer
+        for param in pl_module.generator.parameters():
+            param.register_hook(functools.partial(self.keep, param))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.backwards = 0
@@ -377,13 +391,22 @@ class WindowFactors(Callback):
     def on_before_backward(self, trainer, pl_module, loss):
         self.backwards += 1
         if self.backwards == 2:  # the discriminator's backward comes first, then the generator's
-            self.g_backward_scales.append(steps.loss_scale(trainer))
+            self.pieces.append((steps.loss_scale(trainer) or 1.0, {}))
+
+    def keep(self, param, grad):
+        if self.backwards == 2 and self.pieces:
+            self.pieces[-1][1][param] = grad.detach().double().clone()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if optimizer is trainer.optimizers[1]:  # the generator's step (its unscale does not change the scale)
-            at_step = steps.loss_scale(trainer)
-            self.window_factors.append([s / at_step for s in self.g_backward_scales])
-            self.g_backward_scales = []
+        if optimizer is trainer.optimizers[1]:  # the generator's step, its gradients unscaled
+            params = list(self.module.generator.parameters())
+            total = torch.cat([p.grad.detach().double().flatten() for p in params])
+            parts = torch.stack(
+                [torch.cat([got[p].flatten() / scale for p in params]) for scale, got in self.pieces], dim=1
+            )
+            weights = torch.linalg.lstsq(parts, total.unsqueeze(1)).solution.flatten()
+            self.window_factors.append([round(float(w), 3) for w in weights])
+            self.pieces = []
 
     def record_extra(self):
         window, overflow_batch = self.module.window, self.module.overflow_batch
@@ -619,7 +642,7 @@ CLAIMS = [
         "window-fp16-overflow-plugin",
         "forced_window_factors",
         [1.0, 1.0],
-        "plugin: the scale update waits for G's step, both micro-batches count once",
+        "plugin: G's held micro-batch is brought to the new scale, both count once",
     ),
     (
         "expect",
@@ -735,6 +758,12 @@ CLAIMS = [
     ("flags", "unreached-toggle-fp32", "accumulation", "PitfallChecks flags unreached-toggle-fp32: accumulation"),
     ("flags", "unreached-toggle-fp16", "accumulation", "PitfallChecks flags unreached-toggle-fp16: accumulation"),
     ("flags", "unreached-guard-fp16", "accumulation", "PitfallChecks flags unreached-guard-fp16: accumulation"),
+    (
+        "flags",
+        "fixed-unreached-fp16",
+        "no-gradient-step",
+        "PitfallChecks flags fixed-unreached-fp16: the guard skipped every step of model 2",
+    ),
 ]
 
 # %%

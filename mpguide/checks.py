@@ -48,7 +48,9 @@ What each section's check sees (the section is the anchor on the guide page, :da
 * ``no-gradient-step``: an ``opt.step()`` whose parameters have no ``.grad`` at all, seen before the
   step (so before GradScaler's "No inf checks were recorded for this optimizer"); the message names the
   modules this batch's backward calls did reach. Gradients zeroed in place (``set_to_none=False``) are
-  tensors and are not seen as missing (telling needs a device read).
+  tensors and are not seen as missing (telling needs a device read). At the end of training, an optimizer
+  of ``configure_optimizers`` that was never stepped at all (a guard such as ``has_gradients`` skipped
+  every step: Lightning #20116's window whose loss never reaches the second model).
 * ``clipping``: ``torch.nn.utils.clip_grad_norm_``/``clip_grad_value_`` (also through
   ``self.clip_gradients``) on gradients GradScaler has not unscaled yet (its per-optimizer stage), with
   the norm it clipped and the unscaled norm; any clip of a fused optimizer's gradients under a loss
@@ -618,6 +620,22 @@ class PitfallChecks(Callback):
                 self.notes.append(
                     f"[porting] note: {type(pl_module).__name__} inherits {hook}() from {owner}; manual optimization "
                     f"never calls it, so training_step must do its work. See {_link('porting')}"
+                )
+        batches = self._global_batch + 1
+        for index in range(len(self._opts)):
+            guarded = any(f.section == "nonfinite-guard" and f.optimizer in (index, None) for f in self.findings)
+            if index not in self._last_step_seq and batches > 0 and not guarded:  # a non-finite guard says why
+                # a guard that skips empty steps (has_gradients) stops GradScaler's AssertionError, and with it
+                # the only sign that this optimizer's loss never reaches its parameters
+                self._find(
+                    "no-gradient-step",
+                    f"never stepped {index}",
+                    f"{self._name(index)} was never stepped in {batches} batch(es): its parameters did not "
+                    f"train. If a guard skipped every step (an optimizer without gradients), the loss of its "
+                    f"windows never reaches that model: after manual_backward, print "
+                    f"[n for n, p in model.named_parameters() if p.grad is None] to see which parameters it "
+                    f"misses, and follow that loss's graph back (loss.grad_fn) to the detach or no_grad.",
+                    optimizer=index,
                 )
         for index, scheduler in enumerate(self._schedulers):
             if self._scheduler_steps.get(id(scheduler)) == 0:

@@ -222,6 +222,33 @@ def test_no_gradient_step_is_found_where_it_is_silent(precision):
     assert checks.findings[0].count == 6  # once per batch, warned once
 
 
+class GuardedDetachedGenerator(DetachedGenerator):
+    """Lightning #20116's guard on a generator whose loss never reaches it: no crash, no training."""
+
+    def training_step(self, batch, batch_idx):
+        real, _ = batch
+        opt_d, opt_g = self.optimizers()
+        fake = self.g(torch.randn(len(real), 4)).detach()
+        d_loss = F.softplus(-self.d(real)).mean() + F.softplus(self.d(fake)).mean()
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        opt_g.zero_grad()
+        self.manual_backward(F.softplus(-self.d(fake)).mean())
+        if any(p.grad is not None for p in self.g.parameters()):  # the guard: never true here
+            opt_g.step()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_an_optimizer_a_guard_never_lets_step_is_found(precision):
+    checks, error = fit(GuardedDetachedGenerator(), precision)
+    # the generator's loss also fills the discriminator's gradients, and no step uses them: "accumulation"
+    assert error is None and "no-gradient-step" in sections(checks)
+    (finding,) = [f for f in checks.findings if f.section == "no-gradient-step"]
+    assert finding.optimizer == 1 and "never stepped in 6 batch(es)" in finding.message
+    assert "p.grad is None" in finding.message  # the way to find the parameters the loss misses
+
+
 class ClipValueBeforeStep(Manual):
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
