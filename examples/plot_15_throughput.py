@@ -197,6 +197,39 @@ CLAIMS = [
         "CPU 16-mixed: manual as fast as a plain loop",
         {"only_on": "cpu"},
     ),
+    # What PitfallChecks costs: the manual step with the check against the same step without it.
+    (
+        "rate_ratio",
+        "bench-bf16",
+        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+        "throughput-parity-cpu",
+        "CPU bf16-mixed: PitfallChecks costs no speed",
+        {"only_on": "cpu"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp16",
+        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+        "throughput-parity-cpu",
+        "CPU 16-mixed: PitfallChecks costs no speed",
+        {"only_on": "cpu"},
+    ),
+    (
+        "rate_ratio",
+        "bench-bf16",
+        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+        "throughput-parity",
+        "GPU bf16-mixed: PitfallChecks costs no speed",
+        {"only_on": "cuda"},
+    ),
+    (
+        "rate_ratio",
+        "bench-fp16",
+        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+        "throughput-parity",
+        "GPU 16-mixed: PitfallChecks costs no speed",
+        {"only_on": "cuda"},
+    ),
     # On CUDA: every pair within a few percent, and bf16-mixed faster than fp32.
     (
         "rate_ratio",
@@ -286,8 +319,12 @@ plotting.describe(
 )
 colors = dict(
     zip(
-        [*throughput.VARIANTS, *(v for tuned in throughput.TUNED.values() for v in tuned)],
-        ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#999999"],
+        [
+            *throughput.VARIANTS,
+            "manual, PitfallChecks",
+            *(v for tuned in throughput.TUNED.values() for v in tuned),
+        ],
+        ["#0072B2", "#D55E00", "#009E73", "#F0E442", "#CC79A7", "#E69F00", "#56B4E9", "#999999"],
     )
 )
 labelled = set()

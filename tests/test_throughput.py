@@ -33,8 +33,11 @@ def test_variant_keys_are_record_safe():
 
 def test_tuned_variants_only_when_the_size_asks():
     untuned = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=1)
-    assert throughput_config.variants_for("bf16-mixed", untuned) == throughput_config.VARIANTS
-    assert throughput_config.variants_for("bf16-mixed", TINY)[3:] == tuple(throughput_config.TUNED["bf16-mixed"])
+    offered = tuple(throughput_config.OFFERED["bf16-mixed"])
+    assert offered == ("manual, PitfallChecks",) and throughput_config.OFFERED["32-true"] == {}
+    assert throughput_config.variants_for("bf16-mixed", untuned) == throughput_config.VARIANTS + offered
+    assert throughput_config.variants_for("32-true", untuned) == throughput_config.VARIANTS
+    assert throughput_config.variants_for("bf16-mixed", TINY)[4:] == tuple(throughput_config.TUNED["bf16-mixed"])
     assert all(size.tuned == (accel == "cuda") for (accel, _), size in throughput_config.SIZES.items())
 
 
@@ -67,7 +70,11 @@ def test_tuned_variants_train_for_real_and_undo_tf32():
     out = throughput.interleaved(("32-true", "bf16-mixed"), TINY, "cpu", progress=lambda line: None)
     assert torch.get_float32_matmul_precision() == before
     assert set(out["32-true"].seconds) == {*throughput_config.VARIANTS, "manual, TF32 matmuls"}
-    assert set(out["bf16-mixed"].seconds) == {*throughput_config.VARIANTS, *throughput_config.TUNED["bf16-mixed"]}
+    assert set(out["bf16-mixed"].seconds) == {
+        *throughput_config.VARIANTS,
+        "manual, PitfallChecks",
+        *throughput_config.TUNED["bf16-mixed"],
+    }
     for timing in out.values():
         assert all(len(w) == TINY.rounds and min(w) > 0 for w in timing.seconds.values())
     rates = out["bf16-mixed"].rates()
@@ -167,7 +174,7 @@ def test_speedup_rows_of_the_guide_table():
     )
     cpu = gate.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
     rows = report.speedup_rows([cpu, gpu])
-    assert [r["variant"] for r in rows] == ["manual", *throughput_config.TUNED["bf16-mixed"]]
+    assert [r["variant"] for r in rows] == ["manual", "manual, PitfallChecks", *throughput_config.TUNED["bf16-mixed"]]
     compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
     tflops = 100 * size.flops_per_step() / 1e12
     assert compiled["record"].startswith("reference: NVIDIA H200") and "preset full, 2026-12-01" in compiled["record"]
@@ -389,13 +396,15 @@ def test_the_example_stops_when_its_parity_claims_are_decided(monkeypatch):
 
     decl = declarations.read(declarations.example_file("plot_15_throughput"))
     tables = (list(_tables("RUNS")), list(_tables("CLAIMS")))
-    assert len([c for c in decl.claims if c.get("only_on") == "cpu"]) == 5
+    assert len([c for c in decl.claims if c.get("only_on") == "cpu"]) == 7
     size = throughput_config.Size(width=8, layers=1, batch=4, warmup=1, steps=1, rounds=6, max_rounds=9)
 
     def timings(*manual: float) -> dict:  # manual's window seconds, repeated over 6 rounds (others: 1 s)
         out = {}
         for p in hardware.PRECISIONS:
             seconds = {"automatic": [1.0] * 6, "manual": list(manual) * (6 // len(manual)), "plain loop": [1.0] * 6}
+            if throughput_config.OFFERED[p]:  # the manual step with PitfallChecks, as fast as automatic
+                seconds["manual, PitfallChecks"] = [1.0] * 6
             out[p] = throughput.Timing(p, size, seconds)
         return out
 
@@ -422,7 +431,7 @@ def _fake_windows(monkeypatch, seconds_of):
     rounds: dict[str, int] = {}
 
     def lightning(net, manual, batch, size, precision, accelerator, tuning=None, slowdown=0.0):
-        variant = "manual" if manual else "automatic"
+        variant = "automatic" if not manual else "manual, PitfallChecks" if tuning and tuning.checks else "manual"
         rounds[variant] = rounds.get(variant, 0) + 1
         return seconds_of(variant, rounds[variant] - 1) * (1 + slowdown)
 
@@ -440,23 +449,11 @@ def test_rounds_go_on_until_decided_or_the_cap(monkeypatch):
     until = throughput.claims_decided(*tables, "cpu")
     # quiet: every round agrees, so 6 rounds decide every claim
     _fake_windows(monkeypatch, lambda v, r: 1.0)
-    out = throughput.interleaved(
-        ("32-true",),
-        size,
-        "cpu",
-        progress=lambda line: None,
-        until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}),
-    )
+    out = throughput.interleaved(hardware.PRECISIONS, size, "cpu", progress=lambda line: None, until=until)
     assert len(out["32-true"].seconds["manual"]) == 6
     # noisy: the manual rounds swing +-30 %, the claims stay undecided, the cap ends it
     _fake_windows(monkeypatch, lambda v, r: 1.0 if v != "manual" else (0.7, 1.3)[r % 2])
-    out = throughput.interleaved(
-        ("32-true",),
-        size,
-        "cpu",
-        progress=lambda line: None,
-        until=lambda t: until({p: t.get(p, t["32-true"]) for p in hardware.PRECISIONS}),
-    )
+    out = throughput.interleaved(hardware.PRECISIONS, size, "cpu", progress=lambda line: None, until=until)
     assert len(out["32-true"].seconds["manual"]) == 12
     # without a stopping test: exactly `rounds`
     out = throughput.interleaved(("32-true",), size, "cpu", progress=lambda line: None)

@@ -44,8 +44,8 @@ from torch import nn
 
 from . import hardware
 from .metrics import decide_paired
+from .throughput_config import OFFERED, TUNED, VARIANTS, Size, Tuning, variant_key, variants_for
 from .throughput_config import SIZES as SIZES
-from .throughput_config import TUNED, VARIANTS, Size, Tuning, variant_key, variants_for
 from .throughput_windows import (
     SLOWDOWN_ENV,
     build_mlp,
@@ -191,7 +191,7 @@ def interleaved(
     quiet_lightning()
     batch = one_batch(size, accelerator)
     variants = {p: variants_for(p, size) for p in precisions}
-    tunings = {p: {**{v: Tuning() for v in VARIANTS}, **TUNED.get(p, {})} for p in precisions}
+    tunings = {p: {**{v: Tuning() for v in VARIANTS}, **OFFERED.get(p, {}), **TUNED.get(p, {})} for p in precisions}
     nets: dict[tuple[str, str], nn.Module] = {}
     for p in precisions:
         for v in variants[p]:

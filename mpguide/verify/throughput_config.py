@@ -21,11 +21,14 @@ class Tuning:
             its compilation happens in the warm-up steps of the first window.
         tf32: ``torch.set_float32_matmul_precision("high")`` for the window (TF32 tensor-core matmuls
             for fp32 tensors; restored afterwards). Only fp32 runs fp32 matmuls, so only fp32 uses it.
+        checks: :class:`mpguide.checks.PitfallChecks` among the Trainer's callbacks (what the check costs,
+            issue 27).
     """
 
     fused: bool = False
     compiled: bool = False
     tf32: bool = False
+    checks: bool = False
 
 
 #: The tuned variants of each precision, as variant name -> :class:`~mpguide.verify.throughput_config.Tuning`. They
@@ -42,6 +45,18 @@ TUNED: dict[str, dict[str, Tuning]] = {
 }
 
 
+#: What the site offers the reader, timed on every accelerator in the mixed precisions (interleaved with
+#: the baseline, compared with ``manual`` by the parity claims): the manual step with
+#: :class:`mpguide.checks.PitfallChecks` among the callbacks. ``ManualMixedPrecision`` is not a variant: it
+#: refuses Lightning releases before 2.6, and one refusal would stop the whole benchmark in the version
+#: matrix's older columns; its own time per step is counted in ``tests/test_plugin_cost.py`` instead.
+OFFERED: dict[str, dict[str, Tuning]] = {
+    "32-true": {},
+    "bf16-mixed": {"manual, PitfallChecks": Tuning(checks=True)},
+    "16-mixed": {"manual, PitfallChecks": Tuning(checks=True)},
+}
+
+
 def variant_key(variant: str) -> str:
     """The variant's name as a record key prefix: ``"plain loop"`` -> ``"plain_loop"``,
     ``"manual, compiled + fused SGD"`` -> ``"manual_compiled_fused_sgd"``."""
@@ -49,8 +64,9 @@ def variant_key(variant: str) -> str:
 
 
 def variants_for(precision: str, size: Size) -> tuple[str, ...]:
-    """The variants timed in ``precision``: :data:`VARIANTS`, then the tuned ones when ``size.tuned``."""
-    return VARIANTS + (tuple(TUNED.get(precision, {})) if size.tuned else ())
+    """The variants timed in ``precision``: :data:`VARIANTS`, the :data:`OFFERED` ones, then the tuned ones
+    when ``size.tuned``."""
+    return VARIANTS + tuple(OFFERED.get(precision, {})) + (tuple(TUNED.get(precision, {})) if size.tuned else ())
 
 
 @dataclass(frozen=True)

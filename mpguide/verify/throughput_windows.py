@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
+from ..checks import PitfallChecks
 from . import hardware
 from .throughput_config import TUNED, VARIANTS, Size, Tuning
 
@@ -155,7 +156,7 @@ def lightning_window(
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[clock],
+        callbacks=[clock, *([PitfallChecks()] if tuning.checks else [])],
         **hardware.trainer_precision_kwargs(precision, accelerator),
     )
     loader = torch.utils.data.DataLoader(_RepeatBatch(batch, n), batch_size=None)
