@@ -813,8 +813,9 @@ plt.show()
 # ---------------------------------------------------
 # Factor per generator micro-batch in the window with the forced overflow: with Lightning's
 # plugin the first micro-batch was scaled at the old scale and unscaled at the halved one, so its
-# gradient counts twice in that update. ``ManualMixedPrecision`` defers the scale update until the
-# generator, which holds gradients of the current scale, has stepped.
+# gradient counts twice in that update. ``ManualMixedPrecision`` lowers the scale before the next
+# backward too (as the stock plugin does), but first brings the generator's held micro-batch to the
+# new scale, so both micro-batches count once.
 
 for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
     run = plotting.run_by_id(record, run_id)

@@ -15,7 +15,7 @@ autocast_cache     this file, on example 01's two-tower model (#20970's step sim
 optimizer_math     this file (step outside autocast, 16-mixed)
 accumulation       this file (16-mixed, window of 4)
 clipping           this file (the hook, 16-mixed)
-clipping_gan       this file (two optimizers; the hook clips the second only) and plot_04's GAN claims
+clipping_gan       this file (two optimizers; the hook clips the second only) (plot_04 prints the same trap and fix)
 no_gradient_step   this file (#20116's step fixed: windows of 2 batches, accumulation,
                    toggle_model): the guard keeps a generator without gradients from crashing
                    16-mixed, and the same step without the guard raises "No inf checks"

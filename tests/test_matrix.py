@@ -315,8 +315,7 @@ def test_applies_sentence_gives_each_outcome_its_words_and_never_says_not_affect
         "Holds on Lightning 2.6.6. Does not hold on 2.5.4: the behaviour differs there. "
         "The example cannot run on 2.4.0 (`toggled_optimizer` is missing). "
         "ManualMixedPrecision refuses 2.5.5 (it supports Lightning 2.6.x). "
-        "Untested on 2.2.5 and 2.3.3: their CPU GradScaler is disabled (a CPU-only artifact, not a sign "
-        "they are unaffected)."
+        "Untested on 2.2.5 and 2.3.3 (their CPU GradScaler is disabled)."
     )
     assert "not on" not in text and "(fail)" not in text
     table = matrix_page.render_table(sums)

@@ -281,8 +281,8 @@ def footer(section: str, prefix: str = "../") -> str:
     if claims:
         differs = {"differs": DIFFERS[section]} if section in DIFFERS else {}
         lines.append(
-            f"**Lightning releases**: {matrix_page.applies_sentence(matrix_summary.load_matrix(), claims, **differs)} "
-            f'(<a href="{prefix}releases.html">every release and claim</a>)'
+            f'**<a href="{prefix}releases.html">Lightning releases</a>**: '
+            f"{matrix_page.applies_sentence(matrix_summary.load_matrix(), claims, **differs)}"
         )
     return "  \n".join(lines)  # a hard line break between the two lines
 

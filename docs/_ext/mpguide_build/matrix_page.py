@@ -233,8 +233,7 @@ def applies_sentence(
         parts.append(f"ManualMixedPrecision refuses {_releases(groups[PLUGIN_REFUSES])} (it supports Lightning 2.6.x).")
     if CPU_ARTIFACT in groups:
         parts.append(
-            f"Untested on {_releases(groups[CPU_ARTIFACT])}: their CPU GradScaler is disabled (a CPU-only "
-            f"artifact, not a sign they are unaffected)."
+            f"Untested on {_releases(groups[CPU_ARTIFACT])} (their CPU GradScaler is disabled)."
         )
     if NOT_JUDGED in groups:
         parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
