@@ -195,6 +195,19 @@ def numbers() -> dict[str, Any]:
         e = extra("plot_15_throughput", run_id)
         return statistics.median(x / y for x, y in zip(e[f"{a}_round_steps_per_s"], e[f"{b}_round_steps_per_s"]))
 
+    def column_gap(lightning: str, torch_pin: str | None, claim_id: str) -> float:
+        """A match claim's measured gap (percent) in a committed matrix column (example 01)."""
+        from . import matrix_summary
+
+        columns = matrix_summary.load_matrix() + matrix_summary.load_torch_matrix()
+        for summary in columns:
+            if summary["lightning"] == lightning and summary.get("torch_pin") == torch_pin:
+                for claim in summary["examples"].get(port, {}).get("claims", []):
+                    if claim["id"] == claim_id and str(claim.get("observed", "")).startswith("max "):
+                        return 100 * float(claim["observed"].split()[1])
+        where = f"Lightning {lightning}" + (f", torch {torch_pin}" if torch_pin else "")
+        raise KeyError(f"the version matrix has no measured {claim_id} of {port} ({where}): run nox -s matrix")
+
     scaler = torch.amp.GradScaler("cpu")
     sk = extra("plot_05_skipped_steps", "fp16-naive")
     ddp = recs["plot_13_ddp_accumulation"]
@@ -209,6 +222,10 @@ def numbers() -> dict[str, Any]:
         "rep_bf16_gap": gap(port, "reporter-bf16", "reporter-fp32"),
         "rep_cache_gap": gap(port, "cache2-bf16", "plain2-bf16"),
         "rep_seed_gap": gap(port, "reporter-bf16-seed1", "reporter-bf16"),
+        # Lightning 2.5.4's own autocast caches: two updates drift without any own autocast (torch 2.13)
+        "old_cache_gap": column_gap("2.5.4", None, "match(plain2-bf16, plain2-fp32)"),
+        # torch 2.10 with Lightning 2.5.4: the predictor shared by the no_grad teacher loses its gradient
+        "old_torch_shared_gap": column_gap("2.5.4", "2.10.0", "match(auto-bf16, auto-fp32)"),
         "fp16_gap": gap(port, "auto-fp16", "auto-fp32"),
         "sched_final": _run(recs[port], "sched-fp32")["loss"][-1],
         "teacher_final": _run(recs[port], "teacher-fp32")["loss"][-1],

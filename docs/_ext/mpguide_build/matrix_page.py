@@ -232,9 +232,7 @@ def applies_sentence(
     if PLUGIN_REFUSES in groups:
         parts.append(f"ManualMixedPrecision refuses {_releases(groups[PLUGIN_REFUSES])} (it supports Lightning 2.6.x).")
     if CPU_ARTIFACT in groups:
-        parts.append(
-            f"Untested on {_releases(groups[CPU_ARTIFACT])} (their CPU GradScaler is disabled)."
-        )
+        parts.append(f"Untested on {_releases(groups[CPU_ARTIFACT])} (their CPU GradScaler is disabled).")
     if NOT_JUDGED in groups:
         parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
     if INCONCLUSIVE in groups:
