@@ -86,6 +86,9 @@ def test_a_30_percent_slower_manual_loop_fails_the_parity_claims(tmp_path):
             "CPU 16-mixed: manual as fast as automatic",
             "CPU fp32: manual as fast as a plain loop",
             "CPU 16-mixed: manual as fast as a plain loop",
+            # the check's claims divide the check's rate by the slowed manual one: 1.3, outside 0.85-1.15
+            "CPU bf16-mixed: PitfallChecks costs no speed",
+            "CPU 16-mixed: PitfallChecks costs no speed",
         ]
     ), report.summary()
     assert not report.inconclusive
