@@ -265,6 +265,65 @@ def summary(record: dict[str, Any], path: str = "") -> str:
     return f"{table}\n\n{record['example']} on {verdicts[0].hardware if verdicts else '?'}: {count_line(verdicts)}"
 
 
+class VerdictTable:
+    """The worded verdict table of one record, for a gallery page (HTML) and a terminal (text).
+
+    sphinx-gallery renders the object a cell ends with through ``_repr_html_`` (``capture_repr`` in
+    ``conf.py``); a terminal, a notebook's text view and ``print()`` get :func:`summary`'s table. Columns:
+    result, check, measured (with its unit), allowed (the tolerance, linked to its definition on the
+    verification page when ``tolerance_href`` is given); the caption is :func:`count_line`.
+
+    Attributes:
+        record: the record as :func:`mpguide.verify.runner.run_example` returned it.
+        verdicts: the record's verdicts (:func:`mpguide.verify.claims.evaluate_record`).
+        tolerance_href: URL of the verification page, relative to the page showing the table.
+    """
+
+    def __init__(self, record: dict[str, Any], tolerance_href: str | None = "../verification.html") -> None:
+        self.record = record
+        self.verdicts = evaluate_record(record)
+        self.tolerance_href = tolerance_href
+
+    def caption(self) -> str:
+        """``"<example> on <hardware>: <count line>"``."""
+        hardware = self.verdicts[0].hardware if self.verdicts else "?"
+        return f"{self.record['example']} on {hardware}: {count_line(self.verdicts)}"
+
+    def __str__(self) -> str:
+        return f"{format_table(verdict_rows(self.verdicts), WORD_COLUMNS)}\n\n{self.caption()}"
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = verdict_rows(self.verdicts)  # plain text: every cell is escaped, then the tolerance is linked
+        shown = [v for v in self.verdicts if v.kind not in ("finite", "completes") or not v.passed]
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in WORD_COLUMNS)
+        body = []
+        for row, v in zip(rows, shown):
+            failed = row["verdict"] not in ("pass", "not judged")
+            cells = [html.escape(row[c]) for c in WORD_COLUMNS]
+            if self.tolerance_href and v.tolerance and v.judged:
+                plain = html.escape(f" ({v.tolerance})")
+                cells[3] = cells[3].replace(plain, _tolerance_name(v, html.escape(self.tolerance_href)), 1)
+            body.append(
+                f'<tr class="{"mpguide-fail" if failed else "mpguide-row"}">'
+                + "".join(f"<td>{cell}</td>" for cell in cells)
+                + "</tr>"
+            )
+        return (
+            '<div class="mpguide-verdicts"><table>'
+            f"<caption>{html.escape(self.caption())}</caption>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        )
+
+
+def verdicts(record: dict[str, Any]) -> VerdictTable:
+    """The verdict table an example ends with: HTML on its gallery page, text in a terminal (:class:`VerdictTable`)."""
+    return VerdictTable(record)
+
+
 def expected_error(record: dict[str, Any], run_id: str) -> str:
     """The captured error of run ``run_id``, introduced as what it is: the expected error a claim checks.
 
