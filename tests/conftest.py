@@ -177,6 +177,16 @@ def built_site(tmp_path_factory):
     return out, proc
 
 
+def quiet_trainer(**trainer_kwargs):
+    """A one-epoch CPU ``Trainer`` of one device without logger, progress bar, summary or checkpoint (the small
+    real runs of the plugin tests, the generated programs and the cost test); ``trainer_kwargs`` add to it."""
+    import lightning.pytorch as pl
+
+    quiet = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False)
+    quiet.update(enable_model_summary=False, enable_checkpointing=False)
+    return pl.Trainer(**{**quiet, **trainer_kwargs})
+
+
 def quiet_fit(module, samples: int, features: int = 6, batch_size: int = 4, **trainer_kwargs):
     """Fit ``module`` for one epoch on CPU over ``samples`` seeded random rows, without logs or warnings.
 
@@ -186,20 +196,10 @@ def quiet_fit(module, samples: int, features: int = 6, batch_size: int = 4, **tr
     """
     import warnings
 
-    import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        **trainer_kwargs,
-    )
+    trainer = quiet_trainer(**trainer_kwargs)
     data = TensorDataset(torch.randn(samples, features, generator=torch.Generator().manual_seed(0)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

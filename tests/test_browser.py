@@ -413,3 +413,60 @@ def test_the_budget_measure_fails_on_a_long_page(server, browser, tmp_path):
         long_page.unlink()
     assert screens > GUIDE_MAX_SCREENS and words > GUIDE_MAX_WORDS, (screens, words)
     assert words >= 15000  # the collapsed block's words are counted
+
+
+#: The examples' budget (issue 28): every gallery page at most 10 screens at 1400x900, and its call to copy (the
+#: first code block holding ``Trainer(`` and ``.fit(``, or ``Fabric(`` and ``backward(``) starting within the
+#: first 3 screens, measured as ``shared/tools/example_pages.py`` measures them.
+EXAMPLE_MAX_SCREENS, COPY_WITHIN_SCREENS = 10, 3
+_COPY_BLOCK = """
+const pre = [...document.querySelectorAll('article pre, .bd-article pre, pre')].find(e => {
+  const t = e.innerText;
+  return (t.includes('Trainer(') && t.includes('.fit(')) || (t.includes('Fabric(') && t.includes('backward('));
+});
+return pre ? pre.getBoundingClientRect().top + window.scrollY : null;"""
+
+
+def measure_example(browser, url: str) -> tuple[float, float | None]:
+    """``(screen heights, top of the call to copy in px)`` of a gallery page at :data:`SCREEN` (``None``: no
+    block holds a call to copy)."""
+    screens, _ = measure(browser, url)
+    return screens, browser.execute_script(_COPY_BLOCK)
+
+
+def test_every_example_page_fits_its_budget(server, browser):
+    base, html = server
+    pages = sorted((html / "auto_examples").glob("plot_*.html"))
+    assert len(pages) >= 16, f"expected the 16 gallery pages, found {len(pages)}"
+    problems = []
+    for page in pages:
+        screens, copy_top = measure_example(browser, f"{base}auto_examples/{page.name}")
+        print(f"{page.stem}: {screens:.1f} screens, call to copy at {copy_top} px")
+        if screens > EXAMPLE_MAX_SCREENS:
+            problems.append(f"{page.stem}: {screens:.1f} screens at 1400x900 (at most {EXAMPLE_MAX_SCREENS})")
+        if copy_top is None or copy_top >= COPY_WITHIN_SCREENS * SCREEN[1]:
+            problems.append(
+                f"{page.stem}: the call to copy starts at {copy_top} px, not within the first {COPY_WITHIN_SCREENS} "
+                f"screens ({COPY_WITHIN_SCREENS * SCREEN[1]} px); move the Trainer(...).fit(...) cell up"
+            )
+    assert not problems, "\n".join(problems)
+
+
+def test_the_example_measure_fails_on_a_late_call_to_copy(server, browser):
+    """The measure itself: a page whose only Trainer(...).fit(...) block sits below 4 screens of text, and a
+    12-screen page, break the budget."""
+    base, root = server
+    probe = root / "_example_probe.html"
+    probe.write_text(
+        "<html><body><article>"
+        + '<p style="margin:0;height:900px">screen</p>' * 4
+        + "<pre>trainer = pl.Trainer(max_steps=5)\ntrainer.fit(model)</pre>"
+        + '<p style="margin:0;height:900px">screen</p>' * 8
+        + "</article></body></html>"
+    )
+    try:
+        screens, copy_top = measure_example(browser, base + "_example_probe.html")
+    finally:
+        probe.unlink()
+    assert screens > EXAMPLE_MAX_SCREENS, screens
+    assert copy_top is not None and copy_top >= COPY_WITHIN_SCREENS * SCREEN[1], copy_top

@@ -16,6 +16,7 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import quiet_trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -111,14 +112,7 @@ def measure(net, width, batch, steps, monkeypatch):
     module = Steps(net, width)
     gen = torch.Generator().manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(batch * (steps + 2), width, generator=gen)), batch_size=batch)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
+    trainer = quiet_trainer(
         plugins=[ManualMixedPrecision("16-mixed", "cpu", scaler)],
     )
     threads = torch.get_num_threads()

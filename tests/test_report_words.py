@@ -108,3 +108,17 @@ def test_expected_error_is_introduced_as_expected():
     ]
     with pytest.raises(KeyError, match="run 'ok' has no captured error"):
         report.expected_error(record, "ok")
+
+
+def test_the_html_verdict_table_escapes_every_cell_links_tolerances_and_marks_failures(good_record):
+    broken = next(r for r in good_record["runs"] if r["id"] == "broken")
+    broken["loss"] = list(next(r for r in good_record["runs"] if r["id"] == "auto")["loss"])  # the bug is gone
+    good_record["claims"][0]["title"] = "<script>alert(1)</script> port"
+    table = report.verdicts(good_record)
+    html = table._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt; port" in html
+    assert '<a href="../verification.html#tol-pitfall-gap">pitfall-gap</a>' in html
+    assert html.count("<tr class=") == len(report.verdict_rows(table.verdicts))
+    failing = re.findall(r'<tr class="mpguide-fail"><td>([^<]*)</td>', html)
+    assert failing == ["the bug still reproduces: NO"], failing
+    assert "the bug still reproduces: NO" in str(table) and table.caption() in str(table)  # text for a terminal

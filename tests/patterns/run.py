@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import lightning.pytorch as pl
 import torch
+from conftest import quiet_trainer
 from lightning.fabric import Fabric
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -180,14 +181,7 @@ def run_trainer(program: Program, plugin_cls) -> Result:
     """The program in a 16-mixed Trainer run with ``plugin_cls("16-mixed", "cpu", scaler)``."""
     result = Result()
     module = ProgramModule(program, result)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
+    trainer = quiet_trainer(
         callbacks=[Replace(program)],
         plugins=[plugin_cls("16-mixed", "cpu", make_scaler(program, result))],
     )
