@@ -20,3 +20,20 @@ SECTIONS = (
     "optimizer-math",
     "gradient-penalty",
 )
+#: Each section's heading on the guide page, so that a finding read in a terminal names what to look for
+#: (``tests/test_checks.py`` holds them equal to the page's headings).
+SECTION_TITLES = {
+    "no-gradient-step": "Step only an optimizer that holds gradients",
+    "clipping": "Gradient clipping",
+    "scale-changes": "When the loss scale changes between two optimizers",
+    "schedulers": "Learning-rate schedulers and skipped steps",
+    "nonfinite-guard": 'The fp32 habit "skip the step if the gradient norm is not finite"',
+    "backward-flags": "`loss.backward()` and the CPU fallback",
+    "fp16-parameters": "Trainable fp16 parameters",
+    "step-frequencies": "Different step frequencies",
+    "porting": "Porting from automatic optimization",
+    "accumulation": "Gradient accumulation",
+    "autocast-cache": "Your own `torch.autocast` and the autocast cache",
+    "optimizer-math": "Optimizers that multiply matrices in their step",
+    "gradient-penalty": "Gradient penalties (`autograd.grad` inside `training_step`)",
+}

@@ -111,6 +111,7 @@ on a Lightning older than 2.0 it refuses in one line (:class:`PitfallError` at c
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from dataclasses import dataclass, field
 from time import perf_counter as _clock
@@ -123,7 +124,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.overrides import TorchFunctionMode
 
 from ._common import HeldGradientScales
-from ._sections import GUIDE_URL, SECTIONS
+from ._sections import GUIDE_URL, SECTION_TITLES, SECTIONS
 
 __all__ = ["GUIDE_URL", "SECTIONS", "Finding", "PitfallChecks", "PitfallError", "PitfallWarning"]
 
@@ -243,12 +244,36 @@ def _defining_class(cls: type, name: str) -> type | None:
 
 
 def _link(section: str) -> str:
-    return f"{GUIDE_URL}#{section}"
+    """Where to read on: the section's heading (a terminal reader searches for it) and its address on the site."""
+    return f'section "{SECTION_TITLES[section]}" ({GUIDE_URL}#{section})'
 
 
 def _fmt(value: float) -> str:
-    """A number in 3 significant digits; a whole number (a loss scale, 65536) in full."""
+    """A number in 3 significant digits; a whole number (a loss scale, 65536) in full; ``inf``/``nan`` as such
+    (an overflowing first step of 16-mixed clips a norm of inf: the check must report it, not raise)."""
+    if not math.isfinite(value):
+        return f"{value:.3g}"
     return str(int(value)) if value == int(value) and abs(value) < 1e9 else f"{value:.3g}"
+
+
+def _clip_numbers(seen: float, limit: Any, scale: float) -> str:
+    """What clipping the scaled total norm ``seen`` to ``limit`` did, against clipping the true gradients.
+
+    The true norm is ``seen / scale``. Clipped while scaled, the update's norm becomes ``min(seen, c) / scale``;
+    clipped after unscaling it would be ``min(seen / scale, c)``: their ratio is how much smaller this update is.
+    """
+    true = seen / scale
+    text = f"it clipped a total norm of {_fmt(seen)} to {limit}; unscaled, the norm was {_fmt(true)}"
+    try:
+        c = float(limit)
+    except (TypeError, ValueError):
+        return text
+    if not (math.isfinite(seen) and c > 0):
+        return text + " (a non-finite norm: GradScaler skips this step)"
+    if seen <= c:
+        return text + f"; nothing was cut this time, but the limit acts on gradients {_fmt(scale)}x too large"
+    shrink = min(true, c) / (c / scale)
+    return text + f", so this update is about {_fmt(shrink)} times smaller than clipping the true gradients"
 
 
 class PitfallChecks(Callback):
@@ -276,6 +301,8 @@ class PitfallChecks(Callback):
     """
 
     def __init__(self, strict: bool = False) -> None:
+        if not isinstance(strict, bool):
+            raise TypeError(f"PitfallChecks(strict=...) takes True or False, not {strict!r}")
         major = int(pl.__version__.split(".")[0])
         if major < 2:
             raise PitfallError(
@@ -429,6 +456,8 @@ class PitfallChecks(Callback):
             raise PitfallError("only one PitfallChecks can watch a fit at a time; pass a single instance")
         _ACTIVE = self
         self._reset()
+        self.findings, self.notes = [], []  # each fit is reported on its own (a reused instance starts empty)
+        self.check_seconds = self.setup_seconds = self.step_seconds = 0.0
         start = _clock()
         self._module = pl_module
         plugin = trainer.precision_plugin
@@ -784,7 +813,7 @@ class PitfallChecks(Callback):
                     f"scaler.unscale_() was called {self._where()} from training_step: Lightning's MixedPrecision "
                     f"unscales again inside opt.step(), and GradScaler raises 'unscale_() has already been called on "
                     f"this optimizer since the last update()'. Fix: clip inside on_before_optimizer_step (after "
-                    f"Lightning's unscale_), or use ManualMixedPrecision.",
+                    f"Lightning's unscale_), or use ManualMixedPrecision (Lightning 2.6).",
                     optimizer=index,
                 )
             return original(optimizer)
@@ -1090,11 +1119,7 @@ class PitfallChecks(Callback):
                 i, fused = scaled[0]
                 limit = args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value"))
                 if name == "clip_grad_norm_" and isinstance(result, torch.Tensor):
-                    seen = float(result)
-                    numbers = (
-                        f"it clipped a total norm of {_fmt(seen)} to {limit}; unscaled, the norm was "
-                        f"{_fmt(seen / self._scale)}, so every update shrinks about {_fmt(self._scale)} times"
-                    )
+                    numbers = _clip_numbers(float(result), limit, self._scale)
                 else:
                     numbers = f"the values it clipped to {limit} are {_fmt(self._scale)}x the true ones"
                 self._find(
@@ -1113,7 +1138,7 @@ class PitfallChecks(Callback):
                         "an unfused optimizer (fused=False) when clipping under 16-mixed."
                         if fused
                         else "clip inside on_before_optimizer_step(self, optimizer), which runs after unscaling, "
-                        "or with ManualMixedPrecision's self.clip_gradients(opt, ...)."
+                        "or, on Lightning 2.6, with ManualMixedPrecision's self.clip_gradients(opt, ...)."
                     ),
                     optimizer=i,
                 )

@@ -6,7 +6,9 @@ Each module is small (a few linear layers, 4-6 batches on CPU). 16-mixed runs pa
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -688,3 +690,58 @@ def test_a_second_instance_in_the_same_fit_is_refused_in_one_line():
     _, error = fit(PlainStep(), "32-true", callbacks=[PitfallChecks(), PitfallChecks()])
     assert isinstance(error, PitfallError) and "only one PitfallChecks" in str(error)
     assert fit(PlainStep(), "32-true")[0].findings == []  # and the next fit is watched again
+
+
+# ------------------------------------------------------------------ round 5: what a reader's trial found
+class NormClipBeforeStep(Manual):
+    """clip_grad_norm_ on the scaled gradients, as many GAN ports write it."""
+
+    limit = 0.5
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(self.loss(batch))
+        self.norm = float(torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.limit))
+        opt.step()
+
+
+def test_an_overflowing_first_step_is_reported_not_raised():
+    # the scaled norm of the first step is inf: the check used int(inf) and killed the fit (OverflowError)
+    checks, error = fit(NormClipBeforeStep(), "16-mixed", plugin=huge_scale_plugin())
+    assert error is None, repr(error)
+    assert sections(checks) == {"clipping"}
+    message = checks.findings[0].message  # fp16's backward overflows: inf, or nan where inf - inf met
+    assert re.search(r"total norm of (inf|nan) to 0\.5", message) and "GradScaler skips this step" in message
+
+
+def test_the_clipping_finding_says_how_much_smaller_this_update_is():
+    module = NormClipBeforeStep()
+    module.limit = 5.0  # above the true norm (about 0.5), far below the scaled one
+    checks, error = fit(module, "16-mixed", batches=1)
+    assert error is None and sections(checks) == {"clipping"}
+    seen, scale, limit = module.norm, 65536.0, module.limit
+    expected = min(seen / scale, limit) / (limit / scale)  # clipped while scaled vs clipped after unscaling
+    assert seen > limit and 1 < expected < scale
+    words = checks.findings[0].message.split("so this update is about ")[1]
+    assert abs(float(words.split(" ")[0]) / expected - 1) < 0.01, (words, expected)
+
+
+def test_a_finding_names_its_section_heading_for_a_terminal_reader():
+    from mpguide._sections import SECTION_TITLES
+
+    checks, _ = fit(ClipValueBeforeStep(), "16-mixed")
+    assert 'section "Gradient clipping" (model/manual_optimization.html#clipping)' in checks.findings[0].message
+    guide = (Path(__file__).parents[1] / "docs" / "model" / "manual_optimization.md").read_text()
+    assert set(SECTION_TITLES) == set(SECTIONS)
+    for anchor, title in SECTION_TITLES.items():
+        assert re.search(f"^\\({re.escape(anchor)}\\)=\n#+ {re.escape(title)}$", guide, re.M), (anchor, title)
+
+
+def test_strict_takes_a_bool_and_a_reused_instance_reports_each_fit_on_its_own():
+    with pytest.raises(TypeError, match="strict=...\\) takes True or False, not 'no'"):
+        PitfallChecks(strict="no")
+    checks = PitfallChecks()
+    fit(ClipValueBeforeStep(), "16-mixed", checks=checks)
+    fit(ClipValueBeforeStep(), "16-mixed", checks=checks)
+    assert len(checks.findings) == 1, [f.message for f in checks.findings]
