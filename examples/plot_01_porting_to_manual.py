@@ -2,11 +2,10 @@
 Porting a teacher/student model to manual optimization
 ======================================================
 
-A user ports a teacher/student model from automatic to manual optimization, switches on
-``precision="bf16-mixed"``, and sees the bf16 curve drift while the fp32 curves overlap
-(`Lightning issue #20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_).
-This example trains the automatic model and its manual port in three precisions, two porting
-mistakes, and the reporter's own ``training_step``, one element changed at a time.
+A user ports a teacher/student model to manual optimization, switches on ``precision="bf16-mixed"``,
+and sees the bf16 curve drift while the fp32 curves overlap
+(`Lightning issue #20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_). Here the
+automatic model and its port train in three precisions, with two porting mistakes and the reporter's step.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -15,10 +14,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_01_porting_to_manual.py
 
-**What you will learn**: a faithful manual port equals automatic optimization in every precision;
-the #20970 step as posted trains bf16-mixed exactly as automatic optimization does (bitwise); what
-does make a port drift in bf16-mixed only; two porting mistakes that break fp32 just as much.
-The guide explains each rule: :doc:`../model/manual_optimization`.
+**What you will learn**: a faithful port equals automatic optimization in every precision, #20970's step
+included (bitwise); what does make a port drift in bf16-mixed only; two mistakes that break fp32 as much.
+The rules: :doc:`../model/manual_optimization`.
 """
 
 # %%
@@ -29,7 +27,6 @@ The guide explains each rule: :doc:`../model/manual_optimization`.
 # Automatic optimization updates the teacher in ``optimizer_step`` and steps the scheduler once per epoch.
 
 import copy
-from contextlib import nullcontext
 
 import lightning.pytorch as pl
 import torch
@@ -185,6 +182,9 @@ class TeacherUpdateInHook(ManualPort):
 # forward and loss in its own ``torch.autocast``, then calls ``manual_backward``, ``optimizer.step()``,
 # ``scheduler.step()`` every batch and ``zero_grad(set_to_none=True)``. The automatic original steps its
 # per-batch schedule with ``"interval": "step"``. Each class attribute switches one element.
+
+
+from contextlib import nullcontext
 
 
 class Tower(nn.Module):

@@ -30,9 +30,6 @@ step a warned no-op. The guide gives the rules: :doc:`../model/manual_optimizati
 # ``toggled_optimizer`` switches off ``requires_grad`` of every parameter outside the given optimizer,
 # so each backward reaches only its own model.
 
-import warnings
-from contextlib import nullcontext
-
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
@@ -208,6 +205,9 @@ class WindowedWithOverflow(WindowedGAN):
 # the generator. Each class attribute switches one element of the posted code.
 
 
+from contextlib import nullcontext
+
+
 def has_gradients(opt):
     """True when a parameter of ``opt`` holds a gradient, i.e. ``opt.step()`` would change something."""
     return any(p.grad is not None for group in opt.param_groups for p in group["params"])
@@ -254,6 +254,9 @@ def variant(**changes):
 # not the bug: a model whose loss reaches none of its parameters still does not train, so it warns.
 # ``OverlappingWindows`` is the every-second-batch pattern with ``toggle_model``; ``OftenChangingScale``
 # makes the scale change at every step.
+
+
+import warnings
 
 
 class ReporterFixed(ReporterAlternation):
