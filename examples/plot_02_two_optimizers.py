@@ -342,7 +342,7 @@ from mpguide.verify.probes import parameter_digest
 
 
 class GeneratorAndWeights(Callback):
-    measures = dict(generator_changed="bool", weights="name")
+    measures = {"generator_changed": "bool", "weights": "name"}
 
     def setup(self, trainer, pl_module, stage):
         self.module, self.initial_generator = pl_module, parameter_digest(pl_module.generator)
@@ -353,10 +353,9 @@ class GeneratorAndWeights(Callback):
 
 
 class WindowFactors(Callback):
-    """The weight of each generator micro-batch in its step: the unscaled gradient solved (least squares) as a
-    sum of what each generator backward added, divided by its loss scale (1 = counted once, 2 or 0.5 after a change)."""
+    """Each generator micro-batch's weight in its step (least squares over each backward's gradient / scale)."""
 
-    measures = dict(forced_window_factors="list[finite]", other_windows_constant="bool")
+    measures = {"forced_window_factors": "list[finite]", "other_windows_constant": "bool"}
 
     def __init__(self):
         self.window_factors = []  # per window: the weight of each generator micro-batch in the step
@@ -401,10 +400,10 @@ def flat_grad(opt):
 
 
 class MicroBatches(Callback):
-    """Per step: how many micro-batches the gradient holds, and each one's loss scale relative to the step's."""
-
-    measures = dict(micro_batches_kept="list[count]", micro_batches_per_window="list[count]", optimizer_steps="count")
-    measures |= dict(windows_with_scale_change="count", scale_changed_inside_a_window="bool")
+    # fmt: off
+    measures = {"micro_batches_kept": "list[count]", "micro_batches_per_window": "list[count]",
+        "windows_with_scale_change": "count", "scale_changed_inside_a_window": "bool", "optimizer_steps": "count"}
+    # fmt: on
 
     def __init__(self):
         self.added = {}  # optimizer -> [(gradient one backward added, loss scale of that backward)]
