@@ -31,10 +31,18 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import functools
 
+import lightning.pytorch as pl
+import matplotlib.pyplot as plt
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide import steps
+from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_06_accumulation")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -85,12 +93,6 @@ class ZeroGradEveryBatch(ManualAccumulation):
 # is enough; on a CPU that flag silently becomes bf16-mixed, so Lightning's plugin is passed
 # explicitly. ``max_steps`` counts optimizer steps, i.e. windows.
 
-import lightning.pytorch as pl
-import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
-
-from mpguide.data import digits_loader
-
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = ManualAccumulation(optimizer="sgd", lr=0.05)
@@ -108,18 +110,25 @@ trainer.fit(model, digits_loader(batch_size=64))
 print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
 
 # %%
-# How this page is verified
-# -------------------------
+# Evidence: the runs and their claims
+# -----------------------------------
 # Automatic optimization with ``accumulate_grad_batches=4`` is the reference in each precision. A
 # probe (a Lightning callback: the recipes above carry no measuring code) records the loss scale at
 # the start of each micro-batch, and whether the weights changed over each window of ``N``.
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide import steps
+from mpguide.verify import plotting, report, runner
 
 
 class WindowProbe(Callback):
+    measures = {
+        "window_moved": "list[bool]",
+        "scale_constant_in_windows": "bool",
+        "overflow_window_skipped": "bool",
+        "other_windows_moved": "bool",
+    }
+
     def __init__(self):
         self.window_moved = []  # per window: did the weights change?
         self.scales = []  # loss scale seen by each micro-batch (None without a GradScaler)
@@ -156,15 +165,11 @@ recipes = {
     "no division, lr 0.5": functools.partial(NoDivision, optimizer="sgd", lr=0.5),
 }
 probes = {name: [WindowProbe] for name in recipes if name != "automatic"}
+# fmt: off
 RUNS = [
     # run id           recipe                   precision     options
     ("auto-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"}),
-    (
-        "auto-bf16",
-        "automatic",
-        "bf16-mixed",
-        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"},
-    ),
+    ("auto-bf16", "automatic", "bf16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"}),  # noqa: E501
     ("auto-fp16", "automatic", "16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"}),
     ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
@@ -175,12 +180,7 @@ RUNS = [
     ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
     ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
-    (
-        "trainer-flag",
-        "manual",
-        "32-true",
-        {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"},
-    ),
+    ("trainer-flag", "manual", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),  # noqa: E501
 ]
 CLAIMS = [
     ("match", "manual-fp32", "auto-fp32", "same-precision", "manual accumulation = automatic (fp32)"),
@@ -193,13 +193,7 @@ CLAIMS = [
     ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
-    (
-        "raises",
-        "trainer-flag",
-        "MisconfigurationException",
-        "Automatic gradient accumulation is not supported for manual optimization",
-        "Trainer(accumulate_grad_batches) is rejected in manual optimization",
-    ),
+    ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient accumulation is not supported for manual optimization", "Trainer(accumulate_grad_batches) is rejected in manual optimization"),  # noqa: E501
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
@@ -212,13 +206,10 @@ CLAIMS = [
     ("clean", "overflow-fp16", "PitfallChecks: overflow-fp16 has no finding"),
     ("flags", "zero-grad", "accumulation", "PitfallChecks flags zero-grad: accumulation"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
-
-import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
 
 # %%
 # Curves
@@ -238,19 +229,10 @@ plotting.describe(
 )
 acc_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
 plotting.plot_loss_curves(left, record, acc_ids, "Automatic vs manual accumulation, N = 4")
-plotting.plot_loss_curves(
-    right,
-    record,
-    ["manual-fp32", "no-division", "manual-lr-x4", "zero-grad"],
-    "Accumulation mistakes, SGD lr 0.05, fp32",
-    {"no-division": "#D55E00", "zero-grad": "#CC79A7"},
-    {
-        "manual-fp32": "divided by 4",
-        "no-division": "not divided",
-        "manual-lr-x4": "divided, lr x 4",
-        "zero-grad": "zero_grad every batch",
-    },
-)
+names = {"manual-fp32": "divided by 4", "no-division": "not divided", "manual-lr-x4": "divided, lr x 4"}
+names["zero-grad"] = "zero_grad every batch"
+colors = {"no-division": "#D55E00", "zero-grad": "#CC79A7"}
+plotting.plot_loss_curves(right, record, list(names), "Accumulation mistakes, SGD lr 0.05, fp32", colors, names)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
@@ -264,14 +246,8 @@ plt.show()
 
 fig, ax = plotting.figure(1, 1, 9, 5.2)
 plotting.describe(fig, "At lr 0.5 the divided recipe trains and the undivided one diverges")
-plotting.plot_loss_curves(
-    ax,
-    record,
-    ["manual-lr-0.5", "no-division-lr-0.5"],
-    "SGD lr 0.5, fp32",
-    {"no-division-lr-0.5": "#D55E00"},
-    {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"},
-)
+names = {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"}
+plotting.plot_loss_curves(ax, record, list(names), "SGD lr 0.5, fp32", {"no-division-lr-0.5": "#D55E00"}, names)
 ax.set_yscale("log")
 plotting.save_figure(fig, record["example"], "larger_lr")
 plt.show()
@@ -289,22 +265,13 @@ plotting.describe(fig, "The loss scale is constant inside each window; the windo
 shown = 40
 ax.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale at micro-batch start")
 for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
-    ax.axvspan(w * N, (w + 1) * N, color="#D55E00" if not moved else "#999999", alpha=0.25 if not moved else 0.06)
+    ax.axvspan(w * N, (w + 1) * N, color="#999999" if moved else "#D55E00", alpha=0.06 if moved else 0.25)
 ax.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
-ax.set(
-    yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale", title="Windows of 4 micro-batches (red: skipped)"
-)
-ax.legend(
-    fontsize=plotting.LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0)
-)  # right of the data
+ax.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale")
+ax.set_title("Windows of 4 micro-batches (red: skipped)")
+ax.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data
 plotting.save_figure(fig, record["example"], "windows")
 plt.show()
-
-# %%
-# Verdicts
-# --------
-
-print(report.summary(record))
 
 # %%
 # Conclusion
@@ -313,5 +280,11 @@ print(report.summary(record))
 # ``opt.zero_grad()`` only at the end of the window. Forgetting the division multiplies SGD's
 # learning rate by N (bitwise the same run), which may look better or diverge depending on the
 # learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed
-# nothing else is needed: the
-# scale cannot change inside a window, and an overflow anywhere in it skips the window as a whole.
+# nothing else is needed: the scale cannot change inside a window, and an overflow anywhere in it
+# skips the window as a whole.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)
