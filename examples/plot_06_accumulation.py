@@ -17,8 +17,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 **What you will learn**
 
-* the accumulation recipe, and what not dividing does with SGD: exactly what an N times larger
-  learning rate does (faster at a small learning rate, divergence at a larger one);
+* the accumulation recipe, and why not dividing is an N times larger learning rate with SGD;
 * that the loss scale is constant inside a window under 16-mixed (it only changes in ``opt.step()``);
 * that one overflowing micro-batch skips the whole window's update.
 """
@@ -112,9 +111,8 @@ print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Automatic optimization with ``accumulate_grad_batches=4`` is the reference in each precision. A
-# probe (a Lightning callback: the recipes above carry no measuring code) records the loss scale at
-# the start of each micro-batch, and whether the weights changed over each window of ``N``.
+# Automatic ``accumulate_grad_batches=4`` is the reference in each precision. A probe (a callback: the recipes
+# carry no measuring code) records the loss scale at each micro-batch start and whether each window moved the weights.
 
 from lightning.pytorch.callbacks import Callback
 
@@ -122,17 +120,14 @@ from mpguide.verify import plotting, report, runner
 
 
 class WindowProbe(Callback):
-    measures = {
-        "window_moved": "list[bool]",
-        "scale_constant_in_windows": "bool",
-        "overflow_window_skipped": "bool",
-        "other_windows_moved": "bool",
-    }
+    # fmt: off
+    measures = {"window_moved": "list[bool]", "scale_constant_in_windows": "bool", "overflow_window_skipped": "bool",
+                "other_windows_moved": "bool"}
+    # fmt: on
 
     def __init__(self):
-        self.window_moved = []  # per window: did the weights change?
-        self.scales = []  # loss scale seen by each micro-batch (None without a GradScaler)
-        self.start = None
+        # per window: did the weights change?; per micro-batch: its loss scale (None without a GradScaler)
+        self.window_moved, self.scales, self.start = [], [], None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx % N == 0:
@@ -214,14 +209,12 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # %%
 # Curves
 # ------
-# Left: manual and automatic accumulation in every precision are identical (each pair is drawn
-# once). Right: the two mistakes against the correct manual run in fp32. Not dividing reaches a
-# *lower* training loss here, and its curve is bitwise the curve of the divided recipe with a
-# 4 times larger learning rate (one line, one legend entry): at lr 0.05 this model simply
-# profits from larger steps. ``zero_grad`` every batch keeps a quarter of each window's
-# gradient and trains slower.
+# Left: manual and automatic accumulation are identical in every precision (each pair drawn once).
+# Right: the two mistakes in fp32. Not dividing reaches a *lower* loss here, bitwise the curve of the
+# divided recipe with a 4 times larger learning rate (one line): at lr 0.05 this model profits from
+# larger steps. ``zero_grad`` every batch keeps a quarter of each window's gradient and trains slower.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5.6, sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 12, 5.2, sharey=True)
 plotting.describe(
     fig,
     "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
@@ -237,40 +230,32 @@ plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
 # %%
-# Where not dividing trains worse
-# -------------------------------
-# The same mistake at lr 0.5, a learning rate at which the divided recipe trains well: the
-# window's gradient, four times too large, makes every step four times too long, and the loss
-# climbs far above where it started (log scale). Not dividing is therefore not "slower" or
-# "faster" but a different learning rate, tuned for nothing.
+# A larger learning rate, and an overflow in a window
+# ---------------------------------------------------
+# Left: the same mistake at lr 0.5, where the divided recipe trains well: every step is four times
+# too long and the loss climbs far above where it started (log scale). Not dividing is not "slower"
+# or "faster" but a different learning rate, tuned for nothing. Right: in the overflow run,
+# micro-batch 21 (window 5) carries an infinite gradient. The scale stays constant inside every
+# window, the window with the overflow applies no update, and the scale halves once, at its ``opt.step()``.
 
-fig, ax = plotting.figure(1, 1, 9, 5.2)
-plotting.describe(fig, "At lr 0.5 the divided recipe trains and the undivided one diverges")
+fig, (ax, windows) = plotting.figure(1, 2, 12, 4.3)
+plotting.describe(
+    fig,
+    "At lr 0.5 the divided recipe trains and the undivided one diverges; the loss scale is constant "
+    "inside each window, and the window with the overflow is skipped",
+)
 names = {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"}
 plotting.plot_loss_curves(ax, record, list(names), "SGD lr 0.5, fp32", {"no-division-lr-0.5": "#D55E00"}, names)
 ax.set_yscale("log")
-plotting.save_figure(fig, record["example"], "larger_lr")
-plt.show()
-
-# %%
-# The loss scale, micro-batch by micro-batch
-# ------------------------------------------
-# In the overflow run, micro-batch 21 (window 5, micro-batches 20-23) carries an infinite
-# gradient. The scale stays constant inside every window, the window with the overflow applies no
-# update at all, and the scale halves once, at that window's ``opt.step()``.
-
-run = plotting.run_by_id(record, "overflow-fp16")
-fig, ax = plotting.figure(1, 1, 9, 4.2)
-plotting.describe(fig, "The loss scale is constant inside each window; the window with the overflow is skipped")
-shown = 40
-ax.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale at micro-batch start")
+run, shown = plotting.run_by_id(record, "overflow-fp16"), 40
+windows.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale")
 for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
-    ax.axvspan(w * N, (w + 1) * N, color="#999999" if moved else "#D55E00", alpha=0.06 if moved else 0.25)
-ax.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
-ax.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale")
-ax.set_title("Windows of 4 micro-batches (red: skipped)")
-ax.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data
-plotting.save_figure(fig, record["example"], "windows")
+    windows.axvspan(w * N, (w + 1) * N, color="#999999" if moved else "#D55E00", alpha=0.06 if moved else 0.25)
+windows.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
+windows.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale at micro-batch start")
+windows.set_title("16-mixed, windows of 4 micro-batches (red: skipped)")
+windows.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="lower left")
+plotting.save_figure(fig, record["example"], "larger_lr_and_windows")
 plt.show()
 
 # %%
@@ -281,7 +266,9 @@ plt.show()
 # learning rate by N (bitwise the same run), which may look better or diverge depending on the
 # learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed
 # nothing else is needed: the scale cannot change inside a window, and an overflow anywhere in it
-# skips the window as a whole.
+# skips the window as a whole. ``Trainer(callbacks=[mpguide.checks.PitfallChecks()])`` warns about
+# the ``zero_grad`` mistake (it flagged the ``zero-grad`` run above, and none of the correct runs);
+# not dividing leaves no trace it can see, so compare with automatic accumulation once, as here.
 
 # %%
 # Evidence: the verdicts
