@@ -126,8 +126,7 @@ class WindowProbe(Callback):
     # fmt: on
 
     def __init__(self):
-        # per window: did the weights change?; per micro-batch: its loss scale (None without a GradScaler)
-        self.window_moved, self.scales, self.start = [], [], None
+        self.window_moved, self.scales, self.start = [], [], None  # moved per window; scale per micro-batch
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx % N == 0:
@@ -214,7 +213,7 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # divided recipe with a 4 times larger learning rate (one line): at lr 0.05 this model profits from
 # larger steps. ``zero_grad`` every batch keeps a quarter of each window's gradient and trains slower.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5.2, sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 12, 5.0, sharey=True)
 plotting.describe(
     fig,
     "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
@@ -230,15 +229,15 @@ plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
 # %%
-# A larger learning rate, and an overflow in a window
-# ---------------------------------------------------
+# An lr of 0.5, and an overflow
+# -----------------------------
 # Left: the same mistake at lr 0.5, where the divided recipe trains well: every step is four times
 # too long and the loss climbs far above where it started (log scale). Not dividing is not "slower"
 # or "faster" but a different learning rate, tuned for nothing. Right: in the overflow run,
 # micro-batch 21 (window 5) carries an infinite gradient. The scale stays constant inside every
 # window, the window with the overflow applies no update, and the scale halves once, at its ``opt.step()``.
 
-fig, (ax, windows) = plotting.figure(1, 2, 12, 4.3)
+fig, (ax, windows) = plotting.figure(1, 2, 12, 4.1)
 plotting.describe(
     fig,
     "At lr 0.5 the divided recipe trains and the undivided one diverges; the loss scale is constant "
@@ -266,9 +265,8 @@ plt.show()
 # learning rate by N (bitwise the same run), which may look better or diverge depending on the
 # learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed
 # nothing else is needed: the scale cannot change inside a window, and an overflow anywhere in it
-# skips the window as a whole. ``Trainer(callbacks=[mpguide.checks.PitfallChecks()])`` warns about
-# the ``zero_grad`` mistake (it flagged the ``zero-grad`` run above, and none of the correct runs);
-# not dividing leaves no trace it can see, so compare with automatic accumulation once, as here.
+# skips the window as a whole. ``mpguide.checks.PitfallChecks()`` flags the ``zero_grad`` mistake (the
+# ``zero-grad`` run above); not dividing leaves no trace it sees: compare with automatic accumulation once.
 
 # %%
 # Evidence: the verdicts
