@@ -25,11 +25,8 @@ hides it; how to get a real fp16 autocast and a GradScaler on a CPU, as every ex
 
 import functools
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
 
-from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -64,6 +61,11 @@ class Manual(DigitsClassifier):
 # ----------------------------
 # Real 16-mixed on any machine. On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag
 # silently becomes bf16-mixed (no GradScaler), so Lightning's plugin is passed explicitly.
+
+import lightning.pytorch as pl
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide.data import digits_loader
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)

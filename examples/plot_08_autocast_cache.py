@@ -31,11 +31,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 import contextlib
 import functools
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 
-from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -88,6 +86,10 @@ class CachingAutocast(SelfDistillation):
 # The safe recipe: ``precision="bf16-mixed"`` and no autocast of your own. It prints ``False`` here;
 # on Lightning 2.5.4 and older, whose own autocast caches casts, it prints ``True`` (the guide's
 # version matrix measured it), so run it on your versions.
+
+import lightning.pytorch as pl
+
+from mpguide.data import digits_loader
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)

@@ -37,8 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
-from mpguide.precision import ManualMixedPrecision
+from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
 from mpguide.verify import runner
@@ -79,6 +78,9 @@ class MuonMLP(pl.LightningModule):
 # with the same weights. The plugin supports Lightning 2.6.x only and raises ``UnsupportedVersionError``
 # on other releases; there, wrap ``opt.step()`` in ``torch.autocast(device, enabled=False)`` yourself.
 
+from mpguide.data import digits_loader
+from mpguide.precision import ManualMixedPrecision
+
 device = "cuda" if torch.cuda.is_available() else "cpu"
 final = {}
 for manual in (False, True):
@@ -101,10 +103,9 @@ print(f"largest weight difference, manual port vs automatic: {(final[True] - fin
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Automatic then manual, in stock 16-mixed, 16-mixed with the plugin, and stock bf16-mixed (on a CPU,
-# 16-mixed goes through ``MixedPrecision("16-mixed", "cpu")``). A probe (a Lightning callback) keeps the
-# weights after each step; the manual run records, per step, the largest difference to its automatic
-# twin, which trained first, and whether its final weights are bitwise the same.
+# Automatic then manual, in stock 16-mixed, 16-mixed with the plugin, and stock bf16-mixed. A probe (a
+# Lightning callback) keeps the weights after each step; each manual run records, per step, its largest
+# difference to its automatic twin (trained just before), and whether their final weights are bitwise equal.
 
 from lightning.pytorch.callbacks import Callback
 
@@ -176,7 +177,8 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # Manual against automatic, step by step
 # --------------------------------------
 # With stock 16-mixed the manual run leaves the automatic one at the first step and the gap
-# grows; with the plugin, and in bf16-mixed, the difference is exactly zero at every step.
+# grows; with the plugin, and in bf16-mixed, the difference is exactly zero at every step. (On a CPU,
+# stock 16-mixed means Lightning's ``MixedPrecision("16-mixed", "cpu")``.)
 
 import matplotlib.pyplot as plt
 

@@ -32,11 +32,9 @@ GradScaler handles an overflow of the scaled penalty like any other. **Prerequis
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide import steps
-from mpguide.data import NUM_FEATURES, digits_loader
+from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore
 from mpguide.verify import runner
@@ -98,12 +96,14 @@ class R1GAN(pl.LightningModule):
 # The loss-scaled penalty, and the ``Trainer`` call to copy
 # ---------------------------------------------------------
 # PyTorch's AMP recipe in Lightning terms: multiply what goes into ``autograd.grad`` by the trainer's
-# loss scale (``self.trainer.precision_plugin.scaler``), divide the gradients by it, and backpropagate
-# the sum of losses with one ``manual_backward``. :func:`mpguide.steps.scaled_input_grad` does the
-# first two; without a GradScaler (fp32, bf16-mixed) it is plain ``autograd.grad``. On a GPU
-# ``precision="16-mixed"`` is enough; on a CPU that flag silently becomes bf16-mixed, so the plugin is
-# passed explicitly. On Lightning 2.5.0 and older, which lack ``toggled_optimizer``, write
-# ``toggle_optimizer`` and ``untoggle_optimizer``.
+# loss scale, divide the gradients by it (:func:`mpguide.steps.scaled_input_grad`; without a GradScaler
+# it is plain ``autograd.grad``), and backpropagate the sum of losses with one ``manual_backward``. On a
+# CPU, ``precision="16-mixed"`` silently becomes bf16-mixed, so the plugin is passed explicitly.
+
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide import steps
+from mpguide.data import digits_loader
 
 
 class ScaledR1GAN(R1GAN):
@@ -222,11 +222,13 @@ for run_id in ("naive-fp32", "naive-fp16", "scaled-fp16"):
 # Conclusion
 # ----------
 # Under 16-mixed, take a gradient penalty's gradient with the trainer's loss scale
-# (``scaler.scale(output)`` in, gradients divided by ``scaler.get_scale()`` out), compute the penalty
-# in ``training_step`` and backpropagate one sum with ``manual_backward``; an overflow of the
-# penalty is handled by GradScaler like any other. Under bf16-mixed the plain
-# ``autograd.grad`` is correct. On small models the naive version happens to work, as measured here:
-# do not rely on it for large inputs or small gradients.
+# (``self.trainer.precision_plugin.scaler``: ``scaler.scale(output)`` in, gradients divided by
+# ``scaler.get_scale()`` out), compute the penalty in ``training_step`` and backpropagate one sum with
+# ``manual_backward``; an overflow of the penalty is handled by GradScaler like any other. Under
+# bf16-mixed the plain ``autograd.grad`` is correct: bf16 has fp32's exponent range and needs nothing
+# extra. On small models the naive version happens to work, as measured here:
+# do not rely on it for large inputs or small gradients. On Lightning 2.5.0 and older, which lack
+# ``toggled_optimizer``, write ``toggle_optimizer`` and ``untoggle_optimizer``.
 
 # %%
 # Evidence: the verdicts

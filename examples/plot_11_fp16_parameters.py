@@ -34,10 +34,9 @@ products in fp16/bf16. **Prerequisites**: :doc:`plot_04_gradient_clipping` (clip
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
+from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
 from mpguide.verify import runner
@@ -81,6 +80,10 @@ class BodyAndAdapter(pl.LightningModule):
 # ``Linear`` in fp16 under 16-mixed; GradScaler unscales fp32 gradients, and the AdamW update is
 # applied to fp32 weights. On a GPU ``precision="16-mixed"`` is enough; on a CPU the plugin is
 # passed explicitly, because ``Trainer(precision="16-mixed")`` silently becomes bf16-mixed there.
+
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide.data import digits_loader
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)

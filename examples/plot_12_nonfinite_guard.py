@@ -28,12 +28,8 @@ the fp32 habit is harmless in fp32 and bf16-mixed, which have no loss scale. **P
 # A digits classifier whose loss is **summed** over the batch of 64 (its gradients times 65536
 # overflow fp16), with the guard many fp32 loops use to survive a bad batch.
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
 
-from mpguide import steps
-from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
@@ -65,6 +61,11 @@ class SkipIfNotFinite(DigitsClassifier):
 # The ``Trainer`` call to copy. On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag
 # silently becomes bf16-mixed, so the plugin is passed explicitly (a real fp16 autocast and GradScaler).
 
+import lightning.pytorch as pl
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide.data import digits_loader
+
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = SkipIfNotFinite()
@@ -94,6 +95,8 @@ print(f"loss scale after the run: {trainer.precision_plugin.scaler.get_scale():g
 # Always call ``opt.step()``: GradScaler unscales the gradients, checks them for inf/NaN, skips the
 # step if it finds any and lowers the scale. Whether it skipped can be read afterwards from the
 # scale: :func:`mpguide.steps.step_skip_aware` compares it before and after the step.
+
+from mpguide import steps
 
 
 class StepAndDetect(SkipIfNotFinite):
