@@ -23,8 +23,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 """
 
 # %%
-# A model that forwards twice through the same weights
-# ----------------------------------------------------
+# Two forwards, same weights
+# --------------------------
 # Self-distillation: a digits classifier pulled towards its own ``no_grad`` predictions on a noisy
 # view. Both forwards share every weight, the pattern that lost gradients in affected versions.
 

@@ -26,8 +26,8 @@ here, and 16-mixed does. **Prerequisites**: a torch with ``torch.optim.Muon``; t
 """
 
 # %%
-# A model of weight matrices only
-# -------------------------------
+# Weight matrices only
+# --------------------
 # ``torch.optim.Muon`` accepts only 2-D parameters, so the MLP has no biases and one optimizer covers
 # it; the same module also trains with automatic optimization. The manual ``training_step`` is the
 # faithful port: zero the gradients, forward, ``manual_backward``, step.

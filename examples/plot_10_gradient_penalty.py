@@ -3,11 +3,10 @@ Gradient penalties (R1, WGAN-GP) under 16-mixed and bf16-mixed
 ==============================================================
 
 A gradient penalty differentiates the discriminator's output with respect to its input inside
-``training_step`` with ``torch.autograd.grad(..., create_graph=True)``, then adds a function of that
-gradient to the loss. That call does not go through ``manual_backward``, so under 16-mixed nothing
-multiplies it by the loss scale: its fp16 backward runs unscaled. This example trains a small GAN
-with the R1 penalty on scikit-learn's digits three ways (fp32, the naive penalty, and the penalty
-computed with the trainer's GradScaler as in PyTorch's AMP recipe) and measures what each does.
+``training_step`` (``torch.autograd.grad(..., create_graph=True)``) and adds a function of that
+gradient to the loss. That call bypasses ``manual_backward``, so under 16-mixed its fp16 backward runs
+unscaled. This example trains a small GAN with the R1 penalty on scikit-learn's digits in fp32, with the
+naive penalty, and with the penalty computed with the trainer's GradScaler (PyTorch's AMP recipe).
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -17,14 +16,14 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     python plot_10_gradient_penalty.py
 
 **What you will learn**: the loss-scaled gradient penalty in Lightning terms (bf16-mixed needs
-nothing extra); what the naive penalty does under 16-mixed on this model, and when it breaks; that
-GradScaler handles an overflow of the scaled penalty like any other. **Prerequisites**:
-:doc:`plot_02_two_optimizers` (the GAN step), :doc:`plot_05_skipped_steps`.
+nothing extra); what the naive penalty does under 16-mixed here, and when it breaks; that GradScaler
+handles an overflow of the scaled penalty like any other. **Prerequisites**: :doc:`plot_02_two_optimizers`
+(the GAN step), :doc:`plot_05_skipped_steps`.
 """
 
 # %%
-# A GAN with the R1 penalty, written naively
-# ------------------------------------------
+# The naive R1 penalty
+# --------------------
 # The discriminator loss is the non-saturating logistic loss plus the R1 penalty
 # ``gamma / 2 * E[|grad_x D(x)|^2]`` on real images (Mescheder et al., 2018). Each loss reaches
 # only its own model through ``toggled_optimizer``.
@@ -93,8 +92,8 @@ class R1GAN(pl.LightningModule):
 
 
 # %%
-# The loss-scaled penalty, and the ``Trainer`` call to copy
-# ---------------------------------------------------------
+# The fix, and the ``Trainer`` call to copy
+# -----------------------------------------
 # PyTorch's AMP recipe in Lightning terms: multiply what goes into ``autograd.grad`` by the trainer's
 # loss scale, divide the gradients by it (:func:`mpguide.steps.scaled_input_grad`; without a GradScaler
 # it is plain ``autograd.grad``), and backpropagate the sum of losses with one ``manual_backward``. On a

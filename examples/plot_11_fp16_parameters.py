@@ -25,8 +25,8 @@ products in fp16/bf16. **Prerequisites**: :doc:`plot_04_gradient_clipping` (clip
 """
 
 # %%
-# A body and a half-precision adapter
-# -----------------------------------
+# A half-precision adapter
+# ------------------------
 # A body ``Linear(64, 64) + Tanh`` and an adapter ``Linear(64, 10)``; ``half_adapter=True`` casts the
 # adapter to fp16 ("it is small, keep it in half precision"). Gradients are clipped at norm 1 in
 # ``on_before_optimizer_step``, which Lightning calls inside ``opt.step()`` after unscaling.
@@ -74,8 +74,8 @@ class BodyAndAdapter(pl.LightningModule):
 
 
 # %%
-# The fix, with the ``Trainer`` call to copy
-# ------------------------------------------
+# The fix: the ``Trainer`` call
+# -----------------------------
 # Keep every trainable parameter in fp32 (drop the ``.half()``). Autocast still runs the adapter's
 # ``Linear`` in fp16 under 16-mixed; GradScaler unscales fp32 gradients, and the AdamW update is
 # applied to fp32 weights. On a GPU ``precision="16-mixed"`` is enough; on a CPU the plugin is
