@@ -15,10 +15,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_10_gradient_penalty.py
 
-**What you will learn**: the loss-scaled gradient penalty in Lightning terms (bf16-mixed needs
-nothing extra); what the naive penalty does under 16-mixed here, and when it breaks; that GradScaler
-handles an overflow of the scaled penalty like any other. **Prerequisites**: :doc:`plot_02_two_optimizers`
-(the GAN step), :doc:`plot_05_skipped_steps`.
+**What you will learn**: the loss-scaled penalty in Lightning terms; what the naive one does under
+16-mixed, and when it breaks. **Prerequisites**: :doc:`plot_02_two_optimizers`, :doc:`plot_05_skipped_steps`.
 """
 
 # %%
@@ -92,12 +90,11 @@ class R1GAN(pl.LightningModule):
 
 
 # %%
-# The fix, and the ``Trainer`` call to copy
-# -----------------------------------------
-# PyTorch's AMP recipe in Lightning terms: multiply what goes into ``autograd.grad`` by the trainer's
-# loss scale, divide the gradients by it (:func:`mpguide.steps.scaled_input_grad`; without a GradScaler
-# it is plain ``autograd.grad``), and backpropagate the sum of losses with one ``manual_backward``. On a
-# CPU, ``precision="16-mixed"`` silently becomes bf16-mixed, so the plugin is passed explicitly.
+# The fix: the call to copy
+# -------------------------
+# PyTorch's AMP recipe: scale what goes into ``autograd.grad`` by the trainer's loss scale and unscale
+# the gradients (:func:`mpguide.steps.scaled_input_grad`; plain ``autograd.grad`` without a GradScaler).
+# On a CPU ``precision="16-mixed"`` silently becomes bf16-mixed, so the plugin is passed explicitly.
 
 from lightning.pytorch.plugins.precision import MixedPrecision
 

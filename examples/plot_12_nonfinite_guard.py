@@ -118,8 +118,8 @@ class StepAndDetect(SkipIfNotFinite):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Both recipes in every precision for the whole preset. The probes record, per batch, whether the
-# parameters changed, and the loss scale at the end.
+# The habit in fp32, bf16-mixed and 16-mixed, step-and-detect in fp32 and 16-mixed, for the whole preset.
+# The probes record, per batch, whether the parameters changed, and the loss scale at the end.
 
 from mpguide.verify import plotting, report
 
