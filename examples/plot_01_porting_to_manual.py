@@ -2,12 +2,10 @@
 Porting a teacher/student model to manual optimization
 ======================================================
 
-A user moves a teacher/student model from automatic to manual optimization, switches on
-``precision="bf16-mixed"``, and sees the bf16 curve drift while the fp32 curves overlap
-(`Lightning issue #20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_).
-This example trains the automatic model and its manual port in fp32, bf16-mixed and 16-mixed,
-two porting mistakes, and the reporter's own ``training_step`` as posted in the issue, one element
-changed at a time, and checks which curves must match and which must not.
+A user ports a teacher/student model to manual optimization, switches on ``precision="bf16-mixed"``,
+and sees the bf16 curve drift while the fp32 curves overlap
+(`Lightning issue #20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_). Here the
+automatic model and its port train in three precisions, with two porting mistakes and the reporter's step.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -16,48 +14,30 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_01_porting_to_manual.py
 
-**What you will learn**
-
-* a faithful manual port reproduces automatic optimization exactly, in every precision;
-* the reporter's step (EMA teachers under ``no_grad``, their own ``torch.autocast``, a scheduler
-  stepped every batch, ``zero_grad(set_to_none=True)`` after the step) trains in bf16-mixed exactly
-  as automatic optimization does on the installed torch and Lightning (the final weights are bitwise
-  equal), and none of its elements changes a single weight;
-* what does make a port drift in bf16-mixed only, each cause measured in the reporter's shape, and
-  how to find which one is yours;
-* two porting mistakes that look like a mixed-precision problem but break fp32 just as much:
-  a scheduler stepped at the wrong cadence, and a teacher update left in a hook that manual
-  optimization never calls.
-
-**Prerequisites**: a LightningModule with ``training_step`` and ``configure_optimizers``.
+**What you will learn**: a faithful port equals automatic optimization in every precision, #20970's step
+included (bitwise); what does make a port drift in bf16-mixed only; two mistakes that break fp32 as much.
+The rules: :doc:`../model/manual_optimization`.
 """
 
 # %%
 # The model
 # ---------
-# An online encoder and a predictor learn to match a *teacher*: an exponential moving average
-# (EMA) of the encoder whose forward pass runs under :func:`torch.no_grad`. The teacher's output
-# goes through the shared predictor too, as in the reporter's model, plus a supervised
-# classification term. The data are scikit-learn's bundled handwritten digits (8x8 images, no
-# download); each batch is seen as two noisy views.
-#
-# The automatic version updates the teacher after every optimizer step by overriding
-# :meth:`~lightning.pytorch.core.LightningModule.optimizer_step`, and its learning-rate scheduler
-# uses Lightning's default cadence: once per **epoch**.
+# An encoder and a predictor learn to match a *teacher*, an exponential moving average (EMA) of the
+# encoder run under :func:`torch.no_grad`, plus a classification term, on scikit-learn's digits.
+# Automatic optimization updates the teacher in ``optimizer_step`` and steps the scheduler once per epoch.
 
 import copy
-from contextlib import nullcontext
 
 import lightning.pytorch as pl
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
-from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_01_porting_to_manual")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -115,19 +95,13 @@ class TeacherStudent(pl.LightningModule):
 
 
 # %%
-# The faithful manual port
-# ------------------------
-# Four calls replace the automatic loop: ``zero_grad``, ``manual_backward`` (which applies the
-# loss scale under 16-mixed), ``step`` (which unscales, checks for inf/NaN and updates the
-# scale under 16-mixed), and whatever the automatic hooks did. Two things move by hand:
-#
-# * the teacher update: ``optimizer_step`` is **never called** in manual optimization, so it
-#   goes right after ``opt.step()``;
-# * the scheduler: manual optimization never steps schedulers for you, so step it where
-#   automatic optimization did, at the end of each epoch.
-#
-# Lightning already runs the whole ``training_step`` under autocast for bf16-mixed and
-# 16-mixed, so the port adds no ``torch.autocast`` of its own.
+# The manual port, and the ``Trainer`` call to copy
+# -------------------------------------------------
+# ``zero_grad``, ``manual_backward`` (which scales the loss under 16-mixed) and ``step`` replace the
+# automatic loop. Manual optimization never calls ``optimizer_step`` and never steps schedulers, so
+# the teacher update follows ``opt.step()`` and the scheduler steps at each epoch's end. Lightning
+# already runs ``training_step`` under autocast: the port adds none. Only ``precision`` changes
+# between precisions (16-mixed on a CPU needs a plugin, see the next examples).
 
 
 class ManualPort(TeacherStudent):
@@ -147,13 +121,6 @@ class ManualPort(TeacherStudent):
     def on_train_epoch_end(self):
         self.lr_schedulers().step()  # the automatic run's cadence: once per epoch
 
-
-# %%
-# The ``Trainer`` call to copy
-# ----------------------------
-# The port trains with the reporter's flag, ``precision="bf16-mixed"``: that argument is the only one
-# that changes between precisions (16-mixed on a CPU needs a plugin, see the next examples). One epoch
-# is enough to see the scheduler step where automatic optimization would step it: at the epoch's end.
 
 from mpguide.data import digits_loader
 
@@ -180,8 +147,7 @@ print(
 # %%
 # Two porting mistakes
 # --------------------
-# Both are real and both look like a mixed-precision problem when first seen in a bf16 run.
-# We train each in fp32 *and* bf16-mixed to show that precision has nothing to do with them.
+# Both look like a mixed-precision problem in a bf16 run; both are trained in fp32 too.
 
 
 class SchedulerEveryBatch(ManualPort):
@@ -209,17 +175,16 @@ class TeacherUpdateInHook(ManualPort):
 
 
 # %%
-# Lightning issue #20970, the reporter's ``training_step`` as posted
-# ------------------------------------------------------------------
-# The reporter's model has two encoders (audio and text), each returning features ``y``, a
-# projection ``z`` and a prediction ``q``, and one EMA teacher per encoder, run under
-# ``torch.no_grad()``. Their step wraps the student forward and the loss in their own
-# ``torch.autocast(dtype=torch.bfloat16, enabled=...)``, calls ``manual_backward``, then
-# ``optimizer.step()``, ``scheduler.step()`` (every batch) and ``optimizer.zero_grad(set_to_none=True)``,
-# and updates the teachers. Here the two "modalities" are the left and right halves of each digit,
-# the loss matches each student prediction with the *other* modality's teacher projection, and a
-# supervised term (ours) keeps the loss away from zero. The automatic model it was ported from steps
-# its per-batch schedule with ``"interval": "step"``: that is why the reporter's fp32 curves overlap.
+# #20970: the reporter's ``training_step`` as posted
+# --------------------------------------------------
+# Two encoders (here the left and right halves of each digit), each returning features ``y``, a
+# projection ``z`` and a prediction ``q``, one EMA teacher each under ``torch.no_grad()``; the step wraps
+# forward and loss in its own ``torch.autocast``, then calls ``manual_backward``, ``optimizer.step()``,
+# ``scheduler.step()`` every batch and ``zero_grad(set_to_none=True)``. The automatic original steps its
+# per-batch schedule with ``"interval": "step"``. Each class attribute switches one element.
+
+
+from contextlib import nullcontext
 
 
 class Tower(nn.Module):
@@ -343,11 +308,9 @@ def variant_of(step, **changes):
 # %%
 # The step to paste
 # -----------------
-# Nothing in the posted step is specific to bf16 on the measured versions (below: every element
-# switched off changes no weight), so there is no fix to paste, only one simplification: drop the
-# own autocast, because ``precision="bf16-mixed"`` already runs ``training_step`` under bf16 autocast.
-# The scheduler stays per batch because the automatic model says ``"interval": "step"``; with
-# Lightning's default interval, step it in ``on_train_epoch_end``.
+# No element of the posted step is specific to bf16 on the measured versions, so the only change is
+# a simplification: drop the own autocast, ``precision="bf16-mixed"`` already runs ``training_step``
+# under it. The scheduler stays per batch because the automatic model says ``"interval": "step"``.
 
 
 class ReporterFixed(ReporterStep):
@@ -369,20 +332,12 @@ class ReporterFixed(ReporterStep):
 # %%
 # What does make a port drift only in bf16-mixed
 # ----------------------------------------------
-# Three candidates, each in the reporter's shape and each measured below:
-#
-# * **An own autocast that caches, around two updates in one step** (one update per view, per
-#   modality, a lookahead). ``torch.autocast(..., cache_enabled=True)`` keeps the bf16 copy of each
-#   weight until the block closes, so the second forward runs on the weights from *before* the first
-#   ``optimizer.step()``. In fp32 the same code casts nothing. The reporter's own
-#   ``torch.autocast(dtype=torch.bfloat16, enabled=...)`` does not pass ``cache_enabled``: nested in
-#   Lightning's autocast it inherits Lightning's setting (off since Lightning 2.5.5, on up to 2.5.4).
-# * **A module shared by a no_grad teacher forward and the student forward** in a caching autocast
-#   (a stop-gradient teacher instead of EMA copies). On torch 2.10 and older the student forward reused
-#   the cast made under ``no_grad`` and lost the weight's gradient (example 08 and the version matrix
-#   measure it); on torch 2.11 and newer it changes nothing.
-# * **bf16's own spread**: the same seed run twice, and another seed, against the bf16-vs-fp32 gap. On a
-#   CPU the same seed is bitwise repeatable; on a GPU some kernels are not.
+# * **An own autocast with ``cache_enabled=True`` around two updates in one step**: the second forward
+#   runs on the bf16 copies of the weights from before the first ``optimizer.step()``. The reporter's
+#   autocast inherits Lightning's cache setting (off since Lightning 2.5.5, on up to 2.5.4).
+# * **A module shared by a no_grad teacher forward and the student forward** in a caching autocast: on
+#   torch 2.10 and older the student lost the weight's gradient (example 08); torch 2.11+ is unaffected.
+# * **bf16's own spread**: the same seed twice, and another seed.
 
 
 class CachingTwoUpdates(ReporterStep):
@@ -428,14 +383,15 @@ class SharedTeacher(ReporterStep):
 
 
 # %%
-# How this page is verified
-# -------------------------
-# Every run shares seed, initial weights and data order. The claims are what this page
-# promises; the docs build fails if any of them fails. Tolerances are named, and their values
-# and reasons live in :data:`mpguide.verify.claims.TOLERANCES`. The two-tower runs are compared
-# bitwise: the probe :class:`mpguide.verify.probes.WeightsDigest` (a Lightning callback, so the
-# modules above carry no measuring code) records a digest of their weights.
+# Evidence: the runs and their claims
+# -----------------------------------
+# Every run shares seed, initial weights and data order; ``run_example`` trains each with a real
+# ``Trainer`` (16-mixed on a CPU through a real GradScaler). ``WeightsDigest`` records a digest of the
+# final weights for the bitwise claims; tolerances are in :data:`mpguide.verify.claims.TOLERANCES`.
 
+import matplotlib.pyplot as plt
+
+from mpguide.verify import plotting, report, runner
 from mpguide.verify.probes import WeightsDigest
 
 recipes = {
@@ -456,8 +412,9 @@ recipes = {
     "teacher update in hook": TeacherUpdateInHook,
 }
 probes = {name: [WeightsDigest] for name in recipes if name.startswith(("two towers", "#20970", "two upd", "shared"))}
+# fmt: off
 RUNS = [
-    # run id          recipe                     precision
+    # run id, recipe, precision, options
     ("auto-fp32", "automatic", "32-true", {"label": "automatic, 32-true"}),
     ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
     ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
@@ -468,28 +425,15 @@ RUNS = [
     ("sched-bf16", "scheduler every batch", "bf16-mixed", {"label": "scheduler every batch, bf16-mixed"}),
     ("teacher-fp32", "teacher update in hook", "32-true", {"label": "teacher update in hook, 32-true"}),
     ("teacher-bf16", "teacher update in hook", "bf16-mixed", {"label": "teacher update in hook, bf16-mixed"}),
-    # Lightning issue #20970: the reporter's model, its automatic original, the posted step, one element
-    # changed per row, and the step to paste
     ("towers-auto-fp32", "two towers, automatic", "32-true", {"label": "#20970's model, automatic, 32-true"}),
     ("towers-auto-bf16", "two towers, automatic", "bf16-mixed", {"label": "#20970's model, automatic, bf16-mixed"}),
     ("reporter-fp32", "#20970 as posted", "32-true", {"label": "#20970 as posted, 32-true"}),
     ("reporter-bf16", "#20970 as posted", "bf16-mixed", {"label": "#20970 as posted, bf16-mixed"}),
     ("rep-noautocast-bf16", "#20970, no own autocast", "bf16-mixed", {"label": "without the own autocast, bf16-mixed"}),
-    (
-        "rep-gradteacher-bf16",
-        "#20970, teacher with grad",
-        "bf16-mixed",
-        {"label": "teachers without no_grad, bf16-mixed"},
-    ),
-    (
-        "rep-zerobefore-bf16",
-        "#20970, zero_grad before backward",
-        "bf16-mixed",
-        {"label": "zero_grad() before backward, bf16-mixed"},
-    ),
+    ("rep-gradteacher-bf16", "#20970, teacher with grad", "bf16-mixed", {"label": "teachers without no_grad, bf16-mixed"}),  # noqa: E501
+    ("rep-zerobefore-bf16", "#20970, zero_grad before backward", "bf16-mixed", {"label": "zero_grad() before backward, bf16-mixed"}),  # noqa: E501
     ("rep-epochsched-bf16", "#20970, scheduler per epoch", "bf16-mixed", {"label": "scheduler per epoch, bf16-mixed"}),
     ("rep-fixed-bf16", "#20970 fixed", "bf16-mixed", {"label": "the step to paste, bf16-mixed"}),
-    # what does make a port drift only in bf16-mixed: each candidate, in the reporter's shape
     ("cache2-bf16", "two updates, caching autocast", "bf16-mixed", {"label": "two updates, caching autocast, bf16"}),
     ("cache2-fp32", "two updates, caching autocast", "32-true", {"label": "two updates, caching autocast, fp32"}),
     ("plain2-bf16", "two updates, no own autocast", "bf16-mixed", {"label": "two updates, no own autocast, bf16"}),
@@ -501,6 +445,7 @@ RUNS = [
     ("reporter-fp32-seed1", "#20970 as posted", "32-true", {"seed": 1, "label": "#20970 as posted, fp32, seed 1"}),
 ]
 CLAIMS = [
+    # kind, runs..., parameters, title (the matrix compares by title), options
     ("match", "manual-fp32", "auto-fp32", "same-precision", "manual port = automatic (fp32)"),
     ("match", "manual-bf16", "auto-bf16", "same-precision", "manual port = automatic (bf16)"),
     ("match", "manual-fp16", "auto-fp16", "same-precision", "manual port = automatic (fp16)"),
@@ -511,64 +456,20 @@ CLAIMS = [
     ("diverge", "teacher-fp32", "auto-fp32", "pitfall-gap", "teacher update in hook diverges (fp32)"),
     ("diverge", "teacher-bf16", "auto-bf16", "pitfall-gap", "teacher update in hook diverges (bf16)"),
     ("match", "reporter-fp32", "towers-auto-fp32", "same-precision", "#20970 as posted: fp32 manual = automatic"),
-    (
-        "match",
-        "reporter-bf16",
-        "towers-auto-bf16",
-        "same-precision",
-        "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)",
-    ),
+    ("match", "reporter-bf16", "towers-auto-bf16", "same-precision", "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)"),  # noqa: E501
     ("match", "reporter-bf16", "reporter-fp32", "mixed-vs-fp32", "#20970 as posted: bf16-mixed = fp32"),
-    (
-        "same",
-        "reporter-bf16",
-        "towers-auto-bf16",
-        "weights",
-        "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise",
-    ),
+    ("same", "reporter-bf16", "towers-auto-bf16", "weights", "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise"),  # noqa: E501
     ("same", "rep-noautocast-bf16", "reporter-bf16", "weights", "the own autocast changes no weight (bitwise)"),
     ("same", "rep-gradteacher-bf16", "reporter-bf16", "weights", "no_grad on the teachers changes no weight (bitwise)"),
-    (
-        "same",
-        "rep-zerobefore-bf16",
-        "reporter-bf16",
-        "weights",
-        "zero_grad(set_to_none=True) after the step = zero_grad() before backward (bitwise)",
-    ),
-    (
-        "diverge",
-        "rep-epochsched-bf16",
-        "towers-auto-bf16",
-        "pitfall-gap",
-        "a per-step schedule stepped per epoch diverges",
-    ),
+    ("same", "rep-zerobefore-bf16", "reporter-bf16", "weights", "zero_grad(set_to_none=True) after the step = zero_grad() before backward (bitwise)"),  # noqa: E501
+    ("diverge", "rep-epochsched-bf16", "towers-auto-bf16", "pitfall-gap", "a per-step schedule stepped per epoch diverges"),  # noqa: E501
     ("match", "rep-fixed-bf16", "towers-auto-bf16", "same-precision", "the step to paste = automatic (bf16)"),
     ("same", "cache2-fp32", "plain2-fp32", "weights", "two updates in a caching autocast: fp32 unchanged (bitwise)"),
-    (
-        "diverge",
-        "cache2-bf16",
-        "plain2-bf16",
-        "pitfall-gap",
-        "two updates in a caching autocast: bf16-mixed drifts (stale casts)",
-    ),
+    ("diverge", "cache2-bf16", "plain2-bf16", "pitfall-gap", "two updates in a caching autocast: bf16-mixed drifts (stale casts)"),  # noqa: E501
     ("match", "plain2-bf16", "plain2-fp32", "mixed-vs-fp32", "two updates without own autocast: bf16 follows fp32"),
-    (
-        "same",
-        "shared-bf16",
-        "shared-plain-bf16",
-        "weights",
-        "a teacher sharing the student's weights in a caching autocast changes no weight (installed torch)",
-    ),
-    (
-        "same",
-        "reporter-bf16-again",
-        "reporter-bf16",
-        "weights",
-        "the same seed twice in bf16-mixed: bitwise identical on a CPU",
-        {"only_on": "cpu"},
-    ),
+    ("same", "shared-bf16", "shared-plain-bf16", "weights", "a teacher sharing the student's weights in a caching autocast changes no weight (installed torch)"),  # noqa: E501
+    ("same", "reporter-bf16-again", "reporter-bf16", "weights", "the same seed twice in bf16-mixed: bitwise identical on a CPU", {"only_on": "cpu"}),  # noqa: E501
     ("match", "reporter-bf16-seed1", "reporter-fp32-seed1", "mixed-vs-fp32", "seed 1: bf16-mixed follows fp32"),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
     ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
@@ -589,34 +490,28 @@ CLAIMS = [
     ("clean", "cache2-fp32", "PitfallChecks: cache2-fp32 has no finding"),
     ("clean", "plain2-bf16", "PitfallChecks: plain2-bf16 has no finding"),
     ("clean", "plain2-fp32", "PitfallChecks: plain2-fp32 has no finding"),
-    # the shared-teacher variants keep the reporter's EMA copies unused: the check sees they never change
     ("flags", "shared-bf16", "porting", "PitfallChecks flags shared-bf16: porting (unused EMA copies)"),
     ("flags", "shared-plain-bf16", "porting", "PitfallChecks flags shared-plain-bf16: porting (unused EMA copies)"),
     ("clean", "reporter-bf16-again", "PitfallChecks: reporter-bf16-again has no finding"),
     ("clean", "reporter-bf16-seed1", "PitfallChecks: reporter-bf16-seed1 has no finding"),
     ("clean", "reporter-fp32-seed1", "PitfallChecks: reporter-fp32-seed1 has no finding"),
 ]
-
-# %%
-# Train
-# -----
-# :func:`mpguide.verify.runner.run_example` trains every run with a real ``Trainer`` (on CPU,
-# 16-mixed goes through ``plugins=[MixedPrecision("16-mixed", "cpu")]`` so that a real
-# GradScaler runs), prints one line per run and writes the results record.
+# fmt: on
 
 record = runner.run_example(
-    "plot_01_porting_to_manual", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+    "plot_01_porting_to_manual",
+    recipes,
+    RUNS,
+    CLAIMS,
+    probes=runner.with_checks(recipes, probes),  # PitfallChecks on every run (mpguide.checks)
+    progress=lambda line: line.startswith("  [") or print(line),  # not one line per run
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # Manual equals automatic, and mixed precision follows fp32
 # ---------------------------------------------------------
-# Left: automatic optimization and the manual port, one colour and line style per precision; in
-# each precision the two curves are bitwise identical, so each pair is drawn once. Right: the relative
-# difference the claims measure, on a log scale. Manual
-# and automatic runs are identical (drawn at the floor); mixed precision stays within a
-# fraction of a percent of fp32.
+# Left: in each precision the manual and automatic curves are bitwise identical (drawn once). Right: the
+# relative difference the claims measure: manual vs automatic at the floor, mixed vs fp32 a fraction of a percent.
 
 fig, (curves, gaps) = plotting.figure(1, 2, 11, 5.4)
 plotting.describe(fig, "A faithful manual port equals automatic optimization in every precision")
@@ -631,7 +526,7 @@ plt.show()
 # %%
 # The two mistakes
 # ----------------
-# Both mistakes leave the correct curve in fp32 as much as in bf16-mixed.
+# Both leave the correct curve in fp32 as much as in bf16-mixed: precision has nothing to do with them.
 
 fig, ax = plotting.figure(1, 1, 7, 5.2)
 plotting.describe(fig, "Both porting mistakes diverge in fp32 and bf16-mixed alike")
@@ -642,87 +537,39 @@ plotting.save_figure(fig, record["example"], "mistakes")
 plt.show()
 
 # %%
-# #20970: the posted step, element by element
-# -------------------------------------------
-# Left: the reporter's step in fp32 and bf16-mixed against the automatic model it was ported from,
-# and the same step with its per-step schedule stepped once per epoch. Below: each element of the
-# posted step switched on its own, compared with the posted step in bf16-mixed (final weights) and
-# with the automatic model (largest relative gap between the smoothed curves).
-
-from mpguide.verify import claims
+# #20970 element by element, and which cause is yours
+# ---------------------------------------------------
+# The posted step matches its automatic model in fp32 and bf16-mixed; only the scheduler cadence moves
+# it. In the verdicts below, switching off the own autocast, the teachers' ``no_grad`` or moving
+# ``zero_grad`` changes no weight; only the caching autocast around two updates moves bf16-mixed (fp32
+# stays bitwise); on this torch the shared teacher changes nothing; the same seed repeats bitwise, and
+# another seed moves the curve far more than bf16 does.
 
 fig, (left, right) = plotting.figure(1, 2, 11, 5.2)
 plotting.describe(fig, "#20970's step in bf16-mixed equals automatic optimization; only the scheduler cadence moves it")
+reporter_ids = ["towers-auto-fp32", "reporter-fp32", "towers-auto-bf16", "reporter-bf16"]
+plotting.plot_loss_curves(left, record, reporter_ids, "#20970 as posted vs automatic")
+cadence_ids = ["towers-auto-bf16", "rep-epochsched-bf16", "rep-fixed-bf16"]
 plotting.plot_loss_curves(
-    left,
-    record,
-    ["towers-auto-fp32", "reporter-fp32", "towers-auto-bf16", "reporter-bf16"],
-    "#20970 as posted vs automatic",
-)
-plotting.plot_loss_curves(
-    right,
-    record,
-    ["towers-auto-bf16", "rep-epochsched-bf16", "rep-fixed-bf16"],
-    "Scheduler cadence, and the step to paste",
-    {"rep-epochsched-bf16": "#D55E00"},
+    right, record, cadence_ids, "Scheduler cadence, and the step to paste", {"rep-epochsched-bf16": "#D55E00"}
 )
 plotting.save_figure(fig, record["example"], "reporter")
 plt.show()
 
-posted = plotting.run_by_id(record, "reporter-bf16")
-automatic = plotting.run_by_id(record, "towers-auto-bf16")
-for run_id in (
-    "reporter-fp32",
-    "reporter-bf16",
-    "rep-noautocast-bf16",
-    "rep-gradteacher-bf16",
-    "rep-zerobefore-bf16",
-    "rep-epochsched-bf16",
-    "rep-fixed-bf16",
-):
-    run = plotting.run_by_id(record, run_id)
-    reference = plotting.run_by_id(record, "towers-auto-fp32") if run["precision"] == "32-true" else automatic
-    gap = 100 * claims.relative_gap(run["loss"], reference["loss"]).max() if run["loss"] else float("nan")
-    same = run["extra"].get("weights") == posted["extra"].get("weights")
-    print(f"{run['label']:<42} gap to automatic {gap:8.4f} %   weights = posted bf16 step: {same}")
-
-# %%
-# Which cause is yours
-# --------------------
-# Each candidate against its control: the largest gap between smoothed loss curves, and whether the
-# final weights are bitwise equal. Only the caching autocast around two updates moves bf16-mixed; on
-# this torch the shared teacher changes nothing, and the same seed repeats bitwise, while another seed
-# moves the curve far more than bf16 does.
-
-for run_id, control in (
-    ("cache2-bf16", "plain2-bf16"),
-    ("cache2-fp32", "plain2-fp32"),
-    ("shared-bf16", "shared-plain-bf16"),
-    ("reporter-bf16-again", "reporter-bf16"),
-    ("reporter-bf16-seed1", "reporter-bf16"),
-    ("reporter-bf16", "reporter-fp32"),
-):
-    run, ref = plotting.run_by_id(record, run_id), plotting.run_by_id(record, control)
-    gap = 100 * claims.relative_gap(run["loss"], ref["loss"]).max() if run["loss"] and ref["loss"] else float("nan")
-    same = run["extra"].get("weights") == ref["extra"].get("weights")
-    print(f"{run['label']:<42} vs {control:<18} gap {gap:8.4f} %   same weights: {same}")
-
-# %%
-# Verdicts
-# --------
-# Every claim, measured on this machine. The guide page renders the same table from the
-# record, and the docs build fails if any row says FAIL.
-
-print(report.summary(record))
-
 # %%
 # Conclusion
 # ----------
-# If a manual port drifts only in bf16-mixed, first compare it with the automatic model in
-# **fp32**: a faithful port matches exactly, so a gap there is a porting bug (scheduler cadence,
-# hooks manual mode skips), not precision. The #20970 step as posted matches its automatic model in
-# bf16-mixed too, bitwise, on every version measured here (CPU). What does move bf16-mixed alone: an
-# own autocast with ``cache_enabled=True`` around more than one update in a step, and, on torch 2.10
-# and older, a module shared by a ``no_grad`` teacher forward and the student forward in a caching
-# autocast. Run the same seed twice before trusting a small gap: on a GPU, bf16 kernels need not
-# repeat bitwise, and another seed moves this curve far more than bf16 does.
+# If a manual port drifts only in bf16-mixed, first compare it with the automatic model in **fp32**: a
+# faithful port matches exactly, so a gap there is a porting bug (scheduler cadence, hooks manual mode
+# skips), not precision. The #20970 step as posted matches its automatic model in bf16-mixed, bitwise, on
+# every version measured here (CPU). What does move bf16-mixed alone: an own autocast with
+# ``cache_enabled=True`` around more than one update, and, on torch 2.10 and older, a module shared by a
+# ``no_grad`` teacher forward and the student forward in a caching autocast. Run the same seed twice
+# before trusting a small gap: on a GPU bf16 kernels need not repeat bitwise.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+# Every claim, measured on this machine; the docs build fails if any row says FAIL.
+
+report.verdicts(record)

@@ -2,14 +2,13 @@
 One backward, two optimizers: when the loss scale changes in between
 =====================================================================
 
-A digits classifier keeps its body and its head in two optimizers (a pattern used to give them
-different learning rates or schedules). One loss, one ``manual_backward``, then
-``opt_body.step(); opt_head.step()``. Under 16-mixed, Lightning 2.6.x updates the loss scale
-after **each** optimizer step (see ``plugins/precision/amp.py``), so when the scale changes after the
-body's step, the head unscales gradients that were made at the old scale: its update doubles
-after an overflow and halves after a growth step. This example measures the factor on every
-step, against the prediction from the recorded scales, and shows that the library's
-:class:`~mpguide.precision.ManualMixedPrecision` removes it.
+A digits classifier keeps its body and its head in two optimizers (to give them different learning
+rates or schedules): one loss, one ``manual_backward``, then ``opt_body.step(); opt_head.step()``.
+Under 16-mixed, Lightning 2.6.x updates the loss scale after **each** optimizer step
+(``plugins/precision/amp.py``), so when the scale changes after the body's step, the head unscales
+gradients made at the old scale: its update doubles after an overflow and halves after a growth
+step. This example measures that factor on every step, against the prediction from the recorded
+scales, and shows that the library's :class:`~mpguide.precision.ManualMixedPrecision` removes it.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -29,11 +28,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # The model
 # ---------
 # A body and a head, each with its own plain SGD, and one backward through both; the body steps
-# first, then the head.
-#
-# fp16 gradients overflow when they exceed 65504; to make that happen on chosen steps we multiply
-# the body's gradient by infinity at step 0 and step 50 in the 16-mixed runs (fp32 and bf16 have
-# the range of fp32 and would not overflow).
+# first, then the head. fp16 gradients overflow above 65504; to make that happen on chosen steps,
+# the body's gradient is multiplied by infinity at steps 0 and 50 in the 16-mixed runs (fp32 and
+# bf16 have the range of fp32 and would not overflow).
 
 import functools
 
@@ -45,11 +42,12 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
 from mpguide import steps
-from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
 from mpguide.precision import ManualMixedPrecision
-from mpguide.verify import plotting, report, runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_03_shared_backward")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -92,8 +90,33 @@ class BodyAndHead(pl.LightningModule):
 
 
 # %%
-# Plugins: Lightning's and the library's, each also with a small growth interval
-# ------------------------------------------------------------------------------
+# The ``Trainer`` call to copy
+# ----------------------------
+# ``ManualMixedPrecision`` takes the arguments of Lightning's ``MixedPrecision`` (on a GPU it
+# replaces ``precision="16-mixed"``). It supports Lightning 2.6.x only and raises
+# ``UnsupportedVersionError`` on other releases; there, use one optimizer with two parameter groups,
+# or bf16-mixed. Batch 0 is the forced overflow.
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+model = BodyAndHead()
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=40,
+    plugins=[ManualMixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
+trainer.fit(model, digits_loader(batch_size=64))
+scale = trainer.precision_plugin.scaler.get_scale()
+print(f"optimizer steps: {trainer.global_step} (two per batch), loss scale after the run: {scale:g}")
+
+# %%
+# Both plugins again, with a small growth interval
+# ------------------------------------------------
 # ``growth_interval=20`` makes the scaler double its scale after twenty updates without an
 # overflow (the default waits 2000), so growth steps show up within a short run.
 
@@ -107,24 +130,29 @@ stock_growth = functools.partial(with_growth_interval, MixedPrecision)
 fixed_growth = functools.partial(with_growth_interval, ManualMixedPrecision)
 
 # %%
-# How this page is verified
-# -------------------------
-# Both optimizers are plain SGD, so an applied update is exactly ``lr`` times the gradient the
-# optimizer saw. A probe (a Lightning callback: the module above carries no measuring code) reads
-# the head's gradient right after the backward, when it is still multiplied by the loss scale of
-# the backward, and the scale when the head's optimizer step runs (Lightning calls
-# ``on_before_optimizer_step`` inside it); at the end of the batch it measures how far the head
-# moved. The ratio of the move to ``lr`` times the true gradient, the **update factor**, is 1 when
-# unscaling used the right scale; the prediction is the scale of the backward divided by the scale
-# at the head's step.
-#
-# When the head's own gradient overflows, GradScaler skips its step: the expected update is then
-# exactly zero, and the prediction says 0.
+# Evidence: the runs and their claims
+# -----------------------------------
+# With plain SGD an applied update is exactly ``lr`` times the gradient the optimizer saw. A probe
+# (a callback: the module carries no measuring code) reads the head's gradient after the backward
+# (still times the backward's scale), the scale at the head's step, and how far the head moved. The
+# **update factor**, the move over ``lr`` times the true gradient, is 1 when unscaling used the
+# right scale; the prediction is the backward's scale over the head step's, or 0 where the head's
+# own gradient overflowed and GradScaler skipped its step.
 
 from lightning.pytorch.callbacks import Callback
 
+from mpguide.verify import plotting, report, runner
+
 
 class HeadUpdate(Callback):
+    measures = {
+        "head_update_factor": "list[finite]",
+        "predicted_factor": "list[finite]",
+        "predicted_at_overflow": "finite",
+        "smallest_scale_change": "finite",
+        "steps_with_scale_change": "count",
+    }
+
     def __init__(self):
         self.factors, self.predicted = [], []
 
@@ -162,63 +190,22 @@ class HeadUpdate(Callback):
 
 
 PLUGINS = {"MixedPrecision, growth_interval=20": stock_growth, "ManualMixedPrecision, growth_interval=20": fixed_growth}
+# fmt: off
 RUNS = [
-    # run id                recipe       precision   options
+    # run id              recipe       precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Lightning's plugin"}),
-    (
-        "fp16-plugin",
-        "body+head",
-        "16-mixed",
-        {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"},
-    ),
-    (
-        "fp16-growth-stock",
-        "body+head",
-        "16-mixed",
-        {"plugin": "MixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, Lightning's plugin"},
-    ),
-    (
-        "fp16-growth-plugin",
-        "body+head",
-        "16-mixed",
-        {
-            "plugin": "ManualMixedPrecision, growth_interval=20",
-            "label": "16-mixed, growth_interval=20, ManualMixedPrecision",
-        },
-    ),
+    ("fp16-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"}),  # noqa: E501
+    ("fp16-growth-stock", "body+head", "16-mixed", {"plugin": "MixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, Lightning's plugin"}),  # noqa: E501
+    ("fp16-growth-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, ManualMixedPrecision"}),  # noqa: E501
 ]
 CLAIMS = [
-    (
-        "ratio",
-        "fp16-stock",
-        "fp32",
-        "head_update_factor",
-        "predicted_factor",
-        "update-ratio",
-        "stock: head update = fp32 update x (scale of backward / scale at head step)",
-    ),
+    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock: head update = fp32 update x (scale of backward / scale at head step)"),  # noqa: E501
     ("expect", "fp16-stock", "predicted_at_overflow", 2.0, "stock: the head update doubles after an overflow"),
     ("ratio", "fp16-plugin", "fp32", "head_update_factor", 1.0, "update-ratio", "plugin: head update = fp32 update"),
-    (
-        "ratio",
-        "fp16-growth-stock",
-        "fp32",
-        "head_update_factor",
-        "predicted_factor",
-        "update-ratio",
-        "stock, growth: update follows the predicted factor",
-    ),
+    ("ratio", "fp16-growth-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock, growth: update follows the predicted factor"),  # noqa: E501
     ("expect", "fp16-growth-stock", "smallest_scale_change", 0.5, "stock, growth: a growth step halves the update"),
-    (
-        "ratio",
-        "fp16-growth-plugin",
-        "fp32",
-        "head_update_factor",
-        "predicted_factor",
-        "update-ratio",
-        "plugin, growth: = fp32 update, or no update where the head overflowed",
-    ),
+    ("ratio", "fp16-growth-plugin", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "plugin, growth: = fp32 update, or no update where the head overflowed"),  # noqa: E501
     ("expect", "fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
     ("match", "fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -228,24 +215,20 @@ CLAIMS = [
     ("flags", "fp16-stock", "scale-changes", "PitfallChecks flags fp16-stock: scale-changes"),
     ("flags", "fp16-growth-stock", "scale-changes", "PitfallChecks flags fp16-growth-stock: scale-changes"),
 ]
+# fmt: on
 
-record = runner.run_example(
-    "plot_03_shared_backward",
-    {"body+head": BodyAndHead},
-    RUNS,
-    CLAIMS,
-    plugins=PLUGINS,
-    probes=runner.with_checks({"body+head": BodyAndHead}, {"body+head": [HeadUpdate]}),
-)
+recipes = {"body+head": BodyAndHead}
+probes = runner.with_checks(recipes, {"body+head": [HeadUpdate]})
+record = runner.run_example("plot_03_shared_backward", recipes, RUNS, CLAIMS, plugins=PLUGINS, probes=probes)
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
 # %%
 # The update factor, step by step
 # -------------------------------
-# fp32 sits at 1 by definition. With Lightning's plugin the head's update jumps to 2 on the
-# forced overflows and drops to 0.5 whenever a growth step lands between the two optimizer
-# steps; with ``ManualMixedPrecision`` every step is 1, except the steps GradScaler skips because
-# the head's own gradient overflowed (0: nothing moves, which is correct).
+# fp32 sits at 1 by definition. With Lightning's plugin the head's update jumps to 2 on the forced
+# overflows and drops to 0.5 whenever a growth step lands between the two optimizer steps; with
+# ``ManualMixedPrecision`` every step is 1, except the steps GradScaler skips because the head's own
+# gradient overflowed (0: nothing moves, which is correct).
 
 fig, (left, right) = plotting.figure(1, 2, 12, 6.2, sharey=True)
 plotting.describe(
@@ -253,69 +236,18 @@ plotting.describe(
     "Stock 16-mixed: the head's update doubles after an overflow and halves after a growth step; "
     "ManualMixedPrecision keeps it at 1, like fp32",
 )
-colors = {
-    "fp32": "#0072B2",
-    "fp16-plugin": "#CC79A7",
-    "fp16-growth-plugin": "#CC79A7",
-    "fp16-stock": "#D55E00",
-    "fp16-growth-stock": "#D55E00",
-}
-names = {
-    "fp32": "fp32",
-    "fp16-plugin": "ManualMixedPrecision",
-    "fp16-growth-plugin": "ManualMixedPrecision",
-    "fp16-stock": "Lightning's 16-mixed plugin",
-    "fp16-growth-stock": "Lightning's 16-mixed plugin",
-}
+stock, fixed = "Lightning's 16-mixed plugin", "ManualMixedPrecision"
+names = {"fp32": "fp32", "fp16-plugin": fixed, "fp16-growth-plugin": fixed}
+names.update({"fp16-stock": stock, "fp16-growth-stock": stock})
+colors = {run_id: {"fp32": "#0072B2", fixed: "#CC79A7", stock: "#D55E00"}[name] for run_id, name in names.items()}
 for ax, ids, title in [
     (left, ["fp32", "fp16-plugin", "fp16-stock"], "Forced overflows at batches 0 and 50"),
     (right, ["fp32", "fp16-growth-plugin", "fp16-growth-stock"], "16-mixed, growth_interval=20"),
 ]:
-    plotting.plot_extra_series(
-        ax,
-        record,
-        ids,
-        "head_update_factor",
-        title,
-        "head update / fp32-equivalent update",
-        colors,
-        log_base=2,
-        labels=names,
-    )
+    ylabel = "head update / fp32-equivalent update"
+    plotting.plot_extra_series(ax, record, ids, "head_update_factor", title, ylabel, colors, log_base=2, labels=names)
 plotting.save_figure(fig, record["example"], "factor")
 plt.show()
-
-# %%
-# Verdicts
-# --------
-
-print(report.summary(record))
-
-# %%
-# The ``Trainer`` call to copy
-# ----------------------------
-# ``ManualMixedPrecision`` takes the arguments of Lightning's ``MixedPrecision`` (on a GPU it replaces
-# ``precision="16-mixed"``). It supports Lightning 2.6.x only and raises ``UnsupportedVersionError``
-# on other releases; there, use one optimizer with two parameter groups, or bf16-mixed. Batch 0 is the forced overflow.
-
-from mpguide.data import digits_loader
-
-device = "cuda" if torch.cuda.is_available() else "cpu"
-pl.seed_everything(0)
-model = BodyAndHead()
-trainer = pl.Trainer(
-    accelerator=device,
-    devices=1,
-    max_steps=40,
-    plugins=[ManualMixedPrecision("16-mixed", device)],
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-)
-trainer.fit(model, digits_loader(batch_size=64))
-scale = trainer.precision_plugin.scaler.get_scale()
-print(f"optimizer steps: {trainer.global_step} (two per batch), loss scale after the run: {scale:g}")
 
 # %%
 # Conclusion
@@ -325,3 +257,9 @@ print(f"optimizer steps: {trainer.global_step} (two per batch), loss scale after
 # use one optimizer with two parameter groups (one ``step``, one update), or use bf16-mixed, or
 # pass ``plugins=[ManualMixedPrecision("16-mixed", device)]``, which updates the scale once after
 # every optimizer holding gradients of the current scale has stepped.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

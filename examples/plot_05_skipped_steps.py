@@ -33,11 +33,18 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # the mean, large enough that the first steps overflow fp16 at a scale of 65536. The scheduler
 # multiplies the learning rate by 0.97 per **step** (a warm schedule that users step by hand).
 
+import lightning.pytorch as pl
+import matplotlib.pyplot as plt
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+
 from mpguide import steps
+from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_05_skipped_steps")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -78,12 +85,6 @@ class SkipAware(SchedulerEveryBatch):
 # flag silently becomes bf16-mixed, which has no GradScaler and skips nothing, so Lightning's plugin
 # is passed explicitly.
 
-import lightning.pytorch as pl
-import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
-
-from mpguide.data import digits_loader
-
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = SkipAware()
@@ -108,11 +109,9 @@ print(f"learning rate now: {model.optimizers().param_groups[0]['lr']:g} = {BASE_
 # Some projects call ``opt.step()`` from a hook that runs after ``training_step``, such as
 # ``on_train_batch_end``. The weights update as they would from ``training_step``, but
 # ``trainer.global_step`` does not count those steps, so ``max_steps`` never stops the run (nor do
-# step-based checkpoints or logging intervals). Lightning counts a manual optimizer step through
-# hooks that its manual-optimization loop attaches to each ``LightningOptimizer`` for the duration
-# of ``training_step`` only: ``_ManualOptimization.on_run_start`` sets ``_on_before_step`` and
-# ``_on_after_step`` (the latter increments the step counter that ``global_step`` reads), and
-# ``on_run_end`` resets both to ``do_nothing_closure`` before ``on_train_batch_end`` runs
+# step-based checkpoints or logging intervals). Lightning counts a manual step through hooks that
+# ``_ManualOptimization.on_run_start`` attaches to each ``LightningOptimizer`` for the duration of
+# ``training_step`` only; ``on_run_end`` resets them before ``on_train_batch_end`` runs
 # (``lightning/pytorch/loops/optimization/manual.py``, ``lightning/pytorch/core/optimizer.py``).
 
 
@@ -139,20 +138,28 @@ class StepInBatchEndHook(DigitsClassifier):
 
 
 # %%
-# How this page is verified
-# -------------------------
-# The two ways of stepping run in fp32 from the same weights; the hook version with
-# ``Trainer(max_steps=3)``. Every run must train all the batches of its preset. Two probes (Lightning
-# callbacks: the modules above carry no measuring code) record what the claims need: for the
-# scheduled recipes, the learning rate of every update GradScaler applied (a batch whose loss scale
-# went down was skipped, as ``steps.step_skip_aware`` decides it) and the skipped ones; for the
-# hook recipe, how many times ``optimizer.step()`` really ran (a post-step hook of the torch
-# optimizer counts it).
+# Evidence: the runs and their claims
+# -----------------------------------
+# Both ways of stepping run in fp32 from the same weights, the hook version with
+# ``Trainer(max_steps=3)``. Two probes (callbacks: the modules carry no measuring code) record the
+# learning rate of every update GradScaler applied (a batch whose loss scale went down was skipped,
+# as ``steps.step_skip_aware`` decides it), and how often ``optimizer.step()`` really ran (a
+# post-step hook of the torch optimizer counts it).
 
 from lightning.pytorch.callbacks import Callback
 
+from mpguide.verify import plotting, report, runner
+
 
 class AppliedLearningRates(Callback):
+    measures = {
+        "first_applied_lr": "nonnegative",
+        "first_applied_lr_is_base": "bool",
+        "skipped_steps": "count",
+        "skipped_any": "bool",
+        "global_step_counts_skipped": "bool",
+    }
+
     def __init__(self):
         self.applied_lrs = []  # learning rate of every update that was really applied
         self.skipped, self.lr, self.scale, self.trainer = 0, None, None, None
@@ -179,6 +186,8 @@ class AppliedLearningRates(Callback):
 
 
 class OptimizerStepCalls(Callback):
+    measures = {"step_calls": "count", "ran_past_max_steps": "bool"}
+
     def __init__(self):
         self.step_calls, self.max_steps = 0, None
 
@@ -199,51 +208,27 @@ recipes = {
     "step in training_step": StepInTrainingStep,
     "step in on_train_batch_end": StepInBatchEndHook,
 }
-probes = {
-    "scheduler every batch": [AppliedLearningRates],
-    "skip-aware": [AppliedLearningRates],
-    "step in on_train_batch_end": [OptimizerStepCalls],
-}
+probes = {name: [AppliedLearningRates] for name in ("scheduler every batch", "skip-aware")}
+probes["step in on_train_batch_end"] = [OptimizerStepCalls]
+# fmt: off
 RUNS = [
     # run id            recipe                   precision   options
     ("fp32", "scheduler every batch", "32-true", {"label": "fp32"}),
     ("fp16-naive", "scheduler every batch", "16-mixed", {"label": "16-mixed, scheduler every batch"}),
     ("fp16-skip-aware", "skip-aware", "16-mixed", {"label": "16-mixed, skip-aware scheduler"}),
     ("step-fp32", "step in training_step", "32-true", {"label": "fp32, opt.step() in training_step"}),
-    (
-        "hook-fp32",
-        "step in on_train_batch_end",
-        "32-true",
-        {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}},
-    ),
+    ("hook-fp32", "step in on_train_batch_end", "32-true", {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}}),  # noqa: E501
 ]
 CLAIMS = [
     ("expect", "fp16-naive", "skipped_any", True, "GradScaler skips steps at the default initial scale"),
     ("expect", "fp16-naive", "first_applied_lr_is_base", False, "naive: the first real update uses a later LR"),
-    (
-        "warns",
-        "fp16-naive",
-        "UserWarning",
-        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
-        "naive: torch warns about the scheduler",
-    ),
+    ("warns", "fp16-naive", "UserWarning", "Detected call of `lr_scheduler.step()` before `optimizer.step()`", "naive: torch warns about the scheduler"),  # noqa: E501
     ("expect", "fp16-skip-aware", "first_applied_lr", 0.002, "skip-aware: first real update uses the first LR"),
-    (
-        "no_warning",
-        "fp16-skip-aware",
-        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
-        "skip-aware: no scheduler warning",
-    ),
+    ("no_warning", "fp16-skip-aware", "Detected call of `lr_scheduler.step()` before `optimizer.step()`", "skip-aware: no scheduler warning"),  # noqa: E501
     ("expect", "fp16-naive", "global_step_counts_skipped", True, "global_step counts skipped steps too"),
     ("expect", "hook-fp32", "global_step", 0, "opt.step() in on_train_batch_end: global_step stays 0"),
     ("expect", "hook-fp32", "ran_past_max_steps", True, "opt.step() in on_train_batch_end: max_steps=3 never stops it"),
-    (
-        "same",
-        "hook-fp32",
-        "step-fp32",
-        "final_weights",
-        "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise",
-    ),
+    ("same", "hook-fp32", "step-fp32", "final_weights", "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise"),  # noqa: E501
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("clean", "fp16-skip-aware", "PitfallChecks: fp16-skip-aware has no finding"),
@@ -251,13 +236,10 @@ CLAIMS = [
     ("flags", "fp16-naive", "schedulers", "PitfallChecks flags fp16-naive: schedulers"),
     ("flags", "hook-fp32", "step-frequencies", "PitfallChecks flags hook-fp32: step-frequencies"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
-
-import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
 
 # %%
 # Loss scale, skipped steps and learning rate
@@ -282,34 +264,19 @@ plt.show()
 # Step counts
 # -----------
 # ``trainer.global_step`` counts ``opt.step()`` calls, skipped ones included, so ``max_steps``
-# stops a run after that many calls whether or not they updated anything.
+# stops a run after that many calls whether or not they updated anything. And it counts only the
+# calls made inside ``training_step``: the hook version stepped once per batch, changed the weights
+# exactly as the ``training_step`` version did, and ran every batch although ``max_steps=3``.
 
-for run_id in ("fp16-naive", "fp16-skip-aware"):
+for run_id in ("fp16-naive", "fp16-skip-aware", "step-fp32", "hook-fp32"):
     run = plotting.run_by_id(record, run_id)
-    print(
-        f"{run_id}: {run['extra']['skipped_steps']} skipped of {run['extra']['batches']} batches, "
-        f"trainer.global_step = {run['extra']['global_step']}, "
-        f"first applied update used lr = {run['extra']['first_applied_lr']:.6g} (schedule starts at {BASE_LR:g})"
-    )
-
-# %%
-# It counts only the calls made inside ``training_step``: the hook version stepped once per batch,
-# changed the weights exactly as the ``training_step`` version did, and ran every batch although
-# ``max_steps=3``.
-
-for run_id in ("step-fp32", "hook-fp32"):
-    run = plotting.run_by_id(record, run_id)
-    print(
-        f"{run_id}: {run['extra']['batches']} batches, trainer.global_step = {run['extra']['global_step']}, "
-        f"max_steps = {run['trainer_kwargs'].get('max_steps', -1)}, "
-        f"final weights {run['extra']['final_weights'][:12]}"
-    )
-
-# %%
-# Verdicts
-# --------
-
-print(report.summary(record))
+    extra, max_steps = run["extra"], run["trainer_kwargs"].get("max_steps", -1)
+    line = f"{run_id}: {extra['batches']} batches, trainer.global_step = {extra['global_step']}, "
+    if "skipped_steps" in extra:
+        line += f"{extra['skipped_steps']} skipped, first applied lr {extra['first_applied_lr']:.6g} (base {BASE_LR:g})"
+    else:
+        line += f"max_steps = {max_steps}, final weights {extra['final_weights'][:12]}"
+    print(line)
 
 # %%
 # Conclusion
@@ -318,3 +285,9 @@ print(report.summary(record))
 # step it only after applied updates (``mpguide.steps.step_skip_aware``, or compare the scale before
 # and after ``opt.step()`` yourself), and remember that ``global_step`` counts every call made in
 # ``training_step``, and none made anywhere else: call ``opt.step()`` inside ``training_step``.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

@@ -17,8 +17,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 **What you will learn**
 
-* the accumulation recipe, and what not dividing does with SGD: exactly what an N times larger
-  learning rate does (faster at a small learning rate, divergence at a larger one);
+* the accumulation recipe, and why not dividing is an N times larger learning rate with SGD;
 * that the loss scale is constant inside a window under 16-mixed (it only changes in ``opt.step()``);
 * that one overflowing micro-batch skips the whole window's update.
 """
@@ -31,10 +30,18 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import functools
 
+import lightning.pytorch as pl
+import matplotlib.pyplot as plt
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from mpguide import steps
+from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_06_accumulation")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -85,12 +92,6 @@ class ZeroGradEveryBatch(ManualAccumulation):
 # is enough; on a CPU that flag silently becomes bf16-mixed, so Lightning's plugin is passed
 # explicitly. ``max_steps`` counts optimizer steps, i.e. windows.
 
-import lightning.pytorch as pl
-import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
-
-from mpguide.data import digits_loader
-
 device = "cuda" if torch.cuda.is_available() else "cpu"
 pl.seed_everything(0)
 model = ManualAccumulation(optimizer="sgd", lr=0.05)
@@ -108,22 +109,24 @@ trainer.fit(model, digits_loader(batch_size=64))
 print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
 
 # %%
-# How this page is verified
-# -------------------------
-# Automatic optimization with ``accumulate_grad_batches=4`` is the reference in each precision. A
-# probe (a Lightning callback: the recipes above carry no measuring code) records the loss scale at
-# the start of each micro-batch, and whether the weights changed over each window of ``N``.
+# Evidence: the runs and their claims
+# -----------------------------------
+# Automatic ``accumulate_grad_batches=4`` is the reference in each precision. A probe (a callback: the recipes
+# carry no measuring code) records the loss scale at each micro-batch start and whether each window moved the weights.
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide import steps
+from mpguide.verify import plotting, report, runner
 
 
 class WindowProbe(Callback):
+    # fmt: off
+    measures = {"window_moved": "list[bool]", "scale_constant_in_windows": "bool", "overflow_window_skipped": "bool",
+                "other_windows_moved": "bool"}
+    # fmt: on
+
     def __init__(self):
-        self.window_moved = []  # per window: did the weights change?
-        self.scales = []  # loss scale seen by each micro-batch (None without a GradScaler)
-        self.start = None
+        self.window_moved, self.scales, self.start = [], [], None  # moved per window; scale per micro-batch
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx % N == 0:
@@ -156,15 +159,11 @@ recipes = {
     "no division, lr 0.5": functools.partial(NoDivision, optimizer="sgd", lr=0.5),
 }
 probes = {name: [WindowProbe] for name in recipes if name != "automatic"}
+# fmt: off
 RUNS = [
     # run id           recipe                   precision     options
     ("auto-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"}),
-    (
-        "auto-bf16",
-        "automatic",
-        "bf16-mixed",
-        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"},
-    ),
+    ("auto-bf16", "automatic", "bf16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"}),  # noqa: E501
     ("auto-fp16", "automatic", "16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"}),
     ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
@@ -175,12 +174,7 @@ RUNS = [
     ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
     ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
-    (
-        "trainer-flag",
-        "manual",
-        "32-true",
-        {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"},
-    ),
+    ("trainer-flag", "manual", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),  # noqa: E501
 ]
 CLAIMS = [
     ("match", "manual-fp32", "auto-fp32", "same-precision", "manual accumulation = automatic (fp32)"),
@@ -193,13 +187,7 @@ CLAIMS = [
     ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
-    (
-        "raises",
-        "trainer-flag",
-        "MisconfigurationException",
-        "Automatic gradient accumulation is not supported for manual optimization",
-        "Trainer(accumulate_grad_batches) is rejected in manual optimization",
-    ),
+    ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient accumulation is not supported for manual optimization", "Trainer(accumulate_grad_batches) is rejected in manual optimization"),  # noqa: E501
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
@@ -212,25 +200,20 @@ CLAIMS = [
     ("clean", "overflow-fp16", "PitfallChecks: overflow-fp16 has no finding"),
     ("flags", "zero-grad", "accumulation", "PitfallChecks flags zero-grad: accumulation"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
-import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
-
 # %%
 # Curves
 # ------
-# Left: manual and automatic accumulation in every precision are identical (each pair is drawn
-# once). Right: the two mistakes against the correct manual run in fp32. Not dividing reaches a
-# *lower* training loss here, and its curve is bitwise the curve of the divided recipe with a
-# 4 times larger learning rate (one line, one legend entry): at lr 0.05 this model simply
-# profits from larger steps. ``zero_grad`` every batch keeps a quarter of each window's
-# gradient and trains slower.
+# Left: manual and automatic accumulation are identical in every precision (each pair drawn once).
+# Right: the two mistakes in fp32. Not dividing reaches a *lower* loss here, bitwise the curve of the
+# divided recipe with a 4 times larger learning rate (one line): at lr 0.05 this model profits from
+# larger steps. ``zero_grad`` every batch keeps a quarter of each window's gradient and trains slower.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5.6, sharey=True)
+fig, (left, right) = plotting.figure(1, 2, 12, 5.0, sharey=True)
 plotting.describe(
     fig,
     "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
@@ -238,73 +221,41 @@ plotting.describe(
 )
 acc_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
 plotting.plot_loss_curves(left, record, acc_ids, "Automatic vs manual accumulation, N = 4")
-plotting.plot_loss_curves(
-    right,
-    record,
-    ["manual-fp32", "no-division", "manual-lr-x4", "zero-grad"],
-    "Accumulation mistakes, SGD lr 0.05, fp32",
-    {"no-division": "#D55E00", "zero-grad": "#CC79A7"},
-    {
-        "manual-fp32": "divided by 4",
-        "no-division": "not divided",
-        "manual-lr-x4": "divided, lr x 4",
-        "zero-grad": "zero_grad every batch",
-    },
-)
+names = {"manual-fp32": "divided by 4", "no-division": "not divided", "manual-lr-x4": "divided, lr x 4"}
+names["zero-grad"] = "zero_grad every batch"
+colors = {"no-division": "#D55E00", "zero-grad": "#CC79A7"}
+plotting.plot_loss_curves(right, record, list(names), "Accumulation mistakes, SGD lr 0.05, fp32", colors, names)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
 # %%
-# Where not dividing trains worse
-# -------------------------------
-# The same mistake at lr 0.5, a learning rate at which the divided recipe trains well: the
-# window's gradient, four times too large, makes every step four times too long, and the loss
-# climbs far above where it started (log scale). Not dividing is therefore not "slower" or
-# "faster" but a different learning rate, tuned for nothing.
+# An lr of 0.5, and an overflow
+# -----------------------------
+# Left: the same mistake at lr 0.5, where the divided recipe trains well: every step is four times
+# too long and the loss climbs far above where it started (log scale). Not dividing is not "slower"
+# or "faster" but a different learning rate, tuned for nothing. Right: in the overflow run,
+# micro-batch 21 (window 5) carries an infinite gradient. The scale stays constant inside every
+# window, the window with the overflow applies no update, and the scale halves once, at its ``opt.step()``.
 
-fig, ax = plotting.figure(1, 1, 9, 5.2)
-plotting.describe(fig, "At lr 0.5 the divided recipe trains and the undivided one diverges")
-plotting.plot_loss_curves(
-    ax,
-    record,
-    ["manual-lr-0.5", "no-division-lr-0.5"],
-    "SGD lr 0.5, fp32",
-    {"no-division-lr-0.5": "#D55E00"},
-    {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"},
+fig, (ax, windows) = plotting.figure(1, 2, 12, 4.1)
+plotting.describe(
+    fig,
+    "At lr 0.5 the divided recipe trains and the undivided one diverges; the loss scale is constant "
+    "inside each window, and the window with the overflow is skipped",
 )
+names = {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"}
+plotting.plot_loss_curves(ax, record, list(names), "SGD lr 0.5, fp32", {"no-division-lr-0.5": "#D55E00"}, names)
 ax.set_yscale("log")
-plotting.save_figure(fig, record["example"], "larger_lr")
-plt.show()
-
-# %%
-# The loss scale, micro-batch by micro-batch
-# ------------------------------------------
-# In the overflow run, micro-batch 21 (window 5, micro-batches 20-23) carries an infinite
-# gradient. The scale stays constant inside every window, the window with the overflow applies no
-# update at all, and the scale halves once, at that window's ``opt.step()``.
-
-run = plotting.run_by_id(record, "overflow-fp16")
-fig, ax = plotting.figure(1, 1, 9, 4.2)
-plotting.describe(fig, "The loss scale is constant inside each window; the window with the overflow is skipped")
-shown = 40
-ax.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale at micro-batch start")
+run, shown = plotting.run_by_id(record, "overflow-fp16"), 40
+windows.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale")
 for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
-    ax.axvspan(w * N, (w + 1) * N, color="#D55E00" if not moved else "#999999", alpha=0.25 if not moved else 0.06)
-ax.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
-ax.set(
-    yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale", title="Windows of 4 micro-batches (red: skipped)"
-)
-ax.legend(
-    fontsize=plotting.LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0)
-)  # right of the data
-plotting.save_figure(fig, record["example"], "windows")
+    windows.axvspan(w * N, (w + 1) * N, color="#999999" if moved else "#D55E00", alpha=0.06 if moved else 0.25)
+windows.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
+windows.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale at micro-batch start")
+windows.set_title("16-mixed, windows of 4 micro-batches (red: skipped)")
+windows.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="lower left")
+plotting.save_figure(fig, record["example"], "larger_lr_and_windows")
 plt.show()
-
-# %%
-# Verdicts
-# --------
-
-print(report.summary(record))
 
 # %%
 # Conclusion
@@ -313,5 +264,12 @@ print(report.summary(record))
 # ``opt.zero_grad()`` only at the end of the window. Forgetting the division multiplies SGD's
 # learning rate by N (bitwise the same run), which may look better or diverge depending on the
 # learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed
-# nothing else is needed: the
-# scale cannot change inside a window, and an overflow anywhere in it skips the window as a whole.
+# nothing else is needed: the scale cannot change inside a window, and an overflow anywhere in it
+# skips the window as a whole. ``mpguide.checks.PitfallChecks()`` flags the ``zero_grad`` mistake (the
+# ``zero-grad`` run above); not dividing leaves no trace it sees: compare with automatic accumulation once.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

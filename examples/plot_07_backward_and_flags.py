@@ -2,12 +2,10 @@
 ``loss.backward()`` vs ``manual_backward``, and what ``precision="16-mixed"`` means on a CPU
 ============================================================================================
 
-Two small things that decide whether 16-mixed really runs. First, ``self.manual_backward(loss)``
-is where Lightning multiplies the loss by the GradScaler's scale; a plain ``loss.backward()``
-skips that, and the first ``opt.step()`` fails because the scaler was never used. Under
-bf16-mixed the same code runs silently, because there is no scaler to skip. Second,
-``Trainer(precision="16-mixed")`` on a CPU quietly trains in bf16-mixed with no scaler at all;
-to test fp16 and GradScaler on a CPU, pass the plugin explicitly.
+Two things decide whether 16-mixed really runs. ``self.manual_backward(loss)`` is where Lightning
+multiplies the loss by the GradScaler's scale; a plain ``loss.backward()`` skips that, and the first
+``opt.step()`` fails (under bf16-mixed, which has no scaler, the same code runs silently). And
+``Trainer(precision="16-mixed")`` on a CPU quietly trains in bf16-mixed, with no scaler at all.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -16,24 +14,24 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_07_backward_and_flags.py
 
-**What you will learn**
-
-* why ``manual_backward`` is not optional under 16-mixed, and why bf16-mixed hides it;
-* how to get a real fp16 autocast and a CPU GradScaler, as every example of this site does on CPU.
+**What you will learn**: why ``manual_backward`` is not optional under 16-mixed and why bf16-mixed
+hides it; how to get a real fp16 autocast and a GradScaler on a CPU, as every example of this site does.
 """
 
 # %%
 # ``loss.backward()`` in a manual ``training_step``
 # -------------------------------------------------
-# The same module with either backward call. ``manual_backward`` goes through the precision plugin,
-# which scales the loss under 16-mixed; ``loss.backward()`` goes straight to autograd.
+# ``manual_backward`` goes through the precision plugin; ``loss.backward()`` goes straight to autograd.
+
+import functools
 
 import torch
 
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_07_backward_and_flags")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -89,19 +87,19 @@ print(
 )
 
 # %%
-# How this page is verified
-# -------------------------
-# Both backward calls run under 16-mixed and bf16-mixed, plus the plain ``precision="16-mixed"`` flag.
-# The probes of :mod:`mpguide.verify.probes` record which precision the ``Trainer`` really used and
-# whether it had a GradScaler. On a CPU, the plain flag run shows the fallback; on a GPU it gets a
-# real GradScaler, and the claims say so instead.
+# Evidence: the runs and their claims
+# -----------------------------------
+# Both backward calls under 16-mixed and bf16-mixed, plus the plain ``precision="16-mixed"`` flag. The
+# probes record which precision the ``Trainer`` really used and whether it had a GradScaler; on a GPU
+# the plain flag gets a real GradScaler, and the claims say so instead.
 
-import functools
+from mpguide.verify import plotting, report
 
 recipes = {
     "manual_backward": functools.partial(Manual, optimizer="sgd", lr=0.05),
     "loss.backward()": functools.partial(Manual, plain_backward=True, optimizer="sgd", lr=0.05),
 }
+# fmt: off
 RUNS = [
     # run id                  recipe             precision     options
     ("fp16-manual-backward", "manual_backward", "16-mixed", {"label": "16-mixed, manual_backward"}),
@@ -111,37 +109,11 @@ RUNS = [
     ("flag-16-mixed", "manual_backward", "16-mixed", {"plain_flag": True, "label": 'Trainer(precision="16-mixed")'}),
 ]
 CLAIMS = [
-    (
-        "raises",
-        "fp16-loss-backward",
-        "AssertionError",
-        "Attempted unscale_ but _scale is None",
-        "16-mixed: loss.backward() fails at the first step",
-    ),
-    (
-        "match",
-        "bf16-loss-backward",
-        "bf16-manual-backward",
-        "same-precision",
-        "bf16-mixed: loss.backward() silently equals manual_backward",
-    ),
+    ("raises", "fp16-loss-backward", "AssertionError", "Attempted unscale_ but _scale is None", "16-mixed: loss.backward() fails at the first step"),  # noqa: E501
+    ("match", "bf16-loss-backward", "bf16-manual-backward", "same-precision", "bf16-mixed: loss.backward() silently equals manual_backward"),  # noqa: E501
     ("expect", "fp16-manual-backward", "has_scaler", True, "16-mixed as this site runs it has a GradScaler"),
-    (
-        "warns",
-        "flag-16-mixed",
-        "UserWarning",
-        "AMP with fp16 is not supported on CPU",
-        "CPU: the plain flag warns and falls back",
-        {"only_on": "cpu"},
-    ),
-    (
-        "expect",
-        "flag-16-mixed",
-        "trainer_precision",
-        "bf16-mixed",
-        "CPU: the plain flag trains in bf16-mixed",
-        {"only_on": "cpu"},
-    ),
+    ("warns", "flag-16-mixed", "UserWarning", "AMP with fp16 is not supported on CPU", "CPU: the plain flag warns and falls back", {"only_on": "cpu"}),  # noqa: E501
+    ("expect", "flag-16-mixed", "trainer_precision", "bf16-mixed", "CPU: the plain flag trains in bf16-mixed", {"only_on": "cpu"}),  # noqa: E501
     ("expect", "flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all", {"only_on": "cpu"}),
     ("expect", "flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler", {"only_on": "cuda"}),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -151,6 +123,7 @@ CLAIMS = [
     ("flags", "fp16-loss-backward", "backward-flags", "PitfallChecks flags fp16-loss-backward: backward-flags"),
     ("flags", "bf16-loss-backward", "backward-flags", "PitfallChecks flags bf16-loss-backward: backward-flags"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_07_backward_and_flags", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
@@ -158,6 +131,8 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # %%
 # What happened
 # -------------
+# ``loss.backward()`` fails under 16-mixed and trains under bf16-mixed exactly like ``manual_backward``;
+# the plain flag on a CPU trained in bf16-mixed.
 
 for run in record["runs"]:
     outcome = (
@@ -168,25 +143,7 @@ for run in record["runs"]:
     )
     print(f"{run['label']:<32} {run['precision_plugin']:<15} {outcome}")
 
-# %%
-# Why
-# ---
-# ``manual_backward`` calls the precision plugin's ``pre_backward``, which for 16-mixed returns
-# ``scaler.scale(loss)``; that first call also creates the scaler's internal scale tensor. With
-# ``loss.backward()`` it never happens, so at the first ``opt.step()`` the plugin's
-# ``scaler.unscale_`` finds no scale and raises. bf16-mixed has no scaler, so ``manual_backward``
-# and ``loss.backward()`` do the same arithmetic, and the curves are identical, but the habit
-# breaks the moment the project switches to 16-mixed, and it also skips Lightning's backward
-# hooks and strategy logic (for example DDP's gradient synchronisation context).
-#
-# On CPU, Lightning's accelerator connector replaces ``"16-mixed"`` by ``"bf16-mixed"`` with a
-# warning. The examples of this site pass ``plugins=[MixedPrecision("16-mixed", "cpu")]`` instead
-# (see :func:`mpguide.verify.hardware.trainer_precision_kwargs`), which builds a CPU
-# ``torch.amp.GradScaler`` and an fp16 autocast region.
-
 import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
 
 fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]
 fig, ax = plotting.figure(1, 1, 8, 5)
@@ -198,7 +155,22 @@ plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
 # %%
-# Verdicts
-# --------
+# Why
+# ---
+# ``manual_backward`` calls the precision plugin's ``pre_backward``, which for 16-mixed returns
+# ``scaler.scale(loss)``; that first call also creates the scaler's internal scale tensor. With
+# ``loss.backward()`` it never happens, so at the first ``opt.step()`` the plugin's
+# ``scaler.unscale_`` finds no scale and raises. bf16-mixed has no scaler, so both calls do the same
+# arithmetic and the curves are identical, but the habit breaks the moment the project switches to
+# 16-mixed, and it also skips Lightning's backward hooks and strategy logic (for example DDP's
+# gradient synchronisation context).
+#
+# On CPU, Lightning's accelerator connector replaces ``"16-mixed"`` by ``"bf16-mixed"`` with a
+# warning. Pass ``plugins=[MixedPrecision("16-mixed", "cpu")]`` instead, as the call above does: it
+# builds a CPU ``torch.amp.GradScaler`` and an fp16 autocast region.
 
-print(report.summary(record))
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

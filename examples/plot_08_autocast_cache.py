@@ -2,17 +2,15 @@
 The autocast cache: a fixed bug and a hazard that remains
 =========================================================
 
-Inside ``torch.autocast``, weights cast to bf16/fp16 can be cached for the rest of the autocast
-region (with ``cache_enabled=True``, the default). Two consequences matter in manual optimization:
+Inside ``torch.autocast`` (with ``cache_enabled=True``, the default), weights cast to bf16/fp16 are
+cached for the rest of the region. Two consequences matter in manual optimization:
 
-1. **History.** A forward under ``torch.no_grad()`` followed by a forward *with* gradients through
-   the same weights, in one caching region, used to reuse the cached cast made without autograd
-   history, so those weights got no gradient (PyTorch issues #65766, #112583, #158232). Lightning
-   opened its own autocast with the cache on until 2.5.4 and switched it off in 2.5.5 (#20921).
-   On the installed torch this no longer happens: this example checks it.
+1. **History.** A ``torch.no_grad()`` forward, then a graded forward through the same weights in one
+   caching region, used to reuse the cast made without autograd history, so those weights got no
+   gradient (PyTorch #65766, #112583, #158232). Lightning's own autocast cached until 2.5.4 and
+   stopped in 2.5.5 (#20921). The installed torch no longer does this: this example checks it.
 2. **Hazard.** ``opt.step()`` changes the weights in place, but the cache keeps the casts made
-   before the step. A second forward after the step, inside the same caching region, silently
-   uses the old weights.
+   before the step: a second forward after the step, in the same region, silently uses the old weights.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -25,11 +23,10 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 """
 
 # %%
-# A model that forwards twice through the same weights
-# ----------------------------------------------------
-# A digits classifier regularised towards its own predictions on a noisy view, computed under
-# ``no_grad`` (self-distillation): the ``no_grad`` forward and the graded forward share every
-# weight, which is exactly the pattern that lost gradients in affected versions.
+# Two forwards, same weights
+# --------------------------
+# Self-distillation: a digits classifier pulled towards its own ``no_grad`` predictions on a noisy
+# view. Both forwards share every weight, the pattern that lost gradients in affected versions.
 
 import contextlib
 import functools
@@ -38,9 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_08_autocast_cache")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -86,8 +84,8 @@ class CachingAutocast(SelfDistillation):
 # The ``Trainer`` call to copy
 # ----------------------------
 # The safe recipe: ``precision="bf16-mixed"`` and no autocast of your own. It prints ``False`` here;
-# on Lightning 2.5.4 and older, whose own autocast caches casts, the same cell prints ``True`` (the
-# version matrix in the guide measured it), so run it on your versions.
+# on Lightning 2.5.4 and older, whose own autocast caches casts, it prints ``True`` (the guide's
+# version matrix measured it), so run it on your versions.
 
 import lightning.pytorch as pl
 
@@ -110,15 +108,19 @@ trainer.fit(model, digits_loader(batch_size=64))
 print(f"a forward right after opt.step() saw the old weights: {model.stale_after_step}")
 
 # %%
-# How this page is verified
-# -------------------------
-# The flag the module sets in its first batch (did the forward after ``opt.step()`` return the old
-# outputs?) reaches the record through a probe, a Lightning callback.
+# Evidence: the runs and their claims
+# -----------------------------------
+# Both models under bf16-mixed, and fp32. A probe (a Lightning callback) hands the flag the module sets
+# in its first batch (did the forward after ``opt.step()`` return the old outputs?) to the record.
 
 from lightning.pytorch.callbacks import Callback
 
+from mpguide.verify import plotting, report
+
 
 class StaleAfterStep(Callback):
+    measures = {"stale_after_step": "bool"}
+
     def setup(self, trainer, pl_module, stage):
         self.module = pl_module
 
@@ -132,6 +134,7 @@ recipes = {
     "own caching autocast": functools.partial(CachingAutocast, **adamw),
 }
 probes = {name: [StaleAfterStep] for name in recipes}
+# fmt: off
 RUNS = [
     # run id            recipe                        precision     options
     ("lightning-bf16", "Lightning's autocast only", "bf16-mixed", {"label": "bf16-mixed, Lightning's autocast"}),
@@ -139,13 +142,7 @@ RUNS = [
     ("fp32", "Lightning's autocast only", "32-true", {"label": "fp32"}),
 ]
 CLAIMS = [
-    (
-        "match",
-        "caching-bf16",
-        "lightning-bf16",
-        "same-precision",
-        "no_grad then graded forward in a caching autocast trains normally (installed torch)",
-    ),
+    ("match", "caching-bf16", "lightning-bf16", "same-precision", "no_grad then graded forward in a caching autocast trains normally (installed torch)"),  # noqa: E501
     ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
     ("expect", "caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
@@ -154,13 +151,18 @@ CLAIMS = [
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("flags", "caching-bf16", "autocast-cache", "PitfallChecks flags caching-bf16: autocast-cache"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
-import matplotlib.pyplot as plt
+# %%
+# What happened
+# -------------
+# The caching autocast trains like Lightning's own (the gradients are there on the installed torch),
+# but a forward after ``opt.step()`` in its region returned the outputs of the old weights.
 
-from mpguide.verify import plotting, report
+import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 8, 5)
 plotting.describe(fig, "A no_grad forward before a graded one no longer breaks training in a caching autocast")
@@ -170,12 +172,10 @@ plotting.plot_loss_curves(
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
-# %%
-# Verdicts
-# --------
-
-print(report.summary(record))
-print(f"\ninstalled: torch {record['env']['torch']}, Lightning {record['env']['lightning']}")
+for run_id in ("lightning-bf16", "caching-bf16"):
+    stale = plotting.run_by_id(record, run_id)["extra"]["stale_after_step"]
+    print(f"{run_id}: a forward after opt.step() saw the old weights: {stale}")
+print(f"installed: torch {record['env']['torch']}, Lightning {record['env']['lightning']}")
 
 # %%
 # The safe recipe
@@ -186,3 +186,9 @@ print(f"\ninstalled: torch {record['env']['torch']}, Lightning {record['env']['l
 # (Lightning 2.5.4 or earlier with a torch that still has the cache bug), a ``no_grad`` forward
 # followed by a graded forward through the same weights loses their gradients; run this example
 # there and the first claim fails.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

@@ -3,11 +3,10 @@ Gradient penalties (R1, WGAN-GP) under 16-mixed and bf16-mixed
 ==============================================================
 
 A gradient penalty differentiates the discriminator's output with respect to its input inside
-``training_step`` with ``torch.autograd.grad(..., create_graph=True)``, then adds a function of that
-gradient to the loss. That call does not go through ``manual_backward``, so under 16-mixed nothing
-multiplies it by the loss scale: its fp16 backward runs unscaled. This example trains a small GAN
-with the R1 penalty on scikit-learn's digits three ways (fp32, the naive penalty, and the penalty
-computed with the trainer's GradScaler as in PyTorch's AMP recipe) and measures what each does.
+``training_step`` (``torch.autograd.grad(..., create_graph=True)``) and adds a function of that
+gradient to the loss. That call bypasses ``manual_backward``, so under 16-mixed its fp16 backward runs
+unscaled. This example trains a small GAN with the R1 penalty on scikit-learn's digits in fp32, with the
+naive penalty, and with the penalty computed with the trainer's GradScaler (PyTorch's AMP recipe).
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -16,18 +15,13 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_10_gradient_penalty.py
 
-**What you will learn**
-
-* the loss-scaled gradient penalty in Lightning terms, and what bf16-mixed needs (nothing extra);
-* what the naive penalty does under 16-mixed on this model, measured, and when it breaks;
-* that an overflow of the scaled penalty is handled by GradScaler like any other.
-
-**Prerequisites**: :doc:`plot_02_two_optimizers` (the GAN step), :doc:`plot_05_skipped_steps`.
+**What you will learn**: the loss-scaled penalty in Lightning terms; what the naive one does under
+16-mixed, and when it breaks. **Prerequisites**: :doc:`plot_02_two_optimizers`, :doc:`plot_05_skipped_steps`.
 """
 
 # %%
-# A GAN with the R1 penalty, written naively
-# ------------------------------------------
+# The naive R1 penalty
+# --------------------
 # The discriminator loss is the non-saturating logistic loss plus the R1 penalty
 # ``gamma / 2 * E[|grad_x D(x)|^2]`` on real images (Mescheder et al., 2018). Each loss reaches
 # only its own model through ``toggled_optimizer``.
@@ -38,9 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpguide.data import NUM_FEATURES
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_10_gradient_penalty")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -95,16 +90,16 @@ class R1GAN(pl.LightningModule):
 
 
 # %%
-# The loss-scaled penalty
-# -----------------------
-# PyTorch's AMP recipe for gradient penalties, in Lightning terms: multiply what goes into
-# ``autograd.grad`` by the trainer's loss scale (``self.trainer.precision_plugin.scaler``), divide the
-# resulting gradients by it, compute the penalty inside ``training_step`` (Lightning's autocast
-# region), and backpropagate the sum of losses with one ``manual_backward``.
-# :func:`mpguide.steps.scaled_input_grad` does the first two; without a GradScaler (fp32,
-# bf16-mixed) it is plain ``autograd.grad``: bf16 has fp32's exponent range and needs nothing extra.
+# The fix: the call to copy
+# -------------------------
+# PyTorch's AMP recipe: scale what goes into ``autograd.grad`` by the trainer's loss scale and unscale
+# the gradients (:func:`mpguide.steps.scaled_input_grad`; plain ``autograd.grad`` without a GradScaler).
+# On a CPU ``precision="16-mixed"`` silently becomes bf16-mixed, so the plugin is passed explicitly.
+
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from mpguide import steps
+from mpguide.data import digits_loader
 
 
 class ScaledR1GAN(R1GAN):
@@ -113,14 +108,34 @@ class ScaledR1GAN(R1GAN):
         return grad
 
 
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=40,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
+trainer.fit(ScaledR1GAN(), digits_loader(batch_size=64))
+print(f"optimizer steps: {trainer.global_step}, loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
+
 # %%
-# How this page is verified
-# -------------------------
-# Both versions run in every precision from the same weights and batches. In fp32 and bf16-mixed
-# there is no GradScaler, so the scaled version must end with bitwise the same weights as the naive
-# one. Under 16-mixed, each version is compared with fp32.
+# Evidence: the runs and their claims
+# -----------------------------------
+# Both versions in every precision, from the same weights and batches. Without a GradScaler (fp32,
+# bf16-mixed) the scaled version must end bitwise equal to the naive one; under 16-mixed each is
+# compared with fp32.
+
+import math
+
+from mpguide.verify import plotting, report
 
 recipes = {"naive penalty": R1GAN, "scaled penalty": ScaledR1GAN}
+# fmt: off
 RUNS = [
     # run id            recipe            precision     options
     ("naive-fp32", "naive penalty", "32-true", {"label": "naive penalty, fp32"}),
@@ -144,6 +159,7 @@ CLAIMS = [
     ("clean", "scaled-fp16", "PitfallChecks: scaled-fp16 has no finding"),
     ("flags", "naive-fp16", "gradient-penalty", "PitfallChecks flags naive-fp16: gradient-penalty"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
@@ -158,8 +174,6 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # gradients leave fp16's range (below), not here.
 
 import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
 
 fig, ax = plotting.figure(1, 1, 9, 5.6)
 plotting.describe(
@@ -185,8 +199,6 @@ plt.show()
 # magnitude of the penalized gradient (logged with ``self.log``) shows why the naive version works on
 # this model: it stays far above fp16's smallest normal number, 6.1e-5.
 
-import math
-
 for run_id in ("naive-fp32", "naive-fp16", "scaled-fp16"):
     run = plotting.run_by_id(record, run_id)
     sizes = [v for v in run["extra"]["logged"]["input_grad_abs_mean"] if math.isfinite(v)]
@@ -203,43 +215,19 @@ for run_id in ("naive-fp32", "naive-fp16", "scaled-fp16"):
 # returning NaN under ``precision=16`` for input gradients of a mean loss of about 1e-7 (ImageNet
 # inputs). The scaled penalty holds in both cases.
 #
-# Verdicts
-# --------
-
-print(report.summary(record))
-
-# %%
-# The ``Trainer`` call to copy
-# ----------------------------
-# On a GPU ``precision="16-mixed"`` is enough; on a CPU ``Trainer(precision="16-mixed")`` silently
-# becomes bf16-mixed, so the plugin is passed explicitly. The GAN uses ``toggled_optimizer``; on
-# Lightning 2.5.0 and older, which lack it, write ``toggle_optimizer`` and ``untoggle_optimizer``.
-
-from lightning.pytorch.plugins.precision import MixedPrecision
-
-from mpguide.data import digits_loader
-
-device = "cuda" if torch.cuda.is_available() else "cpu"
-pl.seed_everything(0)
-trainer = pl.Trainer(
-    accelerator=device,
-    devices=1,
-    max_steps=40,
-    plugins=[MixedPrecision("16-mixed", device)],
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-)
-trainer.fit(ScaledR1GAN(), digits_loader(batch_size=64))
-print(f"optimizer steps: {trainer.global_step}, loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
-
-# %%
 # Conclusion
 # ----------
 # Under 16-mixed, take a gradient penalty's gradient with the trainer's loss scale
-# (``scaler.scale(output)`` in, gradients divided by ``scaler.get_scale()`` out), compute the penalty
-# in ``training_step`` and backpropagate one sum with ``manual_backward``; an overflow of the
-# penalty is handled by GradScaler like any other. Under bf16-mixed the plain
-# ``autograd.grad`` is correct. On small models the naive version happens to work, as measured here:
-# do not rely on it for large inputs or small gradients.
+# (``self.trainer.precision_plugin.scaler``: ``scaler.scale(output)`` in, gradients divided by
+# ``scaler.get_scale()`` out), compute the penalty in ``training_step`` and backpropagate one sum with
+# ``manual_backward``; an overflow of the penalty is handled by GradScaler like any other. Under
+# bf16-mixed the plain ``autograd.grad`` is correct: bf16 has fp32's exponent range and needs nothing
+# extra. On small models the naive version happens to work, as measured here:
+# do not rely on it for large inputs or small gradients. On Lightning 2.5.0 and older, which lack
+# ``toggled_optimizer``, write ``toggle_optimizer`` and ``untoggle_optimizer``.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

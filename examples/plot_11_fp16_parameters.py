@@ -17,23 +17,19 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_11_fp16_parameters.py
 
-**What you will learn**
-
-* why GradScaler refuses fp16 gradients;
-* why clipping a mix of fp16 and fp32 gradients fails inside a bf16 autocast region;
-* why, without clipping, AdamW turns fp16 weights into inf/NaN at its first step;
-* that fp32 parameters under autocast already run the adapter's matrix products in fp16/bf16.
-
-**Prerequisites**: :doc:`plot_04_gradient_clipping` (clip in ``on_before_optimizer_step``).
+**What you will learn**: why GradScaler refuses fp16 gradients; why clipping a mix of fp16 and fp32
+gradients fails inside a bf16 autocast region; why, without clipping, AdamW turns fp16 weights into
+inf/NaN at its first step; that fp32 parameters under autocast already run the adapter's matrix
+products in fp16/bf16. **Prerequisites**: :doc:`plot_04_gradient_clipping` (clip in
+``on_before_optimizer_step``).
 """
 
 # %%
-# A body and a half-precision adapter
-# -----------------------------------
-# A digits classifier: a body ``Linear(64, 64) + Tanh`` and an adapter ``Linear(64, 10)``. With
-# ``half_adapter=True`` the adapter's parameters are cast to fp16, as in "the adapter is small,
-# keep it in half precision". Gradients are clipped at norm 1 in ``on_before_optimizer_step``,
-# which Lightning calls inside ``opt.step()`` after unscaling (the manual-mode place for clipping).
+# A half-precision adapter
+# ------------------------
+# A body ``Linear(64, 64) + Tanh`` and an adapter ``Linear(64, 10)``; ``half_adapter=True`` casts the
+# adapter to fp16 ("it is small, keep it in half precision"). Gradients are clipped at norm 1 in
+# ``on_before_optimizer_step``, which Lightning calls inside ``opt.step()`` after unscaling.
 
 import lightning.pytorch as pl
 import torch
@@ -41,9 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_11_fp16_parameters")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -77,8 +74,8 @@ class BodyAndAdapter(pl.LightningModule):
 
 
 # %%
-# The fix, with the ``Trainer`` call to copy
-# ------------------------------------------
+# The fix: the ``Trainer`` call
+# -----------------------------
 # Keep every trainable parameter in fp32 (drop the ``.half()``). Autocast still runs the adapter's
 # ``Linear`` in fp16 under 16-mixed; GradScaler unscales fp32 gradients, and the AdamW update is
 # applied to fp32 weights. On a GPU ``precision="16-mixed"`` is enough; on a CPU the plugin is
@@ -105,58 +102,33 @@ trainer.fit(model, digits_loader(batch_size=64))
 print(f"adapter weight dtype: {model.adapter.weight.dtype}, optimizer steps: {trainer.global_step}")
 
 # %%
-# How this page is verified
-# -------------------------
-# The half adapter runs under 16-mixed and under bf16-mixed with clipping (both must raise the
-# errors above), and under bf16-mixed without clipping, with ``Trainer(detect_anomaly=True)`` so that
-# a NaN becomes an error at the backward that first produces it. The fp32 adapter runs in the three
-# precisions with clipping and must follow fp32. ``detect_anomaly`` is a diagnostic for bf16-mixed,
-# fp32 and the ``-true`` precisions: under 16-mixed the first steps may overflow by design (GradScaler
-# starts at 65536 and backs off), and anomaly detection then stops a correct run at step 0 (round-4
-# case 10: ``Function 'AddmmBackward0' returned nan values``). This page's fp32-adapter model did not
-# overflow that way when we tried, so 16-mixed runs here without it.
+# Evidence: the runs and their claims
+# -----------------------------------
+# The half adapter under 16-mixed and bf16-mixed with clipping (both must raise the errors above), and
+# under bf16-mixed without clipping, with ``Trainer(detect_anomaly=True)``; the fp32 adapter in the
+# three precisions with clipping, where it must follow fp32.
+
+from mpguide.verify import plotting, report
 
 recipes = {
     "half adapter": lambda: BodyAndAdapter(half_adapter=True),
     "half adapter, no clipping": lambda: BodyAndAdapter(half_adapter=True, clip=False),
     "fp32 adapter": lambda: BodyAndAdapter(half_adapter=False),
 }
+# fmt: off
 RUNS = [
     # run id              recipe                       precision     options
     ("half-fp16", "half adapter", "16-mixed", {"label": "fp16 adapter, 16-mixed"}),
     ("half-bf16", "half adapter", "bf16-mixed", {"label": "fp16 adapter, bf16-mixed, clipping"}),
-    (
-        "half-bf16-noclip",
-        "half adapter, no clipping",
-        "bf16-mixed",
-        {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}},
-    ),
+    ("half-bf16-noclip", "half adapter, no clipping", "bf16-mixed", {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}}),  # noqa: E501
     ("fp32", "fp32 adapter", "32-true", {"label": "fp32 adapter, fp32"}),
     ("fixed-bf16", "fp32 adapter", "bf16-mixed", {"label": "fp32 adapter, bf16-mixed"}),
     ("fixed-fp16", "fp32 adapter", "16-mixed", {"label": "fp32 adapter, 16-mixed"}),
 ]
 CLAIMS = [
-    (
-        "raises",
-        "half-fp16",
-        "ValueError",
-        "Attempting to unscale FP16 gradients.",
-        "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients",
-    ),
-    (
-        "raises",
-        "half-bf16",
-        "RuntimeError",
-        "Unexpected floating ScalarType in at::autocast::prioritize",
-        "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails",
-    ),
-    (
-        "raises",
-        "half-bf16-noclip",
-        "RuntimeError",
-        "returned nan values",
-        "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN",
-    ),
+    ("raises", "half-fp16", "ValueError", "Attempting to unscale FP16 gradients.", "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients"),  # noqa: E501
+    ("raises", "half-bf16", "RuntimeError", "Unexpected floating ScalarType in at::autocast::prioritize", "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails"),  # noqa: E501
+    ("raises", "half-bf16-noclip", "RuntimeError", "returned nan values", "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN"),  # noqa: E501
     ("match", "fixed-bf16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, bf16-mixed = fp32"),
     ("match", "fixed-fp16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, 16-mixed = fp32"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -167,6 +139,7 @@ CLAIMS = [
     ("flags", "half-bf16", "fp16-parameters", "PitfallChecks flags half-bf16: fp16-parameters"),
     ("flags", "half-bf16-noclip", "fp16-parameters", "PitfallChecks flags half-bf16-noclip: fp16-parameters"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
@@ -179,8 +152,6 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # for fp32 gradients only (``torch/amp/grad_scaler.py``, ``allow_fp16=False``), because the scaled
 # fp16 gradients are exactly what may have overflowed, and an fp16 optimizer update of fp16 weights
 # loses small steps to rounding. The design is fp32 master weights with fp16 arithmetic.
-
-from mpguide.verify import plotting, report
 
 print(report.expected_error(record, "half-fp16"))
 
@@ -201,7 +172,12 @@ print(report.expected_error(record, "half-bf16"))
 # Under bf16-mixed without clipping nothing refuses the fp16 adapter, and the first AdamW step
 # ruins it: AdamW keeps its moment estimates in the parameter's dtype, the squared gradients
 # (about 1e-6 and below) and ``eps=1e-8`` both round to zero in fp16, and the update divides by
-# zero. The adapter's weights become inf/NaN, and the next loss is NaN.
+# zero. The adapter's weights become inf/NaN, and the next loss is NaN. ``Trainer(detect_anomaly=True)``
+# turns that NaN into an error at the backward that first produces it. It is a diagnostic for
+# bf16-mixed, fp32 and the ``-true`` precisions: under 16-mixed the first steps may overflow by design
+# (GradScaler starts at 65536 and backs off), and anomaly detection then stops a correct run at step 0
+# (round-4 case 10: ``Function 'AddmmBackward0' returned nan values``). This page's fp32-adapter model did
+# not overflow that way when we tried, so 16-mixed runs here without it.
 
 run = plotting.run_by_id(record, "half-bf16-noclip")
 print(f"losses recorded before the error: {run['loss']}")
@@ -224,12 +200,6 @@ plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
 # %%
-# Verdicts
-# --------
-
-print(report.summary(record))
-
-# %%
 # Conclusion
 # ----------
 # Under ``"16-mixed"`` and ``"bf16-mixed"``, keep trainable parameters in fp32: autocast already
@@ -238,3 +208,9 @@ print(report.summary(record))
 # precision (``"bf16-true"``, ``"16-true"``) is another trade: small updates round away, an EMA copy
 # in half precision never moves, and AdamW's default ``eps`` makes fp16 weights NaN, as measured in
 # :doc:`plot_16_true_half_precision`.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

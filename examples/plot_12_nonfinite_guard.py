@@ -2,14 +2,12 @@
 "Skip the step when the gradient norm is not finite" freezes 16-mixed training
 ==============================================================================
 
-A common fp32 habit guards the optimizer step: compute the gradient norm after the backward and
-call ``opt.step()`` only when it is finite. Under 16-mixed the gradients after
-``manual_backward`` are still multiplied by the loss scale, so at GradScaler's initial scale of
-65536 they overflow, the guard skips ``opt.step()``, and with it the only call that lowers the
-scale (Lightning runs ``GradScaler.update()`` inside ``opt.step()``, ``plugins/precision/amp.py``).
-The scale never comes down, every later gradient overflows too, and the model never changes.
-This example measures it and shows the guard that works: always call ``opt.step()``, and find out
-afterwards whether GradScaler skipped it.
+A common fp32 habit calls ``opt.step()`` only when the gradient norm after the backward is finite.
+Under 16-mixed the gradients after ``manual_backward`` are still multiplied by the loss scale, so at
+GradScaler's initial 65536 they overflow, the guard skips ``opt.step()``, and with it the only call
+that lowers the scale (Lightning runs ``GradScaler.update()`` inside ``opt.step()``). The scale never
+comes down and the model never changes. This example measures it and shows the guard that works:
+always call ``opt.step()``, and find out afterwards whether GradScaler skipped it.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -18,28 +16,25 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_12_nonfinite_guard.py
 
-**What you will learn**
-
-* why a user-side finite check and GradScaler's own check must not both decide;
-* how to tell, after ``opt.step()``, that a step was skipped (the loss scale went down);
-* that the fp32 habit is harmless in fp32 and bf16-mixed, which have no loss scale.
-
-**Prerequisites**: :doc:`plot_05_skipped_steps` (why GradScaler skips steps at all).
+**What you will learn**: why a user-side finite check and GradScaler's own check must not both
+decide; how to tell, after ``opt.step()``, that a step was skipped (the loss scale went down); that
+the fp32 habit is harmless in fp32 and bf16-mixed, which have no loss scale. **Prerequisites**:
+:doc:`plot_05_skipped_steps` (why GradScaler skips steps at all).
 """
 
 # %%
 # The habit
 # ---------
-# A digits classifier whose loss is **summed** over the batch of 64: its gradients are large
-# enough that, multiplied by 65536, they overflow fp16. The ``training_step`` is what many fp32
-# training loops do to survive a bad batch.
+# A digits classifier whose loss is **summed** over the batch of 64 (its gradients times 65536
+# overflow fp16), with the guard many fp32 loops use to survive a bad batch.
 
 import torch
 
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_12_nonfinite_guard")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -63,9 +58,8 @@ class SkipIfNotFinite(DigitsClassifier):
 # %%
 # Sixteen steps with the habit under 16-mixed
 # -------------------------------------------
-# This is the ``Trainer`` call to copy. On a GPU, ``precision="16-mixed"`` is enough; on a CPU,
-# ``Trainer(precision="16-mixed")`` silently becomes bf16-mixed, so the plugin is passed
-# explicitly to get a real fp16 autocast and a GradScaler.
+# The ``Trainer`` call to copy. On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag
+# silently becomes bf16-mixed, so the plugin is passed explicitly (a real fp16 autocast and GradScaler).
 
 import lightning.pytorch as pl
 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -120,13 +114,17 @@ class StepAndDetect(SkipIfNotFinite):
 # If the fp32 guard must stay (to skip NaN gradients from bad data in fp32 too), compute the norm
 # on **unscaled** gradients: clip or measure inside ``on_before_optimizer_step``, which Lightning
 # calls from within ``opt.step()`` after unscaling (see :doc:`plot_04_gradient_clipping`).
-#
-# How this page is verified
-# -------------------------
-# Both recipes run in every precision for the whole preset. The probes of :mod:`mpguide.verify.probes`
-# record, per batch, whether the parameters changed, and the loss scale at the end.
+
+# %%
+# Evidence: the runs and their claims
+# -----------------------------------
+# The habit in fp32, bf16-mixed and 16-mixed, step-and-detect in fp32 and 16-mixed, for the whole preset.
+# The probes record, per batch, whether the parameters changed, and the loss scale at the end.
+
+from mpguide.verify import plotting, report
 
 recipes = {"skip if not finite": SkipIfNotFinite, "step and detect": StepAndDetect}
+# fmt: off
 RUNS = [
     # run id          recipe                 precision     options
     ("habit-fp32", "skip if not finite", "32-true", {"label": "habit, fp32"}),
@@ -151,6 +149,7 @@ CLAIMS = [
     ("clean", "detect-fp16", "PitfallChecks: detect-fp16 has no finding"),
     ("flags", "habit-fp16", "nonfinite-guard", "PitfallChecks flags habit-fp16: nonfinite-guard"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_12_nonfinite_guard", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
@@ -163,8 +162,6 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # scale in a few skipped steps and then trains like fp32.
 
 import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
 
 fig, (loss_ax, scale_ax) = plt.subplots(1, 2, figsize=(11, 4))
 plotting.plot_loss_curves(
@@ -196,12 +193,6 @@ for run_id in ("habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"):
     )
 
 # %%
-# Verdicts
-# --------
-
-print(report.summary(record))
-
-# %%
 # Conclusion
 # ----------
 # Under 16-mixed, never decide yourself whether to call ``opt.step()`` from the gradients that
@@ -209,3 +200,9 @@ print(report.summary(record))
 # would make them finite. Call ``opt.step()`` every time and detect skipped steps afterwards (the
 # loss scale went down); put checks that need real gradient values into
 # ``on_before_optimizer_step``, where they are already unscaled.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)
