@@ -57,6 +57,7 @@ os.environ["MPGUIDE_RESULTS_DIR"] = mpguide_results_dir  # the MyST-NB kernel in
 # parallel worker processes (joblib's loky backend), one per core; the workers start after
 # mpguide_build.sphinx_ext exported MPGUIDE_RESULTS_DIR and inherit it. MPGUIDE_GALLERY_JOBS=1 runs them
 # one after the other in the Sphinx process; any other number sets the workers.
+os.environ["MPGUIDE_IN_GALLERY"] = "1"  # report.verdicts(): the page renders the table, so it is not printed too
 gallery_jobs = int(os.environ.get("MPGUIDE_GALLERY_JOBS") or os.cpu_count() or 1)
 sphinx_gallery_conf = {
     "examples_dirs": str(ROOT / "examples"),

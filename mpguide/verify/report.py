@@ -319,9 +319,28 @@ class VerdictTable:
         )
 
 
+#: Set by the site's ``conf.py``: the examples run inside sphinx-gallery, which renders a cell's last expression.
+GALLERY_ENV = "MPGUIDE_IN_GALLERY"
+
+
+def _shows_last_expression() -> bool:
+    """Whether the cell's last expression is rendered for the reader: sphinx-gallery or a Jupyter kernel."""
+    import os
+    import sys
+
+    if os.environ.get(GALLERY_ENV):
+        return True
+    ipython = sys.modules.get("IPython")
+    return bool(ipython and getattr(ipython, "get_ipython", lambda: None)())
+
+
 def verdicts(record: dict[str, Any]) -> VerdictTable:
-    """The verdict table an example ends with: HTML on its gallery page, text in a terminal (:class:`VerdictTable`)."""
-    return VerdictTable(record)
+    """The verdict table an example ends with (:class:`VerdictTable`): rendered as HTML where the cell's last
+    expression is shown (the gallery page, a notebook), printed as text when the script runs with ``python``."""
+    table = VerdictTable(record)
+    if not _shows_last_expression():
+        print(table)
+    return table
 
 
 def expected_error(record: dict[str, Any], run_id: str) -> str:

@@ -44,7 +44,7 @@ from mpguide.verify import gate
 from mpguide.verify.declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
 from mpguide.verify.records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
-from . import buildtime, matrix_summary
+from . import buildtime, evidence, matrix_summary
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +285,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("builder-inited", _on_builder_inited, priority=100)  # before sphinx-gallery (500)
     app.connect("env-before-read-docs", _on_env_before_read_docs)
     app.connect("source-read", _on_source_read)
+    app.connect("doctree-resolved", evidence.fold)  # gallery pages: the Evidence cells fold
     app.connect("build-finished", _on_build_finished)
     from .pagecheck import on_build_finished as check_pages  # after the gate: page elements shown
 
