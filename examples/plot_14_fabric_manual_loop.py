@@ -66,10 +66,11 @@ print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fab
 # %%
 # The same loop, with an overflow
 # -------------------------------
-# The runs below train that loop body batch by batch (``setup`` wraps the models, ``training_step`` is
-# one iteration). On batch 1 the body's gradient is made infinite (as if it overflowed fp16), so
-# GradScaler skips the body's step and halves the scale. The head's gradients are finite; the
-# question is which scale they are divided by.
+# The runs below train that loop body batch by batch (``setup``, then ``training_step`` per batch). On
+# batch 1 the body's gradient is made infinite (as if it overflowed fp16): GradScaler skips the body's
+# step and halves the scale. The head's gradients are finite: which scale are they divided by? The
+# second loop steps an optimizer whose model the loss never reaches (in real code: a teacher whose
+# loss was computed under ``no_grad``, a detached branch, a ``zero_grad`` between backward and step).
 
 OVERFLOW_BATCHES = (1, 50)  # global batch indices whose body gradient is made infinite (16-mixed only)
 
@@ -106,11 +107,6 @@ class BodyAndHead:
         return grad
 
 
-# %%
-# A second loop steps an optimizer whose model the loss never reaches (in real code: a teacher whose
-# loss was computed under ``no_grad``, a detached branch, a ``zero_grad`` between backward and step).
-
-
 class StepsAnUnusedOptimizer:
     def __init__(self, lr=0.05):
         self.model, self.unused = nn.Linear(NUM_FEATURES, NUM_CLASSES), nn.Linear(NUM_FEATURES, NUM_CLASSES)
@@ -135,11 +131,9 @@ class StepsAnUnusedOptimizer:
 # %%
 # The fix without the library
 # ---------------------------
-# ``Fabric(precision="32-true")``, so that Fabric neither casts nor scales; your own ``torch.autocast``
-# in fp16 on ``fabric.device.type``; your own ``torch.amp.GradScaler``: ``fabric.backward(scaler.scale(loss))``,
-# ``scaler.step`` for each optimizer, and **one** ``scaler.update()`` after the last step. One shortcut
-# fails silently: at ``precision="32-true"``, ``fabric.autocast()`` casts nothing, so that loop trains
-# in fp32 (``FabricAutocast32``).
+# ``Fabric(precision="32-true")`` (no cast, no scaling), your own fp16 ``torch.autocast`` and
+# ``torch.amp.GradScaler``, and **one** ``scaler.update()`` after the last step. The shortcut
+# ``fabric.autocast()`` at ``precision="32-true"`` casts nothing: that loop trains in fp32.
 
 
 class LibraryFree(BodyAndHead):
@@ -192,11 +186,10 @@ class FabricAutocast32(LibraryFree):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Each run is a real Fabric loop over the same batches (:func:`mpguide.verify.fabric_runs.train_run`);
-# ``plugin`` is what goes into ``Fabric(plugins=[...])``. The probes are Fabric callbacks. ``HeadUpdate``
-# wraps the two ``step`` calls: SGD moves the head by exactly ``lr`` x its gradient, so the move over
-# ``lr`` x the true (unscaled) gradient, the **update factor**, is 1 when the head was unscaled with
-# the right scale; predicted: the scale of the backward over the scale at the head's step.
+# Real Fabric loops over the same batches (:func:`mpguide.verify.fabric_runs.train_run`); ``plugin`` goes
+# into ``Fabric(plugins=[...])``; the probes are Fabric callbacks. SGD moves the head by ``lr`` x its
+# gradient, so the move over ``lr`` x the true gradient, the **update factor**, is 1 when the head was
+# unscaled with the right scale; predicted: the backward's scale over the scale at the head's step.
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
@@ -205,11 +198,9 @@ from mpguide.verify import fabric_runs, plotting, report
 
 
 class HeadUpdate:
-    measures = {
-        "head_update_factor": "list[finite]",
-        "predicted_factor": "list[finite]",
-        "predicted_first_three": "list[finite]",
-    }
+    # fmt: off
+    measures = {"head_update_factor": "list[finite]", "predicted_factor": "list[finite]", "predicted_first_three": "list[finite]"}  # noqa: E501
+    # fmt: on
 
     def __init__(self):
         self.factors, self.predicted = [], []
@@ -236,16 +227,15 @@ class HeadUpdate:
         opt_body.step, opt_head.step = recorded_body_step, recorded_head_step  # these instances only
 
     def record_extra(self):
+        predicted = self.predicted
         return {
             "head_update_factor": self.factors,
-            "predicted_factor": self.predicted,
-            "predicted_first_three": self.predicted[:3],
+            "predicted_factor": predicted,
+            "predicted_first_three": predicted[:3],
         }
 
 
 class Weights:
-    """A digest of the body's and the head's weights when training ends (bitwise comparisons)."""
-
     measures = {"weights": "name", "logits_dtype": "name"}
 
     def on_train_start(self, recipe):
@@ -269,23 +259,12 @@ class UnusedModelMoved:
         return {"unused_model_moved": not torch.equal(self.initial, self.recipe.unused.weight.detach())}
 
 
-recipes = {
-    "body+head": BodyAndHead,
-    "unused optimizer": StepsAnUnusedOptimizer,
-    "library-free": LibraryFree,
-    "fabric.autocast() at 32-true": FabricAutocast32,
-}
-probes = {
-    "body+head": [HeadUpdate, Weights],
-    "unused optimizer": [UnusedModelMoved],
-    "library-free": [Weights],
-    "fabric.autocast() at 32-true": [Weights],
-}
-PLUGINS = {
-    "FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
-    "Trainer's MixedPrecision": TrainerMixedPrecision,
-}
 # fmt: off
+recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer, "library-free": LibraryFree,
+           "fabric.autocast() at 32-true": FabricAutocast32}
+probes = {"body+head": [HeadUpdate, Weights], "unused optimizer": [UnusedModelMoved], "library-free": [Weights],
+          "fabric.autocast() at 32-true": [Weights]}
+PLUGINS = {"FabricManualMixedPrecision": fabric.FabricManualMixedPrecision, "Trainer's MixedPrecision": TrainerMixedPrecision}  # noqa: E501
 RUNS = [
     # run id                     recipe                           precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
@@ -296,7 +275,6 @@ RUNS = [
     ("unused-fp16-fixed", "unused optimizer", "16-mixed", {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"}),  # noqa: E501
     ("manual-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"}),  # noqa: E501
     ("trainer-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"}),  # noqa: E501
-    # the loop without the library: Fabric at 32-true, fp16 autocast and GradScaler of the loop's own
     ("libfree", "library-free", "32-true", {"label": "no library: own autocast + GradScaler"}),
     ("autocast32", "fabric.autocast() at 32-true", "32-true", {"label": "fabric.autocast() at 32-true"}),
 ]
@@ -314,7 +292,6 @@ CLAIMS = [
     ("raises", "trainer-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'", "nor can the Trainer's own MixedPrecision"),  # noqa: E501
     ("same", "libfree", "fp16-fixed", "weights", "no library: weights = FabricManualMixedPrecision (bitwise)"),
     ("match", "libfree", "fp32", "mixed-vs-fp32", "no library: 16-mixed loss = fp32 loss"),
-    # fabric.autocast() at 32-true casts nothing: printed below, held by tests/test_round4_facts.py
 ]
 # fmt: on
 
@@ -325,44 +302,31 @@ record = runner.run_example(
 # %%
 # The update factor, iteration by iteration
 # -----------------------------------------
-# With Fabric's plugin the head's update doubles on the batches whose body gradient overflowed;
-# with :class:`~mpguide.fabric.FabricManualMixedPrecision` it stays at 1, on fp32's line (it carries
-# markers; its legend says how far apart). A skipped step would be a triangle in a grey band at the bottom.
+# With Fabric's plugin the head's update doubles on the batches whose body gradient overflowed; with
+# :class:`~mpguide.fabric.FabricManualMixedPrecision` it stays at 1, on fp32's line (it carries markers).
 
 import matplotlib.pyplot as plt
 
-fig, ax = plotting.figure(1, 1, 9, 5.4)
+fig, ax = plotting.figure(1, 1, 9, 4.6)
 plotting.describe(
     fig,
     "Fabric, one backward and two optimizers: the head's update doubles after each "
     "overflow with Fabric's plugin, and stays at 1 (like fp32) with FabricManualMixedPrecision",
 )
+colors = {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"}
+title = "Head update relative to the fp32-equivalent update"
 plotting.plot_extra_series(
-    ax,
-    record,
-    ["fp32", "fp16-fixed", "fp16-stock"],
-    "head_update_factor",
-    "Head update relative to the fp32-equivalent update",
-    "applied / expected update",
-    {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"},
-    log_base=2,
+    ax, record, list(colors), "head_update_factor", title, "applied / expected update", colors, log_base=2
 )
 plotting.save_figure(fig, record["example"], "factor")
 plt.show()
 for run_id in ("fp16-stock", "fp16-fixed"):
     factors = plotting.run_by_id(record, run_id)["extra"]["head_update_factor"][:3]
     print(f"{run_id}: head update factor on batches 0, 1, 2 = {', '.join(f'{f:.4f}' for f in factors)}")
-
-# %%
-# The errors, verbatim
-# --------------------
-# An optimizer without gradients under Fabric's 16-mixed, and a Trainer plugin passed to Fabric:
-
-for run_id in ("unused-fp16-stock", "manual-plugin-in-fabric", "trainer-plugin-in-fabric"):
-    error = plotting.run_by_id(record, run_id)["error"]
-    print(f"{run_id}:\n    {error['type']}: {error['message']}")
 fixed = plotting.run_by_id(record, "unused-fp16-fixed")
-print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed["warnings"] if "NoGradientStep" in w))
+print(
+    "an empty step with FabricManualMixedPrecision: " + " ".join(w for w in fixed["warnings"] if "NoGradientStep" in w)
+)
 print(f"fabric.autocast() at 32-true, logits: {plotting.run_by_id(record, 'autocast32')['extra'].get('logits_dtype')}")
 
 # %%
@@ -372,7 +336,8 @@ print(f"fabric.autocast() at 32-true, logits: {plotting.run_by_id(record, 'autoc
 # Trainer's: with one backward and several optimizers, an overflow or a growth step changes the
 # update of the optimizers that step later. ``FabricManualMixedPrecision`` updates it once every
 # optimizer that holds gradients has stepped, and makes steps without gradients warned no-ops. Trainer
-# plugins (``MixedPrecision``, ``ManualMixedPrecision``) need a Trainer and fail inside ``fabric.backward``.
+# plugins (``MixedPrecision``, ``ManualMixedPrecision``) need a Trainer and fail inside ``fabric.backward``
+# (the errors, verbatim, in the verdicts below).
 
 # %%
 # Evidence: the verdicts

@@ -91,16 +91,14 @@ print(f"{trainer.global_step} optimizer steps in {elapsed:.2f} s: {trainer.globa
 # %%
 # Timing fairly
 # -------------
-# Every variant gets ``layers`` x ``Linear(width, width)`` from the same seed and one batch that
-# already lives on the device. In each round each variant runs one window (untimed warm-up steps, then
-# timed ones: at least ``steps``, and on CPU enough for 50 ms), in an order that rotates per round;
-# a variant's rate is the median over rounds. A parity claim pairs the rounds (the ratio of two
-# variants in each round, so a stretch of machine load moves both sides alike): it passes when the
-# 95 % confidence interval of the median ratio (order statistics, no assumption about the noise) lies
-# inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles an
-# edge; the benchmark then times another round, up to its cap, so a noisy machine costs rounds, not a
-# wrong verdict (:func:`mpguide.verify.claims.decide_paired`). On a GPU it also times the manual loop
-# with standard speed-ups (:data:`mpguide.verify.throughput.TUNED`), once no other example uses the GPU.
+# Every variant gets ``layers`` x ``Linear(width, width)`` from the same seed and one batch already on
+# the device. In each round each variant runs one window (untimed warm-up steps, then at least
+# ``steps`` timed ones, on CPU enough for 50 ms), in an order that rotates per round; a variant's rate
+# is the median over rounds. A parity claim pairs the rounds (a stretch of machine load moves both
+# sides alike): it passes when the 95 % confidence interval of the median ratio (order statistics)
+# lies inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles
+# an edge: then the benchmark times another round, up to its cap, so noise costs rounds, not a wrong
+# verdict (:func:`mpguide.verify.claims.decide_paired`). On a GPU it waits until no other example uses it.
 
 # %%
 # Evidence: the runs and their claims
@@ -125,12 +123,9 @@ print(
 
 class CarriesTheBenchmark(Callback):
     # and <variant>_steps_per_s, <variant>_samples_per_s (positive), <variant>_round_steps_per_s (list[positive])
-    measures = {
-        "fp32_automatic_steps_per_s": "positive",
-        "device_wait_s": "nonnegative",
-        "peak_bf16_tflops": "positive",
-        "automatic_tflops": "nonnegative",
-    }
+    # fmt: off
+    measures = {"fp32_automatic_steps_per_s": "positive", "device_wait_s": "nonnegative", "peak_bf16_tflops": "positive", "automatic_tflops": "nonnegative"}  # noqa: E501
+    # fmt: on
 
     def setup(self, trainer, pl_module, stage):
         self.trainer = trainer
@@ -210,32 +205,16 @@ fig, ax = plotting.figure(1, 1, 9, 4.6)
 plotting.describe(
     fig, "Automatic and manual optimization run at the same speed; a plain loop wins where steps are very short"
 )
-colors = dict(
-    zip(
-        [
-            *throughput.VARIANTS,
-            "manual, PitfallChecks",
-            *(v for tuned in throughput.TUNED.values() for v in tuned),
-        ],
-        ["#0072B2", "#D55E00", "#009E73", "#F0E442", "#CC79A7", "#E69F00", "#56B4E9", "#999999"],
-    )
-)
+variants = [*throughput.VARIANTS, "manual, PitfallChecks", *(v for tuned in throughput.TUNED.values() for v in tuned)]
+colors = dict(zip(variants, ["#0072B2", "#D55E00", "#009E73", "#F0E442", "#CC79A7", "#E69F00", "#56B4E9", "#999999"]))
 labelled = set()
 for i, _precision in enumerate(hardware.PRECISIONS):
     bench = plotting.run_by_id(record, RUNS[i][0])["extra"]["benchmark"]  # the variants timed here
     width = 0.8 / len(bench)
     for j, (variant, timed) in enumerate(bench.items()):
-        rates = timed["round_steps_per_s"]
-        median = timed["steps_per_s"]
-        ax.bar(
-            i + (j - (len(bench) - 1) / 2) * width,
-            median,
-            width=width * 0.92,
-            color=colors[variant],
-            label=None if variant in labelled else variant,
-            capsize=3,
-            yerr=[[median - min(rates)], [max(rates) - median]],
-        )
+        rates, median, x = timed["round_steps_per_s"], timed["steps_per_s"], i + (j - (len(bench) - 1) / 2) * width
+        label, whiskers = None if variant in labelled else variant, [[median - min(rates)], [max(rates) - median]]
+        ax.bar(x, median, width=width * 0.92, color=colors[variant], label=label, capsize=3, yerr=whiskers)
         labelled.add(variant)
 ax.set_xticks(range(3), [hardware.PRECISION_LABELS[p] for p in hardware.PRECISIONS])
 clock = "GPU wall time" if accelerator == "cuda" else "CPU time, 1 thread"
@@ -249,44 +228,32 @@ plotting.save_figure(fig, record["example"], "steps_per_s")
 plt.show()
 
 # %%
-# The numbers
-# -----------
+# The numbers, and standard speed-ups
+# -----------------------------------
+# On a GPU the manual loop is also timed, in the same rounds, with one speed-up at a time: TF32 matmuls
+# for fp32 (``torch.set_float32_matmul_precision("high")``), ``SGD(fused=True)``, ``torch.compile`` or both
+# for bf16-mixed; each line says how far it moves the manual loop and what share of the bf16 peak it reaches.
 
 for run_id, _, precision, _ in RUNS:
-    extra = plotting.run_by_id(record, run_id)["extra"]
-    print(
-        f"{hardware.PRECISION_LABELS[precision]:>10}: "
-        + ", ".join(
-            f"{v} {extra['benchmark'][v]['steps_per_s']:.1f} steps/s ({extra['benchmark'][v]['samples_per_s']:.0f} "
-            f"samples/s)"
-            for v in throughput.VARIANTS
+    bench = plotting.run_by_id(record, run_id)["extra"]["benchmark"]
+    rates = [
+        f"{v} {bench[v]['steps_per_s']:.1f} steps/s ({bench[v]['samples_per_s']:.0f} samples/s)"
+        for v in throughput.VARIANTS
+    ]
+    print(f"{hardware.PRECISION_LABELS[precision]:>10}: " + ", ".join(rates))
+    for variant in (v for v in throughput.TUNED[precision] if v in bench):
+        gain = bench[variant]["steps_per_s"] / bench["manual"]["steps_per_s"]
+        share = f", {bench[variant]['tflops'] / peak:.0%} of the bf16 peak" if peak else ""
+        print(
+            f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
+            f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}"
         )
-    )
 if peak is not None:
     bf16 = plotting.run_by_id(record, "bench-bf16")["extra"]
     print(
         f"bf16-mixed automatic: {bf16['automatic_tflops']:.0f} TFLOP/s of a measured {peak:.0f} TFLOP/s bf16 "
         f"matmul peak ({bf16['automatic_tflops'] / peak:.0%})"
     )
-
-# %%
-# Standard speed-ups
-# ------------------
-# On a GPU the manual loop is also timed with one speed-up at a time, in the same rounds: TF32
-# matmuls for fp32 (``torch.set_float32_matmul_precision("high")``), and ``SGD(fused=True)``,
-# ``torch.compile`` or both for bf16-mixed. Each line says how far it moves the plain manual loop
-# and, on a GPU, what share of the measured bf16 peak it reaches.
-
-for run_id, _, precision, _ in RUNS:
-    bench = plotting.run_by_id(record, run_id)["extra"]["benchmark"]
-    for variant in throughput.TUNED[precision]:
-        if variant in bench:
-            gain = bench[variant]["steps_per_s"] / bench["manual"]["steps_per_s"]
-            share = f", {bench[variant]['tflops'] / peak:.0%} of the bf16 peak" if peak else ""
-            print(
-                f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
-                f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}"
-            )
 if not size.tuned:
     print(f"not timed on {hardware.device_name(accelerator)}: the speed-ups are measured on a GPU only")
 
@@ -296,8 +263,7 @@ if not size.tuned:
 # Manual optimization does not cost speed (where the verdicts above say ``pass``): Lightning's
 # manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step
 # bookkeeping of either Lightning loop is small next to a real model's step. What changes speed is
-# the precision, on hardware built for it; on a GPU, the speed-ups section above measures what TF32
-# matmuls, a fused optimizer and ``torch.compile`` add to a manual loop.
+# the precision, on hardware built for it, and on a GPU the speed-ups measured above.
 
 # %%
 # Evidence: the verdicts
