@@ -226,7 +226,9 @@ CLAIMS = [
 record = runner.run_example(
     "plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+for run_id in ("bf16-true", "adamw-16-true"):  # what PitfallChecks (mpguide.checks) told the runs it flags
+    for finding in plotting.run_by_id(record, run_id)["extra"].get("pitfall_findings", [])[:1]:
+        print(f"{run_id}: {finding['message']}")
 
 # %%
 # Updates that round away, a teacher that never moves
@@ -266,10 +268,15 @@ for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-16
 # in the verdicts below). ``eps=1e-4`` is representable in fp16: the 16-true run trains, but it is another
 # optimizer (``eps`` dominates the denominator). The fix that keeps AdamW as it is: 16-mixed.
 
-import matplotlib.pyplot as plt
-
 run = plotting.run_by_id(record, "adamw-16-true")
-print(f"AdamW, 16-true, eps=1e-8: {run['extra'].get('nonfinite_weights')} of 4810 weights non-finite after 1 step")
+x, n = run["extra"], len(run["loss"])
+print(f"AdamW, 16-true: {x.get('nonfinite_weights')} of {x.get('teacher_elements')} weights non-finite after {n} step")
+
+# %%
+# Curves
+# ------
+
+import matplotlib.pyplot as plt
 
 fig, (sgd_ax, adam_ax, lost_ax) = plotting.figure(1, 3, 14, 4.4)
 plotting.describe(fig, "Students trained in fp32, mixed and true half precision: SGD, AdamW, and the updates lost")
@@ -278,15 +285,8 @@ plotting.plot_loss_curves(
     adam_ax, record, ["adamw-fp32", "adamw-16-mixed", "adamw-16-true", "adamw-16-true-eps"], "AdamW, lr=1e-3"
 )
 colors = {"fp32": "#0072B2", "bf16-mixed": "#E69F00", "bf16-true": "#D55E00", "adamw-16-true-eps": "#CC79A7"}
-plotting.plot_extra_series(
-    lost_ax,
-    record,
-    list(colors),
-    "lost_fraction_per_step",
-    "Updates lost per step",
-    "lost / elements with a gradient",
-    colors,
-)
+what = "lost_fraction_per_step", "Updates lost per step", "lost / elements with a gradient"
+plotting.plot_extra_series(lost_ax, record, list(colors), *what, colors)
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
