@@ -3,12 +3,11 @@ Lightning Fabric's manual loop: several optimizers under 16-mixed
 =================================================================
 
 With Fabric you write the loop yourself: ``fabric.backward(loss)``, then ``opt.step()`` for each
-optimizer. Under 16-mixed, Fabric's ``MixedPrecision`` plugin behaves like the Trainer's
-(Lightning 2.6.6, ``fabric/plugins/precision/amp.py``): it updates the loss scale after **each**
-``opt.step()``, and stepping an optimizer without gradients raises. The Trainer's plugins, the
-library's ``ManualMixedPrecision`` included, cannot be passed to Fabric. This example measures
-all three and gives Fabric users a plugin that fixes the first two:
-:class:`mpguide.fabric.FabricManualMixedPrecision`.
+optimizer. Under 16-mixed, Fabric's ``MixedPrecision`` plugin behaves like the Trainer's (Lightning
+2.6.6, ``fabric/plugins/precision/amp.py``): it updates the loss scale after **each** ``opt.step()``,
+and stepping an optimizer without gradients raises. The Trainer's plugins, the library's
+``ManualMixedPrecision`` included, cannot be passed to Fabric. This example measures all three; the
+plugin :class:`mpguide.fabric.FabricManualMixedPrecision` fixes the first two.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -185,10 +184,9 @@ class FabricAutocast32(LibraryFree):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Real Fabric loops over the same batches (:func:`mpguide.verify.fabric_runs.train_run`); the probes are
-# Fabric callbacks. SGD moves the head by ``lr`` x its gradient, so the move over ``lr`` x the true
-# gradient, the **update factor**, is 1 when the head was unscaled with the right scale; predicted:
-# the backward's scale over the scale at the head's step.
+# Fabric loops over the same batches (:func:`mpguide.verify.fabric_runs.train_run`), probes as Fabric
+# callbacks. SGD moves the head by ``lr`` x its gradient: the move over ``lr`` x the true gradient, the
+# **update factor**, is 1 for the right scale; predicted: the backward's scale over the step's.
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
@@ -211,10 +209,8 @@ class HeadUpdate:
             return body_step(*args, **kwargs)
 
         def recorded_head_step(*args, **kwargs):
-            weight = recipe.head.weight
-            true_grad = weight.grad.detach().clone() / self.scale_of_backward
-            before = weight.detach().clone()
-            scale_at_step = loss_scale(recipe.fabric) or 1.0
+            weight, scale_at_step = recipe.head.weight, loss_scale(recipe.fabric) or 1.0
+            true_grad, before = weight.grad.detach().clone() / self.scale_of_backward, weight.detach().clone()
             output = head_step(*args, **kwargs)
             moved = (before - weight.detach()).norm()
             self.factors.append(float(moved / (recipe.lr * true_grad.norm())))
@@ -239,8 +235,7 @@ class Weights:
         self.recipe = recipe
 
     def record_extra(self):
-        both = nn.ModuleList([self.recipe.body, self.recipe.head])
-        extra = {"weights": runner.parameter_digest(both)}
+        extra = {"weights": runner.parameter_digest(nn.ModuleList([self.recipe.body, self.recipe.head]))}
         if hasattr(self.recipe, "logits_dtype"):
             extra["logits_dtype"] = self.recipe.logits_dtype
         return extra
@@ -299,18 +294,14 @@ record = runner.run_example(
 # %%
 # The update factor, iteration by iteration
 # -----------------------------------------
-# With Fabric's plugin the head's update doubles on the batches whose body gradient overflowed; with
-# :class:`~mpguide.fabric.FabricManualMixedPrecision` it stays at 1, on fp32's line (it carries markers).
-# The factors, the errors and the warning, verbatim, are in the verdicts at the end.
+# Fabric's plugin doubles the head's update on the batches whose body gradient overflowed; the fix keeps
+# it at 1, on fp32's line. The factors, the errors and the warning, verbatim, are in the verdicts below.
 
 import matplotlib.pyplot as plt
 
-fig, ax = plotting.figure(1, 1, 9, 4.2)
-plotting.describe(
-    fig,
-    "Fabric, one backward and two optimizers: the head's update doubles after each "
-    "overflow with Fabric's plugin, and stays at 1 (like fp32) with FabricManualMixedPrecision",
-)
+fig, ax = plotting.figure(1, 1, 9, 3.9)
+text = "Fabric, one backward and two optimizers: the head's update doubles after each overflow with Fabric's plugin"
+plotting.describe(fig, text + ", and stays at 1 (like fp32) with FabricManualMixedPrecision")
 colors = {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"}
 title = "Head update relative to the fp32-equivalent update"
 plotting.plot_extra_series(

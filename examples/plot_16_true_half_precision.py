@@ -2,13 +2,12 @@
 "True" half precision: lost updates, a frozen EMA teacher and AdamW's NaN
 =========================================================================
 
-``precision="bf16-true"`` and ``"16-true"`` do not mix precisions: Lightning casts the whole
-module to bf16 or fp16 (``HalfPrecision.convert_module``, ``plugins/precision/half.py``), so the
-weights, their gradients and the optimizer's state are all stored in half precision, with no
-autocast and no GradScaler. That halves the memory of weights and optimizer state, and costs the
-updates that are smaller than the weights' rounding step. This example measures, on a
-manual-optimization student with an EMA teacher, what that costs against fp32 and bf16-mixed, the
-two errors it leads to, and the fixes that work.
+``precision="bf16-true"`` and ``"16-true"`` do not mix precisions: Lightning casts the whole module to
+bf16 or fp16 (``HalfPrecision.convert_module``, ``plugins/precision/half.py``), so weights, gradients
+and optimizer state are all stored in half precision, with no autocast and no GradScaler. That halves
+their memory, and costs the updates smaller than the weights' rounding step. This example measures,
+on a manual-optimization student with an EMA teacher, that cost against fp32 and bf16-mixed, the two
+errors it leads to, and the fixes that work.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -163,18 +162,18 @@ class WeightsMoved(Callback):
                 [(p.detach().float() != self.start[n]).flatten() for n, p in params if n.startswith(prefix)]
             )
 
-        student, teacher = moved("student."), moved("teacher.")
-        weights = torch.cat([p.detach().float().flatten() for p in self.module.student.parameters()])
+        module, student, teacher = self.module, moved("student."), moved("teacher.")
+        weights = torch.cat([p.detach().float().flatten() for p in module.student.parameters()])
+        # fmt: off
+        counts = {"student_moved": student.sum(), "teacher_moved": teacher.sum(), "teacher_unchanged": (~teacher).sum(),
+                  "teacher_followed": (student & teacher).sum(), "teacher_frozen": (student & ~teacher).sum(),
+                  "nonfinite_weights": (~torch.isfinite(weights)).sum()}
+        dtypes = {"weight_dtype": module.student[0].weight.dtype, "teacher_dtype": module.teacher[0].weight.dtype}
+        # fmt: on
         return {
-            "student_moved": int(student.sum()),
-            "teacher_moved": int(teacher.sum()),
+            **{key: int(count) for key, count in counts.items()},
             "teacher_elements": teacher.numel(),
-            "teacher_unchanged": int((~teacher).sum()),
-            "teacher_followed": int((student & teacher).sum()),
-            "teacher_frozen": int((student & ~teacher).sum()),
-            "weight_dtype": str(self.module.student[0].weight.dtype).replace("torch.", ""),
-            "teacher_dtype": str(self.module.teacher[0].weight.dtype).replace("torch.", ""),
-            "nonfinite_weights": int((~torch.isfinite(weights)).sum()),
+            **{key: str(dtype).replace("torch.", "") for key, dtype in dtypes.items()},
         }
 
 
@@ -258,8 +257,8 @@ for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-16
 # half of fp32's pace (the loss above: the mean of the last 10 batches). Where small updates carry the
 # training (a low learning rate, fine-tuning, late training), losing them matters more.
 #
-# The two errors
-# --------------
+# The two errors, and the curves
+# -------------------------------
 # ``torch.lerp`` needs ``end`` in the dtype of the tensor it updates and does not promote (the fp32
 # teacher next to bf16 weights). AdamW keeps its moments in the parameters' dtype: its default
 # ``eps=1e-8`` is below fp16's smallest number (about 6e-8) and rounds to 0, and so do squared gradients
@@ -271,10 +270,6 @@ for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-16
 run = plotting.run_by_id(record, "adamw-16-true")
 x, n = run["extra"], len(run["loss"])
 print(f"AdamW, 16-true: {x.get('nonfinite_weights')} of {x.get('teacher_elements')} weights non-finite after {n} step")
-
-# %%
-# Curves
-# ------
 
 import matplotlib.pyplot as plt
 
@@ -293,12 +288,11 @@ plt.show()
 # %%
 # Conclusion
 # ----------
-# ``"bf16-true"`` and ``"16-true"`` store weights, gradients and optimizer state in half precision.
-# Use them only where updates are large against the weights' rounding step, and never for an EMA
-# copy: keep EMA teachers in fp32 and update them from weights cast to fp32. AdamW needs an ``eps``
-# that fp16 can represent, and even then it is a different optimizer. To save memory without losing
-# updates, keep fp32 master weights: ``"bf16-mixed"`` or ``"16-mixed"`` does, at the cost of the fp32
-# weights and optimizer state that "true" half precision would save.
+# ``"bf16-true"`` and ``"16-true"`` store weights, gradients and optimizer state in half precision:
+# use them only where updates are large against the weights' rounding step, never for an EMA copy
+# (keep it in fp32, updated from weights cast to fp32). AdamW needs an ``eps`` that fp16 can
+# represent, and is then another optimizer. To keep every update, keep fp32 master weights:
+# ``"bf16-mixed"`` or ``"16-mixed"``, at the memory cost "true" half precision would save.
 
 # %%
 # Evidence: the verdicts
