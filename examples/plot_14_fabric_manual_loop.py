@@ -65,10 +65,9 @@ print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fab
 # %%
 # The same loop, with an overflow
 # -------------------------------
-# The runs train that loop body batch by batch. On batch 1 the body's gradient is made infinite (as if
-# it overflowed fp16): GradScaler skips the body's step and halves the scale. The head's gradients are
-# finite: which scale are they divided by? The second loop steps an optimizer whose model the loss
-# never reaches (a teacher whose loss ran under ``no_grad``, a detached branch, a stray ``zero_grad``).
+# The runs train that loop body batch by batch. On batch 1 the body's gradient is made infinite: GradScaler
+# skips the body's step and halves the scale; which scale divides the head's finite gradients? The
+# second loop steps an optimizer whose model the loss never reaches (``no_grad``, a detached branch).
 
 OVERFLOW_BATCHES = (1, 50)  # global batch indices whose body gradient is made infinite (16-mixed only)
 
@@ -129,9 +128,8 @@ class StepsAnUnusedOptimizer:
 # %%
 # The fix without the library
 # ---------------------------
-# ``Fabric(precision="32-true")`` (no cast, no scaling), your own fp16 ``torch.autocast`` and
-# ``torch.amp.GradScaler``, and **one** ``scaler.update()`` after the last step. The shortcut
-# ``fabric.autocast()`` at ``precision="32-true"`` casts nothing: that loop trains in fp32.
+# ``Fabric(precision="32-true")``, your own fp16 ``torch.autocast`` and ``GradScaler``, **one**
+# ``scaler.update()`` after the last step. ``fabric.autocast()`` at 32-true casts nothing (fp32 logits).
 
 
 class LibraryFree(BodyAndHead):
@@ -184,9 +182,8 @@ class FabricAutocast32(LibraryFree):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Fabric loops over the same batches (:func:`mpguide.verify.fabric_runs.train_run`), probes as Fabric
-# callbacks. SGD moves the head by ``lr`` x its gradient: the move over ``lr`` x the true gradient, the
-# **update factor**, is 1 for the right scale; predicted: the backward's scale over the step's.
+# Fabric loops (:func:`mpguide.verify.fabric_runs.train_run`), probes as callbacks. SGD moves the head
+# by ``lr`` x its true gradient times the **update factor**; predicted: the backward's scale over the step's.
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
@@ -299,7 +296,7 @@ record = runner.run_example(
 
 import matplotlib.pyplot as plt
 
-fig, ax = plotting.figure(1, 1, 9, 3.9)
+fig, ax = plotting.figure(1, 1, 9, 3.6)
 text = "Fabric, one backward and two optimizers: the head's update doubles after each overflow with Fabric's plugin"
 plotting.describe(fig, text + ", and stays at 1 (like fp32) with FabricManualMixedPrecision")
 colors = {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"}
@@ -309,16 +306,13 @@ plotting.plot_extra_series(
 )
 plotting.save_figure(fig, record["example"], "factor")
 plt.show()
-print(f"fabric.autocast() at 32-true, logits: {plotting.run_by_id(record, 'autocast32')['extra'].get('logits_dtype')}")
 
 # %%
 # Conclusion
 # ----------
-# Fabric's 16-mixed plugin, like the Trainer's, updates the loss scale inside every ``opt.step()``:
-# with one backward and several optimizers, an overflow or a growth step changes the update of the
-# optimizers that step later. ``FabricManualMixedPrecision`` updates it once every optimizer that holds
-# gradients has stepped, and makes steps without gradients warned no-ops. Trainer plugins need a
-# Trainer and fail inside ``fabric.backward``.
+# Fabric's 16-mixed plugin, like the Trainer's, updates the loss scale inside every ``opt.step()``: an
+# overflow or a growth step changes the update of the optimizers that step later. The fix updates it
+# once all optimizers with gradients have stepped, and warns on empty steps. Trainer plugins need a Trainer.
 
 # %%
 # Evidence: the verdicts

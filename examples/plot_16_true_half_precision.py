@@ -31,10 +31,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # %%
 # A student and its EMA teacher
 # -----------------------------
-# A digits classifier (4,810 weights) trained by SGD at ``lr=0.01``, and a "mean teacher" that
-# follows it as an exponential moving average with decay 0.999: after each ``opt.step()`` every
-# teacher weight moves a thousandth of the way to the student's (``lerp_``). The teacher has no
-# optimizer; it is a submodule, so Lightning casts it with the student.
+# A digits classifier (4,810 weights) trained by SGD at ``lr=0.01``, and a "mean teacher": after each
+# ``opt.step()`` every teacher weight moves a thousandth of the way to the student's (``lerp_``, decay
+# 0.999). The teacher has no optimizer; it is a submodule, so Lightning casts it with the student.
 
 import copy
 
@@ -111,11 +110,9 @@ print(
 )
 
 # %%
-# Two ways to keep a teacher in fp32 next to bf16 weights
-# -------------------------------------------------------
-# If the model must be *stored* in bf16 (``"bf16-true"``, to fit in memory), cast the teacher back to
-# fp32 in ``on_fit_start`` (Lightning casts the whole module at setup, before it). ``lerp_`` then needs
-# both operands in fp32: passing the bf16 student weights raises; ``student.float()`` is the fix.
+# If the model must be *stored* in bf16 (``"bf16-true"``, to fit in memory), keep the teacher in fp32:
+# cast it back in ``on_fit_start`` (Lightning casts the whole module at setup, before it). ``lerp_`` then
+# needs both operands in fp32: passing the bf16 student weights raises; ``student.float()`` is the fix.
 
 
 class FP32Teacher(StudentTeacher):
@@ -133,10 +130,9 @@ class FP32TeacherFromCast(FP32Teacher):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# SGD and AdamW (``lr=1e-3``) from the same weights and batches; AdamW's 16-true run with the default
-# ``eps`` uses ``detect_anomaly`` so that the NaN becomes an error (see :doc:`plot_11_fp16_parameters`
-# for why not under 16-mixed). :class:`mpguide.verify.probes.LostUpdates` counts the weight elements with
-# a gradient that did not change; ``WeightsMoved`` (a callback), which weights moved during the fit.
+# Same weights and batches for every run; ``detect_anomaly`` turns AdamW's 16-true NaN into an error.
+# :class:`mpguide.verify.probes.LostUpdates` counts the weight elements with a gradient that did not
+# change; ``WeightsMoved`` (a callback), which weights moved during the fit.
 
 from lightning.pytorch.callbacks import Callback
 
@@ -162,18 +158,18 @@ class WeightsMoved(Callback):
                 [(p.detach().float() != self.start[n]).flatten() for n, p in params if n.startswith(prefix)]
             )
 
-        module, student, teacher = self.module, moved("student."), moved("teacher.")
-        weights = torch.cat([p.detach().float().flatten() for p in module.student.parameters()])
-        # fmt: off
-        counts = {"student_moved": student.sum(), "teacher_moved": teacher.sum(), "teacher_unchanged": (~teacher).sum(),
-                  "teacher_followed": (student & teacher).sum(), "teacher_frozen": (student & ~teacher).sum(),
-                  "nonfinite_weights": (~torch.isfinite(weights)).sum()}
-        dtypes = {"weight_dtype": module.student[0].weight.dtype, "teacher_dtype": module.teacher[0].weight.dtype}
-        # fmt: on
+        student, teacher = moved("student."), moved("teacher.")
+        weights = torch.cat([p.detach().float().flatten() for p in self.module.student.parameters()])
         return {
-            **{key: int(count) for key, count in counts.items()},
+            "student_moved": int(student.sum()),
+            "teacher_moved": int(teacher.sum()),
             "teacher_elements": teacher.numel(),
-            **{key: str(dtype).replace("torch.", "") for key, dtype in dtypes.items()},
+            "teacher_unchanged": int((~teacher).sum()),
+            "teacher_followed": int((student & teacher).sum()),
+            "teacher_frozen": int((student & ~teacher).sum()),
+            "weight_dtype": str(self.module.student[0].weight.dtype).replace("torch.", ""),
+            "teacher_dtype": str(self.module.teacher[0].weight.dtype).replace("torch.", ""),
+            "nonfinite_weights": int((~torch.isfinite(weights)).sum()),
         }
 
 
@@ -225,9 +221,6 @@ CLAIMS = [
 record = runner.run_example(
     "plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
 )
-for run_id in ("bf16-true", "adamw-16-true"):  # what PitfallChecks (mpguide.checks) told the runs it flags
-    for finding in plotting.run_by_id(record, run_id)["extra"].get("pitfall_findings", [])[:1]:
-        print(f"{run_id}: {finding['message']}")
 
 # %%
 # Updates that round away, a teacher that never moves
@@ -237,6 +230,9 @@ for run_id in ("bf16-true", "adamw-16-true"):  # what PitfallChecks (mpguide.che
 # 0.024 in such a weight is lost. fp32 (24 bits) loses almost nothing; bf16-mixed applies the update to
 # fp32 weights. The teacher's step, ``(1 - 0.999) x (student - teacher)``, is far below a bf16 weight's
 # rounding step: a bf16 teacher stays where it started; an fp32 teacher from cast weights follows.
+# The lost updates are the small ones, so the bf16-true student still learns, at about half of fp32's
+# pace (loss: the mean of the last 10 batches); where small updates carry the training (a low learning
+# rate, fine-tuning, late training), losing them matters more.
 
 import statistics
 
@@ -253,19 +249,13 @@ for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-16
     )
 
 # %%
-# The lost updates are the small ones, so on this model the bf16-true student still learns, at about
-# half of fp32's pace (the loss above: the mean of the last 10 batches). Where small updates carry the
-# training (a low learning rate, fine-tuning, late training), losing them matters more.
-#
 # The two errors, and the curves
 # -------------------------------
-# ``torch.lerp`` needs ``end`` in the dtype of the tensor it updates and does not promote (the fp32
-# teacher next to bf16 weights). AdamW keeps its moments in the parameters' dtype: its default
-# ``eps=1e-8`` is below fp16's smallest number (about 6e-8) and rounds to 0, and so do squared gradients
-# below about 2.4e-4 in the second moment. The first update divides by ``sqrt(0) + 0``: the weights
-# become inf and NaN, and ``detect_anomaly`` stops the run at the next backward (both errors, verbatim,
-# in the verdicts below). ``eps=1e-4`` is representable in fp16: the 16-true run trains, but it is another
-# optimizer (``eps`` dominates the denominator). The fix that keeps AdamW as it is: 16-mixed.
+# ``torch.lerp`` needs ``end`` in the dtype of the tensor it updates and does not promote. AdamW keeps
+# its moments in the parameters' dtype: its default ``eps=1e-8`` is below fp16's smallest number (about
+# 6e-8) and rounds to 0, and so do squared gradients below about 2.4e-4. The first update divides by
+# ``sqrt(0) + 0``: the weights become inf and NaN (the errors, verbatim, and PitfallChecks' findings are
+# in the verdicts). ``eps=1e-4`` trains, but as another optimizer; 16-mixed keeps AdamW as it is.
 
 run = plotting.run_by_id(record, "adamw-16-true")
 x, n = run["extra"], len(run["loss"])
@@ -273,7 +263,7 @@ print(f"AdamW, 16-true: {x.get('nonfinite_weights')} of {x.get('teacher_elements
 
 import matplotlib.pyplot as plt
 
-fig, (sgd_ax, adam_ax, lost_ax) = plotting.figure(1, 3, 14, 4.4)
+fig, (sgd_ax, adam_ax, lost_ax) = plotting.figure(1, 3, 14, 4.0)
 plotting.describe(fig, "Students trained in fp32, mixed and true half precision: SGD, AdamW, and the updates lost")
 plotting.plot_loss_curves(sgd_ax, record, ["fp32", "bf16-mixed", "bf16-true", "fp32-teacher"], "SGD, lr=0.01")
 plotting.plot_loss_curves(
