@@ -182,8 +182,8 @@ class FabricAutocast32(LibraryFree):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Fabric loops (:func:`mpguide.verify.fabric_runs.train_run`), probes as callbacks. SGD moves the head
-# by ``lr`` x its true gradient times the **update factor**; predicted: the backward's scale over the step's.
+# :func:`mpguide.verify.fabric_runs.train_run` drives the loops; the probes are Fabric callbacks.
+# SGD moves the head by ``lr`` x its true gradient x the **update factor** (predicted: backward's scale / step's).
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 

@@ -83,8 +83,7 @@ class StudentTeacher(pl.LightningModule):
 # %%
 # The ``Trainer`` call to copy: ``"bf16-mixed"``
 # ----------------------------------------------
-# Under ``"bf16-mixed"`` the weights, the teacher and SGD's update stay in fp32; autocast runs the
-# matrix products in bf16. This is the setting to use when the point of bf16 is speed.
+# Under ``"bf16-mixed"`` weights, teacher and update stay in fp32; autocast runs the matmuls in bf16.
 
 from mpguide.data import digits_loader
 
@@ -127,9 +126,8 @@ class FP32TeacherFromCast(FP32Teacher):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Same weights and batches for every run; ``detect_anomaly`` turns AdamW's 16-true NaN into an error.
-# :class:`mpguide.verify.probes.LostUpdates` counts the weight elements with a gradient that did not
-# change; ``WeightsMoved`` (a callback), which weights moved during the fit.
+# Same weights and batches for every run. :class:`mpguide.verify.probes.LostUpdates` counts the weight
+# elements with a gradient that did not change; ``WeightsMoved`` (a callback), which weights moved.
 
 from lightning.pytorch.callbacks import Callback
 
@@ -255,7 +253,7 @@ print(f"AdamW, 16-true: {x.get('nonfinite_weights')} of {x.get('teacher_elements
 
 import matplotlib.pyplot as plt
 
-fig, (sgd_ax, adam_ax, lost_ax) = plotting.figure(1, 3, 14, 3.7)
+fig, (sgd_ax, adam_ax, lost_ax) = plotting.figure(1, 3, 14, 3.5)
 plotting.describe(fig, "Students trained in fp32, mixed and true half precision: SGD, AdamW, and the updates lost")
 plotting.plot_loss_curves(sgd_ax, record, ["fp32", "bf16-mixed", "bf16-true", "fp32-teacher"], "SGD, lr=0.01")
 plotting.plot_loss_curves(
@@ -270,11 +268,10 @@ plt.show()
 # %%
 # Conclusion
 # ----------
-# ``"bf16-true"`` and ``"16-true"`` store weights, gradients and optimizer state in half precision:
-# use them only where updates are large against the weights' rounding step, never for an EMA copy
-# (keep it in fp32, updated from weights cast to fp32). AdamW needs an ``eps`` that fp16 can
-# represent, and is then another optimizer. To keep every update, keep fp32 master weights:
-# ``"bf16-mixed"`` or ``"16-mixed"``, at the memory cost "true" half precision would save.
+# ``"bf16-true"`` and ``"16-true"`` store weights, gradients and optimizer state in half precision: use
+# them only where updates are large against the weights' rounding step, never for an EMA copy (keep it
+# in fp32, updated from weights cast to fp32); AdamW needs an ``eps`` fp16 can represent, and is then
+# another optimizer. To keep every update, keep fp32 master weights: ``"bf16-mixed"`` or ``"16-mixed"``.
 
 # %%
 # Evidence: the verdicts
