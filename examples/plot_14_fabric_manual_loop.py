@@ -28,9 +28,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # %%
 # The ``Fabric`` loop to copy
 # ---------------------------
-# A body and a head, two optimizers, one backward. The fix is one argument of ``Fabric(...)``: the
-# library's plugin in place of ``precision="16-mixed"`` (which, on a CPU, silently becomes
-# bf16-mixed, as with the Trainer). The loop is yours: one backward, then a step for each optimizer.
+# A body and a head, two optimizers, one backward, then a step for each optimizer. The fix is one argument
+# of ``Fabric(...)``: the plugin in place of ``precision="16-mixed"`` (on a CPU that becomes bf16-mixed).
 
 import torch
 import torch.nn.functional as F
