@@ -30,14 +30,13 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # ----------
 # Each window has ``N = 4`` micro-batches; the loss is divided by N so the window's summed gradient
 # is an average. ``toggle_model(sync_grad=False)`` blocks DDP's all-reduce for the backward inside
-# it, so the gradients pile up locally; the last micro-batch syncs the whole sum at once. Outside
-# DDP the context is a no-op, so the same class trains in one process.
+# it; the last micro-batch syncs the whole sum at once. Outside DDP the context is a no-op.
 
-from mpguide import steps
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_13_ddp_accumulation")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -62,10 +61,35 @@ class AccumulateSyncAtWindowEnd(DigitsClassifier):
 
 
 # %%
-# Two variants: synchronising every micro-batch (what a plain loop does, the reference), and the
-# mistake of never synchronising (each process trains its own model). For the 16-mixed runs, rank 0
-# alone gets an infinite gradient on the first micro-batch of windows 0 and 10, a micro-batch that
-# is not synchronised: does rank 1 learn about it?
+# The ``Trainer`` call to copy
+# ----------------------------
+# On two GPUs; ``strategy="ddp"`` starts the other process by running your script again, so the
+# call belongs under ``if __name__ == "__main__":``::
+#
+#     import lightning.pytorch as pl
+#
+#     from mpguide.data import digits_loader
+#
+#     if __name__ == "__main__":
+#         pl.seed_everything(0)
+#         model = AccumulateSyncAtWindowEnd()
+#         trainer = pl.Trainer(
+#             accelerator="gpu",
+#             devices=2,
+#             strategy="ddp",
+#             precision="16-mixed",
+#             max_epochs=1,
+#             logger=False,
+#             enable_checkpointing=False,
+#         )
+#         trainer.fit(model, digits_loader(batch_size=32))  # 32 samples per process and micro-batch
+#
+# This page cannot run that cell: inside the docs build the script ``"ddp"`` would run again is
+# ``sphinx-build``. Its runs use ``strategy="ddp_fork"`` (it forks the process that calls ``fit``)
+# with ``accelerator="cpu"`` (gloo), and give each process half of one global batch.
+#
+# Two variants: syncing every micro-batch (what a plain loop does, the reference), and the mistake
+# of never syncing (each process trains its own model).
 
 
 class AccumulateSyncEveryMicroBatch(AccumulateSyncAtWindowEnd):
@@ -77,6 +101,17 @@ class AccumulateNeverSync(AccumulateSyncAtWindowEnd):
     def sync(self, last_micro_batch):
         return False  # the mistake: the replicas are never averaged
 
+
+# %%
+# Evidence: the runs and their claims
+# -----------------------------------
+# ``{"strategy": "ddp_fork", "devices": 2}`` works both in a script and inside the docs build (see
+# :mod:`mpguide.verify.distributed` for why not ``"ddp"`` or ``"ddp_spawn"``). The single process sees
+# each global batch of 64 whole, each DDP rank 32 samples of it. For 16-mixed, rank 0 alone gets an
+# infinite gradient on the first (unsynchronised) micro-batch of windows 0 and 10.
+
+from mpguide import steps
+from mpguide.verify import distributed, plotting, report, runner
 
 OVERFLOW_WINDOWS = (0, 10)
 
@@ -106,122 +141,45 @@ def overflow_on_rank_zero(recipe):
     return WithOverflow
 
 
-# %%
-# The ``Trainer`` call to copy
-# ----------------------------
-# In a training script of your own, on two GPUs (``accelerator="cpu"`` trains two processes over
-# gloo). ``strategy="ddp"`` starts the other processes by running your script again, so the call
-# belongs under ``if __name__ == "__main__":``; on a GPU ``precision="16-mixed"`` is enough::
-#
-#     import lightning.pytorch as pl
-#
-#     from mpguide.data import digits_loader
-#
-#     if __name__ == "__main__":
-#         pl.seed_everything(0)
-#         model = AccumulateSyncAtWindowEnd()
-#         trainer = pl.Trainer(
-#             accelerator="gpu",
-#             devices=2,
-#             strategy="ddp",
-#             precision="16-mixed",
-#             max_epochs=1,
-#             logger=False,
-#             enable_checkpointing=False,
-#         )
-#         trainer.fit(model, digits_loader(batch_size=32))  # 32 samples per process and micro-batch
-#
-# This page cannot run that cell itself: inside the docs build the script that ``"ddp"`` would run
-# again is ``sphinx-build``. Its runs below train the same classes with ``strategy="ddp_fork"``,
-# which forks the process that calls ``fit`` instead, and give each process half of one global batch.
-#
-# How this page is verified
-# -------------------------
-# ``{"strategy": "ddp_fork", "devices": 2}`` is Lightning's DDP started by forking the process
-# that calls ``fit``: it works both in a script and inside the docs build (see
-# :mod:`mpguide.verify.distributed` for why not ``"ddp"`` or ``"ddp_spawn"`` there). The single-process
-# run sees each global batch of 64 whole; each DDP rank sees 32 samples of the same batch.
-
-from mpguide.verify import distributed
-
 recipes = {
     "sync at window end": AccumulateSyncAtWindowEnd,
     "sync every micro-batch": AccumulateSyncEveryMicroBatch,
     "sync at window end, overflow on rank 0": overflow_on_rank_zero(AccumulateSyncAtWindowEnd),
     "never sync, overflow on rank 0": overflow_on_rank_zero(AccumulateNeverSync),
 }
+# fmt: off
 RUNS = [
-    # run id        recipe                      precision   options
+    # run id               recipe                                    precision   options
     ("single-fp32", "sync at window end", "32-true", {"label": "1 process, global batch 64, fp32"}),
-    (
-        "ddp-fp32-every",
-        "sync every micro-batch",
-        "32-true",
-        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"},
-    ),
-    (
-        "ddp-fp32-window-end",
-        "sync at window end",
-        "32-true",
-        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"},
-    ),
-    (
-        "ddp-16-window-end",
-        "sync at window end, overflow on rank 0",
-        "16-mixed",
-        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"},
-    ),
-    (
-        "ddp-16-never",
-        "never sync, overflow on rank 0",
-        "16-mixed",
-        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"},
-    ),
+    ("ddp-fp32-every", "sync every micro-batch", "32-true", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"}),  # noqa: E501
+    ("ddp-fp32-window-end", "sync at window end", "32-true", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"}),  # noqa: E501
+    ("ddp-16-window-end", "sync at window end, overflow on rank 0", "16-mixed", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"}),  # noqa: E501
+    ("ddp-16-never", "never sync, overflow on rank 0", "16-mixed", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"}),  # noqa: E501
 ]
 CLAIMS = [
-    (
-        "match",
-        "ddp-fp32-window-end",
-        "ddp-fp32-every",
-        "same-precision",
-        "sync at window end = sync every micro-batch (fp32)",
-    ),
+    ("match", "ddp-fp32-window-end", "ddp-fp32-every", "same-precision", "sync at window end = sync every micro-batch (fp32)"),  # noqa: E501
     ("match", "ddp-fp32-window-end", "single-fp32", "same-precision", "DDP x2 = 1 process, same global batch"),
     ("expect", "ddp-fp32-every", "allreduces_per_optimizer_step", 4.0, "sync every micro-batch: 4 all-reduces/step"),
     ("expect", "ddp-fp32-window-end", "allreduces_per_optimizer_step", 1.0, "sync at window end: 1 all-reduce/step"),
-    (
-        "expect",
-        "ddp-fp32-window-end",
-        "allreduce_bytes_per_optimizer_step",
-        19240,
-        "one all-reduce = 4810 fp32 gradients",
-    ),
+    ("expect", "ddp-fp32-window-end", "allreduce_bytes_per_optimizer_step", 19240, "one all-reduce = 4810 fp32 gradients"),  # noqa: E501
     ("expect", "ddp-fp32-window-end", "weights_agree_across_ranks", True, "replicas stay bitwise equal"),
-    (
-        "expect",
-        "ddp-16-window-end",
-        "skipped_batches_per_rank",
-        [[3, 43], [3, 43]],
-        "16-mixed: overflow on rank 0 alone skips the window on both ranks",
-    ),
+    ("expect", "ddp-16-window-end", "skipped_batches_per_rank", [[3, 43], [3, 43]], "16-mixed: overflow on rank 0 alone skips the window on both ranks"),  # noqa: E501
     ("expect", "ddp-16-window-end", "weights_agree_across_ranks", True, "16-mixed: replicas stay bitwise equal"),
     ("expect", "ddp-16-never", "skipped_batches_per_rank", [[3, 43], []], "never syncing: only rank 0 skips"),
     ("expect", "ddp-16-never", "weights_agree_across_ranks", False, "never syncing: the replicas drift apart"),
 ]
+# fmt: on
 
 record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, train=distributed.train_run)
-
-import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
 
 # %%
 # The same training, a quarter of the traffic
 # -------------------------------------------
-# Left: the smoothed loss of the global batch (the mean of the two ranks' losses). The DDP runs
-# and the single process lie on top of each other: the covered curves carry markers, and their
-# legend entries say which curve covers them and how far apart they get. Right: what each run
-# all-reduced per rank.
+# Left: the smoothed loss of the global batch (the mean of the two ranks' losses); the DDP runs lie
+# on the single process's curve (covered curves carry markers, their legend says how far apart).
+# Right: what each run all-reduced per rank.
+
+import matplotlib.pyplot as plt
 
 fig, (curves, traffic) = plotting.figure(1, 2, 12, 5.6)
 plotting.describe(
@@ -241,60 +199,44 @@ plotting.plot_loss_curves(
         "ddp-fp32-window-end": "DDP x2, sync at window end",
     },
 )
-ids = ["ddp-fp32-every", "ddp-fp32-window-end", "ddp-16-window-end", "ddp-16-never"]
-runs = [plotting.run_by_id(record, i) for i in ids]
+runs = [
+    plotting.run_by_id(record, i)
+    for i in ["ddp-fp32-every", "ddp-fp32-window-end", "ddp-16-window-end", "ddp-16-never"]
+]
 traffic.barh([r["label"] for r in runs], [r["extra"]["allreduce_bytes"] / 1e6 for r in runs], color="#56B4E9")
 for y, r in enumerate(runs):
+    label = f"{r['extra']['allreduce_calls']} all-reduces"
     traffic.annotate(
-        f"{r['extra']['allreduce_calls']} all-reduces",
-        (0, y),
-        xytext=(4, 0),
-        textcoords="offset points",
-        va="center",
-        fontsize=plotting.LEGEND_SIZE,
+        label, (0, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=plotting.LEGEND_SIZE
     )
 traffic.set(xlabel="gradient bytes all-reduced per rank (MB)", title="Communication per run")
 traffic.invert_yaxis()
 plotting.save_figure(fig, record["example"], "traffic")
 plt.show()
 
-# %%
-# In numbers:
-
-every, window_end = plotting.run_by_id(record, "ddp-fp32-every"), plotting.run_by_id(record, "ddp-fp32-window-end")
-saved_calls = every["extra"]["allreduce_calls"] - window_end["extra"]["allreduce_calls"]
-saved_bytes = every["extra"]["allreduce_bytes"] - window_end["extra"]["allreduce_bytes"]
+every, window_end = runs[0]["extra"], runs[1]["extra"]
+saved = every["allreduce_bytes"] - window_end["allreduce_bytes"]
 print(
-    f"sync every micro-batch: {every['extra']['allreduce_calls']} all-reduces, "
-    f"{every['extra']['allreduce_bytes'] / 1e6:.2f} MB per rank"
-)
-print(
-    f"sync at window end:     {window_end['extra']['allreduce_calls']} all-reduces, "
-    f"{window_end['extra']['allreduce_bytes'] / 1e6:.2f} MB per rank"
-)
-print(
-    f"saved: {saved_calls} all-reduces and {saved_bytes / 1e6:.2f} MB per rank "
-    f"({saved_bytes / every['extra']['allreduce_bytes']:.0%}), over {window_end['extra']['global_step']} steps"
+    f"sync at window end saves {every['allreduce_calls'] - window_end['allreduce_calls']} all-reduces and "
+    f"{saved / 1e6:.2f} MB per rank ({saved / every['allreduce_bytes']:.0%}) over {window_end['global_step']} steps"
 )
 
 # %%
 # Skip decisions under 16-mixed
 # -----------------------------
-# GradScaler looks for inf/NaN in each rank's own gradients; nothing in it talks to the other
-# rank. The ranks agree only because DDP averages the gradients first: rank 0's infinity reaches
-# rank 1 in the all-reduce of the window's last micro-batch, so both skip that step and halve their
-# scale. Never synchronising, rank 0 skips alone and the two processes now hold different models.
+# GradScaler looks for inf/NaN in each rank's own gradients; nothing in it talks to the other rank.
+# The ranks agree because DDP averages the gradients first: rank 0's infinity reaches rank 1 in the
+# window's last all-reduce, so both skip that step. Never syncing, rank 0 skips alone and the two
+# processes now hold different models.
 
 fig, ax = plotting.figure(1, 1, 10, 3.8)
 plotting.describe(
     fig, "Synced at the window end, both ranks skip the same 16-mixed steps; never synced, rank 0 skips alone"
 )
 for row, run_id in enumerate(["ddp-16-window-end", "ddp-16-never"]):
-    run = plotting.run_by_id(record, run_id)
-    for rank, skipped in enumerate(run["extra"]["skipped_batches_per_rank"]):
-        y = 2 * row + rank
-        ax.plot(skipped, [y] * len(skipped), "x", color="#D55E00", markersize=9)
-        ax.axhline(y, color="#999999", linewidth=0.5)
+    for rank, skipped in enumerate(plotting.run_by_id(record, run_id)["extra"]["skipped_batches_per_rank"]):
+        ax.plot(skipped, [2 * row + rank] * len(skipped), "x", color="#D55E00", markersize=9)
+        ax.axhline(2 * row + rank, color="#999999", linewidth=0.5)
 ax.set_yticks(
     range(4), ["sync at window end, rank 0", "sync at window end, rank 1", "never sync, rank 0", "never sync, rank 1"]
 )
@@ -308,16 +250,16 @@ plotting.save_figure(fig, record["example"], "skips")
 plt.show()
 
 # %%
-# Verdicts
-# --------
-
-print(report.summary(record))
-
-# %%
 # Conclusion
 # ----------
 # Accumulating under DDP, block the all-reduce on all but the last micro-batch of each window with
 # ``opt.toggle_model(sync_grad=False)`` (or ``self.trainer.strategy.model.no_sync()``): training is
 # unchanged and the traffic drops by the accumulation factor. Never skip the last one: DDP's
-# all-reduce is what keeps the replicas equal and, under 16-mixed, what makes every rank take the
-# same skip decision. The runs here are CPU processes over gloo; NCCL on GPUs synchronises the same way.
+# all-reduce keeps the replicas equal and, under 16-mixed, makes every rank take the same skip
+# decision. The runs here are CPU processes over gloo; NCCL on GPUs synchronises the same way.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

@@ -3,12 +3,11 @@ Lightning Fabric's manual loop: several optimizers under 16-mixed
 =================================================================
 
 With Fabric you write the loop yourself: ``fabric.backward(loss)``, then ``opt.step()`` for each
-optimizer. Under 16-mixed, Fabric's ``MixedPrecision`` plugin behaves like the Trainer's
-(Lightning 2.6.6, ``fabric/plugins/precision/amp.py``): it updates the loss scale after **each**
-``opt.step()``, and stepping an optimizer without gradients raises. The Trainer's plugins, the
-library's ``ManualMixedPrecision`` included, cannot be passed to Fabric. This example measures
-all three and gives Fabric users a plugin that fixes the first two:
-:class:`mpguide.fabric.FabricManualMixedPrecision`.
+optimizer. Under 16-mixed, Fabric's ``MixedPrecision`` plugin behaves like the Trainer's (Lightning
+2.6.6, ``fabric/plugins/precision/amp.py``): it updates the loss scale after **each** ``opt.step()``,
+and stepping an optimizer without gradients raises. The Trainer's plugins, the library's
+``ManualMixedPrecision`` included, cannot be passed to Fabric. This example measures all three; the
+plugin :class:`mpguide.fabric.FabricManualMixedPrecision` fixes the first two.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -27,25 +26,52 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 """
 
 # %%
-# A body and a head, two optimizers, one backward
-# -----------------------------------------------
-# The loop body below is what a Fabric user writes, as a :class:`~mpguide.verify.fabric_runs.FabricRecipe`
-# that the verification runs drive batch by batch. On batch 1 the body's gradient is made infinite
-# (as if it overflowed fp16), so GradScaler skips the body's step and halves the scale. The head's
-# gradients are finite; the question is which scale they are divided by.
+# The ``Fabric`` loop to copy
+# ---------------------------
+# A body and a head, two optimizers, one backward, then a step for each optimizer. The fix is one argument
+# of ``Fabric(...)``: the plugin in place of ``precision="16-mixed"`` (on a CPU that becomes bf16-mixed).
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric import Fabric, seed_everything
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES
-from mpguide.fabric import loss_scale
-from mpguide.verify.fabric_runs import FabricRecipe
+from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
+from mpguide.fabric import FabricManualMixedPrecision, loss_scale
+
+# sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
+runner.quiet_lightning()
+runner.check_settings("plot_14_fabric_manual_loop")  # MPGUIDE_* settings, before anything trains or prints
+# sphinx_gallery_end_ignore
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+seed_everything(0)
+fabric = Fabric(accelerator=device, devices=1, plugins=[FabricManualMixedPrecision("16-mixed", device)])
+body, head = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh()), nn.Linear(64, NUM_CLASSES)
+body, opt_body = fabric.setup(body, torch.optim.SGD(body.parameters(), lr=0.05))
+head, opt_head = fabric.setup(head, torch.optim.SGD(head.parameters(), lr=0.05))
+for _, (images, labels) in zip(range(20), fabric.setup_dataloaders(digits_loader(batch_size=64))):
+    opt_body.zero_grad()
+    opt_head.zero_grad()
+    loss = F.cross_entropy(head(body(images)), labels)
+    fabric.backward(loss)
+    opt_body.step()
+    opt_head.step()
+print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fabric):g}")
+
+# %%
+# The same loop, with an overflow
+# -------------------------------
+# The runs train that loop body batch by batch. On batch 1 the body's gradient is made infinite: GradScaler
+# skips the body's step and halves the scale; which scale divides the head's finite gradients? The
+# second loop steps an optimizer whose model the loss never reaches (``no_grad``, a detached branch).
 
 OVERFLOW_BATCHES = (1, 50)  # global batch indices whose body gradient is made infinite (16-mixed only)
 
 
-class BodyAndHead(FabricRecipe):
+class BodyAndHead:
     def __init__(self, lr=0.05):
         self.lr, self.step_count = lr, 0
         self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
@@ -77,15 +103,7 @@ class BodyAndHead(FabricRecipe):
         return grad
 
 
-# %%
-# An optimizer that gets no gradient
-# ----------------------------------
-# The second recipe steps an optimizer whose model the loss never reaches (in real code: a
-# teacher whose loss was computed under ``no_grad``, a detached branch, a ``zero_grad`` between
-# backward and step). fp32 silently does nothing; 16-mixed raises in GradScaler.
-
-
-class StepsAnUnusedOptimizer(FabricRecipe):
+class StepsAnUnusedOptimizer:
     def __init__(self, lr=0.05):
         self.model, self.unused = nn.Linear(NUM_FEATURES, NUM_CLASSES), nn.Linear(NUM_FEATURES, NUM_CLASSES)
 
@@ -107,38 +125,10 @@ class StepsAnUnusedOptimizer(FabricRecipe):
 
 
 # %%
-# The ``Fabric`` loop to copy
+# The fix without the library
 # ---------------------------
-# The fix is one argument of ``Fabric(...)``: the library's plugin in place of
-# ``precision="16-mixed"`` (which, on a CPU, silently becomes bf16-mixed, as with the Trainer).
-# The loop is yours: one backward, then a step for each optimizer.
-
-from lightning.fabric import Fabric, seed_everything
-
-from mpguide.data import digits_loader
-from mpguide.fabric import FabricManualMixedPrecision
-
-# sphinx_gallery_start_ignore
-from mpguide.verify import runner
-
-runner.quiet_lightning()
-runner.check_settings("plot_14_fabric_manual_loop")  # MPGUIDE_* settings, before anything trains or prints
-# sphinx_gallery_end_ignore
-
-device = "cuda" if torch.cuda.is_available() else "cpu"
-seed_everything(0)
-fabric = Fabric(accelerator=device, devices=1, plugins=[FabricManualMixedPrecision("16-mixed", device)])
-body, head = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh()), nn.Linear(64, NUM_CLASSES)
-body, opt_body = fabric.setup(body, torch.optim.SGD(body.parameters(), lr=0.05))
-head, opt_head = fabric.setup(head, torch.optim.SGD(head.parameters(), lr=0.05))
-for _, (images, labels) in zip(range(20), fabric.setup_dataloaders(digits_loader(batch_size=64))):
-    opt_body.zero_grad()
-    opt_head.zero_grad()
-    loss = F.cross_entropy(head(body(images)), labels)
-    fabric.backward(loss)
-    opt_body.step()
-    opt_head.step()
-print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fabric):g}")
+# ``Fabric(precision="32-true")``, your own fp16 ``torch.autocast`` and ``GradScaler``, **one**
+# ``scaler.update()`` after the last step. ``fabric.autocast()`` at 32-true casts nothing (fp32 logits).
 
 
 class LibraryFree(BodyAndHead):
@@ -189,29 +179,20 @@ class FabricAutocast32(LibraryFree):
 
 
 # %%
-# How this page is verified
-# -------------------------
-# Every run below is a real Fabric loop over the same batches. ``plugin`` names what is passed
-# as ``Fabric(plugins=[...])``; without one, 16-mixed on CPU uses Fabric's own
-# ``MixedPrecision("16-mixed", "cpu")`` (``Fabric(precision="16-mixed")`` would fall back to bf16 on CPU).
-#
-# The measurements reach the record through probes, Fabric callbacks (``Fabric(callbacks=[...])``,
-# see :func:`mpguide.verify.fabric_runs.train_run`) that the recipes above never see. For the body
-# and head, the probe wraps the two optimizers' ``step`` once the recipe is set up: before the
-# body's step it reads the loss scale the backward used (the backward applies a pending update of
-# ``FabricManualMixedPrecision``), before the head's step the head's gradient, still multiplied by
-# that scale, and the scale the head's step will unscale with, and after it how far the head moved.
-# SGD applies exactly ``lr`` times the gradient, so the move divided by ``lr`` times the true gradient,
-# the **update factor**, is 1 when the head was unscaled with the right scale; the prediction is the
-# scale of the backward divided by the scale at the head's step.
+# Evidence: the runs and their claims
+# -----------------------------------
+# :func:`mpguide.verify.fabric_runs.train_run` drives the loops; the probes are Fabric callbacks.
+# SGD moves the head by ``lr`` x its true gradient x the **update factor** (predicted: backward's scale / step's).
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
 from mpguide import fabric
-from mpguide.verify import fabric_runs, plotting, report, runner
+from mpguide.verify import fabric_runs, plotting, report
 
 
 class HeadUpdate:
+    measures = {"head_update_factor": "list[finite]", "predicted_factor": "list[finite]", "predicted_first_three": "list[finite]"}  # noqa: E501  # fmt: skip
+
     def __init__(self):
         self.factors, self.predicted = [], []
 
@@ -224,10 +205,8 @@ class HeadUpdate:
             return body_step(*args, **kwargs)
 
         def recorded_head_step(*args, **kwargs):
-            weight = recipe.head.weight
-            true_grad = weight.grad.detach().clone() / self.scale_of_backward
-            before = weight.detach().clone()
-            scale_at_step = loss_scale(recipe.fabric) or 1.0
+            weight, scale_at_step = recipe.head.weight, loss_scale(recipe.fabric) or 1.0
+            true_grad, before = weight.grad.detach().clone() / self.scale_of_backward, weight.detach().clone()
             output = head_step(*args, **kwargs)
             moved = (before - weight.detach()).norm()
             self.factors.append(float(moved / (recipe.lr * true_grad.norm())))
@@ -237,28 +216,30 @@ class HeadUpdate:
         opt_body.step, opt_head.step = recorded_body_step, recorded_head_step  # these instances only
 
     def record_extra(self):
+        predicted = self.predicted
         return {
             "head_update_factor": self.factors,
-            "predicted_factor": self.predicted,
-            "predicted_first_three": self.predicted[:3],
+            "predicted_factor": predicted,
+            "predicted_first_three": predicted[:3],
         }
 
 
 class Weights:
-    """A digest of the body's and the head's weights when training ends (bitwise comparisons)."""
+    measures = {"weights": "name", "logits_dtype": "name"}
 
     def on_train_start(self, recipe):
         self.recipe = recipe
 
     def record_extra(self):
-        both = nn.ModuleList([self.recipe.body, self.recipe.head])
-        extra = {"weights": runner.parameter_digest(both)}
+        extra = {"weights": runner.parameter_digest(nn.ModuleList([self.recipe.body, self.recipe.head]))}
         if hasattr(self.recipe, "logits_dtype"):
             extra["logits_dtype"] = self.recipe.logits_dtype
         return extra
 
 
 class UnusedModelMoved:
+    measures = {"unused_model_moved": "bool"}
+
     def on_train_start(self, recipe):
         self.recipe, self.initial = recipe, recipe.unused.weight.detach().clone()
 
@@ -266,110 +247,41 @@ class UnusedModelMoved:
         return {"unused_model_moved": not torch.equal(self.initial, self.recipe.unused.weight.detach())}
 
 
-recipes = {
-    "body+head": BodyAndHead,
-    "unused optimizer": StepsAnUnusedOptimizer,
-    "library-free": LibraryFree,
-    "fabric.autocast() at 32-true": FabricAutocast32,
-}
-probes = {
-    "body+head": [HeadUpdate, Weights],
-    "unused optimizer": [UnusedModelMoved],
-    "library-free": [Weights],
-    "fabric.autocast() at 32-true": [Weights],
-}
-PLUGINS = {
-    "FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
-    "Trainer's MixedPrecision": TrainerMixedPrecision,
-}
+# fmt: off
+recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer, "library-free": LibraryFree,
+           "fabric.autocast() at 32-true": FabricAutocast32}
+probes = {"body+head": [HeadUpdate, Weights], "unused optimizer": [UnusedModelMoved], "library-free": [Weights],
+          "fabric.autocast() at 32-true": [Weights]}
+PLUGINS = {"FabricManualMixedPrecision": fabric.FabricManualMixedPrecision, "Trainer's MixedPrecision": TrainerMixedPrecision}  # noqa: E501
 RUNS = [
-    # run id                recipe              precision   options
+    # run id                     recipe                           precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Fabric's MixedPrecision"}),
-    (
-        "fp16-fixed",
-        "body+head",
-        "16-mixed",
-        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"},
-    ),
+    ("fp16-fixed", "body+head", "16-mixed", {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"}),  # noqa: E501
     ("unused-fp32", "unused optimizer", "32-true", {"label": "fp32, optimizer without gradients"}),
     ("unused-fp16-stock", "unused optimizer", "16-mixed", {"label": "16-mixed, optimizer without gradients"}),
-    (
-        "unused-fp16-fixed",
-        "unused optimizer",
-        "16-mixed",
-        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"},
-    ),
-    (
-        "manual-plugin-in-fabric",
-        "body+head",
-        "16-mixed",
-        {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"},
-    ),
-    (
-        "trainer-plugin-in-fabric",
-        "body+head",
-        "16-mixed",
-        {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"},
-    ),
-    # the loop without the library: Fabric at 32-true, fp16 autocast and GradScaler of the loop's own
+    ("unused-fp16-fixed", "unused optimizer", "16-mixed", {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"}),  # noqa: E501
+    ("manual-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"}),  # noqa: E501
+    ("trainer-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"}),  # noqa: E501
     ("libfree", "library-free", "32-true", {"label": "no library: own autocast + GradScaler"}),
     ("autocast32", "fabric.autocast() at 32-true", "32-true", {"label": "fabric.autocast() at 32-true"}),
 ]
 CLAIMS = [
-    (
-        "expect",
-        "fp16-stock",
-        "predicted_first_three",
-        [1.0, 2.0, 1.0],
-        "stock: head update x1, x2, x1 around an overflow",
-    ),
-    (
-        "ratio",
-        "fp16-stock",
-        "fp32",
-        "head_update_factor",
-        "predicted_factor",
-        "update-ratio",
-        "stock: head update = fp32 update x predicted factor",
-    ),
+    ("expect", "fp16-stock", "predicted_first_three", [1.0, 2.0, 1.0], "stock: head update x1, x2, x1 around an overflow"),  # noqa: E501
+    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock: head update = fp32 update x predicted factor"),  # noqa: E501
     ("expect", "fp16-fixed", "predicted_first_three", [1.0, 1.0, 1.0], "fixed: the scale never changes mid-iteration"),
     ("ratio", "fp16-fixed", "fp32", "head_update_factor", 1.0, "update-ratio", "fixed: head update = fp32 update"),
     ("match", "fp16-fixed", "fp32", "mixed-vs-fp32", "fixed: 16-mixed loss = fp32 loss"),
     ("expect", "unused-fp32", "unused_model_moved", False, "fp32: the empty step silently does nothing"),
-    (
-        "raises",
-        "unused-fp16-stock",
-        "AssertionError",
-        "No inf checks were recorded for this optimizer",
-        "stock 16-mixed: the empty step raises",
-    ),
-    (
-        "warns",
-        "unused-fp16-fixed",
-        "NoGradientStepWarning",
-        "none of its parameters has a gradient",
-        "fixed: the empty step warns",
-    ),
+    ("raises", "unused-fp16-stock", "AssertionError", "No inf checks were recorded for this optimizer", "stock 16-mixed: the empty step raises"),  # noqa: E501
+    ("warns", "unused-fp16-fixed", "NoGradientStepWarning", "none of its parameters has a gradient", "fixed: the empty step warns"),  # noqa: E501
     ("expect", "unused-fp16-fixed", "unused_model_moved", False, "fixed: the empty step does nothing, as in fp32"),
-    (
-        "raises",
-        "manual-plugin-in-fabric",
-        "AttributeError",
-        "'NoneType' object has no attribute 'trainer'",
-        "ManualMixedPrecision cannot be passed to Fabric",
-    ),
-    (
-        "raises",
-        "trainer-plugin-in-fabric",
-        "AttributeError",
-        "'NoneType' object has no attribute 'trainer'",
-        "nor can the Trainer's own MixedPrecision",
-    ),
+    ("raises", "manual-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'", "ManualMixedPrecision cannot be passed to Fabric"),  # noqa: E501
+    ("raises", "trainer-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'", "nor can the Trainer's own MixedPrecision"),  # noqa: E501
     ("same", "libfree", "fp16-fixed", "weights", "no library: weights = FabricManualMixedPrecision (bitwise)"),
     ("match", "libfree", "fp32", "mixed-vs-fp32", "no library: 16-mixed loss = fp32 loss"),
-    # fabric.autocast() at 32-true casts nothing: printed below, held by tests/test_round4_facts.py
 ]
+# fmt: on
 
 record = runner.run_example(
     "plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS, probes=probes, train=fabric_runs.train_run
@@ -378,88 +290,31 @@ record = runner.run_example(
 # %%
 # The update factor, iteration by iteration
 # -----------------------------------------
-# With Fabric's plugin the head's update doubles on the batches whose body gradient overflowed;
-# with :class:`~mpguide.fabric.FabricManualMixedPrecision` it stays at 1, like fp32. The fix's
-# line lies on fp32's: it carries markers, and its legend entry says how far apart the two get.
-# A step that GradScaler skipped (nothing moved) would be a triangle in a grey band at the bottom.
+# Fabric's plugin doubles the head's update on the batches whose body gradient overflowed; the fix keeps
+# it at 1, on fp32's line. The factors, the errors and the warning, verbatim, are in the verdicts below.
 
 import matplotlib.pyplot as plt
 
-fig, ax = plotting.figure(1, 1, 9, 5.4)
-plotting.describe(
-    fig,
-    "Fabric, one backward and two optimizers: the head's update doubles after each "
-    "overflow with Fabric's plugin, and stays at 1 (like fp32) with FabricManualMixedPrecision",
-)
+fig, ax = plotting.figure(1, 1, 9, 3.6)
+text = "Fabric, one backward and two optimizers: the head's update doubles after each overflow with Fabric's plugin"
+plotting.describe(fig, text + ", and stays at 1 (like fp32) with FabricManualMixedPrecision")
+colors = {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"}
+title = "Head update relative to the fp32-equivalent update"
 plotting.plot_extra_series(
-    ax,
-    record,
-    ["fp32", "fp16-fixed", "fp16-stock"],
-    "head_update_factor",
-    "Head update relative to the fp32-equivalent update",
-    "applied / expected update",
-    {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"},
-    log_base=2,
+    ax, record, list(colors), "head_update_factor", title, "applied / expected update", colors, log_base=2
 )
 plotting.save_figure(fig, record["example"], "factor")
 plt.show()
-for run_id in ("fp16-stock", "fp16-fixed"):
-    factors = plotting.run_by_id(record, run_id)["extra"]["head_update_factor"][:3]
-    print(f"{run_id}: head update factor on batches 0, 1, 2 = {', '.join(f'{f:.4f}' for f in factors)}")
-
-# %%
-# The errors, verbatim
-# --------------------
-# An optimizer without gradients under Fabric's 16-mixed, and a Trainer plugin passed to Fabric:
-
-for run_id in ("unused-fp16-stock", "manual-plugin-in-fabric", "trainer-plugin-in-fabric"):
-    error = plotting.run_by_id(record, run_id)["error"]
-    print(f"{run_id}:\n    {error['type']}: {error['message']}")
-fixed = plotting.run_by_id(record, "unused-fp16-fixed")
-print("with FabricManualMixedPrecision:\n    " + "\n    ".join(w for w in fixed["warnings"] if "NoGradientStep" in w))
-
-# %%
-# The fix without the library
-# ---------------------------
-# The loop above with the library's plugin, and the same loop without it, measured below:
-#
-# * ``Fabric(precision="32-true")``, so that Fabric neither casts nor scales;
-# * your own ``torch.autocast`` with fp16, the device type taken from ``fabric.device``;
-# * your own ``torch.amp.GradScaler``: ``fabric.backward(scaler.scale(loss))``, ``scaler.step`` for each
-#   optimizer, and **one** ``scaler.update()`` after the last step.
-#
-# One shortcut fails silently: at ``precision="32-true"``, ``fabric.autocast()`` casts nothing (measured
-# below: the logits stay float32), so that loop trains in fp32.
-#
-# .. code-block:: python
-#
-#     fabric = Fabric(accelerator=device, devices=1, precision="32-true")
-#     scaler = torch.amp.GradScaler(fabric.device.type)
-#     for images, labels in loader:
-#         opt_body.zero_grad()
-#         opt_head.zero_grad()
-#         with torch.autocast(fabric.device.type, torch.float16):
-#             logits = head(body(images))
-#             loss = F.cross_entropy(logits, labels)
-#         fabric.backward(scaler.scale(loss))
-#         scaler.step(opt_body)
-#         scaler.step(opt_head)
-#         # once per iteration, after every step
-#         scaler.update()
-#
-# Every run of it in this example is a ``LibraryFree`` recipe, defined before the verification.
-
-# %%
-# Verdicts
-# --------
-
-print(report.summary(record))
 
 # %%
 # Conclusion
 # ----------
-# Fabric's 16-mixed plugin updates the loss scale inside every ``opt.step()``, exactly like the
-# Trainer's: with one backward and several optimizers, an overflow or a growth step changes the
-# update of the optimizers that step later. ``FabricManualMixedPrecision`` updates it once every
-# optimizer that holds gradients has stepped, and makes steps without gradients warned no-ops. Trainer plugins
-# (``MixedPrecision``, ``ManualMixedPrecision``) need a Trainer and fail inside ``fabric.backward``.
+# Fabric's 16-mixed plugin, like the Trainer's, updates the loss scale inside every ``opt.step()``: an
+# overflow or a growth step changes the update of the optimizers that step later. The fix updates it
+# once all optimizers with gradients have stepped, and warns on empty steps. Trainer plugins need a Trainer.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+
+report.verdicts(record)

@@ -30,9 +30,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 # A manual training step
 # ----------------------
 # The digits classifier with the faithful manual step: zero the gradients, forward,
-# ``manual_backward``, step. The runs below train it, so that the gate checks that manual
-# optimization trains to the end with finite losses in every precision; the timing itself is done
-# on a larger MLP by the benchmark further down.
+# ``manual_backward``, step. The runs below train it in every precision (it must train to the end
+# with finite losses); the timing itself is done on a larger MLP by the benchmark further down.
 
 import time
 
@@ -40,9 +39,10 @@ import lightning.pytorch as pl
 import torch
 
 from mpguide.models import DigitsClassifier
-from mpguide.verify import runner
 
 # sphinx_gallery_start_ignore
+from mpguide.verify import runner
+
 runner.quiet_lightning()
 runner.check_settings("plot_15_throughput")  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
@@ -89,21 +89,29 @@ elapsed = time.perf_counter() - started
 print(f"{trainer.global_step} optimizer steps in {elapsed:.2f} s: {trainer.global_step / elapsed:.0f} steps/s")
 
 # %%
-# How this page is verified
-# -------------------------
-# :func:`mpguide.verify.throughput.interleaved` builds ``layers`` x ``Linear(width, width)`` for every
-# variant from the same seed and trains it on one batch that already lives on the device. In every
-# round each variant runs one window (``warmup`` untimed steps, then timed ones: at least ``steps``,
-# and on CPU enough for 50 ms) in an order that rotates per round; the rate of a variant is the
-# median over rounds. How many rounds is decided as it goes (see below). On a GPU the
-# benchmark also times the manual loop with standard speed-ups (:data:`mpguide.verify.throughput.TUNED`),
-# and it waits until no other example of the build uses the GPU.
+# Timing fairly
+# -------------
+# Every variant gets ``layers`` x ``Linear(width, width)`` from the same seed and one batch already on
+# the device. In each round each variant runs one window (untimed warm-up steps, then at least
+# ``steps`` timed ones, on CPU enough for 50 ms), in an order that rotates per round; a variant's rate
+# is the median over rounds. A parity claim pairs the rounds (a stretch of machine load moves both
+# sides alike): it passes when the 95 % confidence interval of the median ratio (order statistics)
+# lies inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles
+# an edge: then the benchmark times another round, up to its cap, so noise costs rounds, not a wrong
+# verdict (:func:`mpguide.verify.claims.decide_paired`). On a GPU it waits until no other example uses it.
+
+# %%
+# Evidence: the runs and their claims
+# -----------------------------------
+# :func:`mpguide.verify.throughput.interleaved` times the rounds until every parity claim of this
+# accelerator is decided (or the cap). Each run then trains ``TimedManual`` in one precision and a
+# probe (a callback) carries that precision's benchmark into its record: medians and per-round rates.
 
 import dataclasses
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import hardware, throughput
+from mpguide.verify import hardware, plotting, report, throughput
 
 accelerator, preset = hardware.select_accelerator(), hardware.select_preset()
 size = throughput.SIZES[(accelerator, preset.name)]
@@ -112,21 +120,13 @@ print(
     f"variant and precision, on {hardware.device_name(accelerator)}"
 )
 
-# %%
-# Each run below trains the digits classifier with manual optimization in one precision (so the
-# gate checks that it trains to the end with finite losses) and carries the benchmark of that
-# precision in its record: the median steps/s of every variant and its rate in each round. The
-# parity claims pair the rounds: the ratio of two variants in each round, so that a stretch of
-# machine load that slows some rounds moves both sides alike. A claim passes when the 95 %
-# confidence interval of the median ratio (from order statistics, no assumption about the noise)
-# lies inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles
-# an edge: the benchmark then times another round, up to its cap, so a noisy machine costs rounds,
-# not a wrong verdict (:func:`mpguide.verify.claims.decide_paired`).
-# The benchmark of each precision reaches its run's record through a probe (a Lightning callback:
-# the module above carries no measuring code).
-
 
 class CarriesTheBenchmark(Callback):
+    # and <variant>_steps_per_s, <variant>_samples_per_s (positive), <variant>_round_steps_per_s (list[positive])
+    # fmt: off
+    measures = {"fp32_automatic_steps_per_s": "positive", "device_wait_s": "nonnegative", "peak_bf16_tflops": "positive", "automatic_tflops": "nonnegative"}  # noqa: E501
+    # fmt: on
+
     def setup(self, trainer, pl_module, stage):
         self.trainer = trainer
 
@@ -148,6 +148,7 @@ class CarriesTheBenchmark(Callback):
 
 recipes = {"manual, carries the benchmark": TimedManual}
 probes = {"manual, carries the benchmark": [CarriesTheBenchmark]}
+# fmt: off
 RUNS = [
     # run id         recipe                            precision     options
     ("bench-fp32", "manual, carries the benchmark", "32-true", {"label": "fp32"}),
@@ -157,137 +158,26 @@ RUNS = [
 CLAIMS = [
     # On CPU: manual vs automatic in every precision; manual vs the plain loop where a step is long
     # enough (fp32, 16-mixed) for Lightning's fixed per-step cost to stay small (see the tolerance).
-    (
-        "rate_ratio",
-        "bench-fp32",
-        "manual_round_steps_per_s/automatic_round_steps_per_s",
-        "throughput-parity-cpu",
-        "CPU fp32: manual as fast as automatic",
-        {"only_on": "cpu"},
-    ),
-    (
-        "rate_ratio",
-        "bench-bf16",
-        "manual_round_steps_per_s/automatic_round_steps_per_s",
-        "throughput-parity-cpu",
-        "CPU bf16-mixed: manual as fast as automatic",
-        {"only_on": "cpu"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp16",
-        "manual_round_steps_per_s/automatic_round_steps_per_s",
-        "throughput-parity-cpu",
-        "CPU 16-mixed: manual as fast as automatic",
-        {"only_on": "cpu"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp32",
-        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
-        "throughput-parity-cpu",
-        "CPU fp32: manual as fast as a plain loop",
-        {"only_on": "cpu"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp16",
-        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
-        "throughput-parity-cpu",
-        "CPU 16-mixed: manual as fast as a plain loop",
-        {"only_on": "cpu"},
-    ),
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU fp32: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
+    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU bf16-mixed: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu", "CPU fp32: manual as fast as a plain loop", {"only_on": "cpu"}),  # noqa: E501
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: manual as fast as a plain loop", {"only_on": "cpu"}),  # noqa: E501
     # What PitfallChecks costs: the manual step with the check against the same step without it.
-    (
-        "rate_ratio",
-        "bench-bf16",
-        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
-        "throughput-parity-cpu",
-        "CPU bf16-mixed: PitfallChecks costs no speed",
-        {"only_on": "cpu"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp16",
-        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
-        "throughput-parity-cpu",
-        "CPU 16-mixed: PitfallChecks costs no speed",
-        {"only_on": "cpu"},
-    ),
-    (
-        "rate_ratio",
-        "bench-bf16",
-        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
-        "throughput-parity",
-        "GPU bf16-mixed: PitfallChecks costs no speed",
-        {"only_on": "cuda"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp16",
-        "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
-        "throughput-parity",
-        "GPU 16-mixed: PitfallChecks costs no speed",
-        {"only_on": "cuda"},
-    ),
+    ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity-cpu", "CPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),  # noqa: E501
+    ("rate_ratio", "bench-fp16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),  # noqa: E501
+    ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity", "GPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-fp16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity", "GPU 16-mixed: PitfallChecks costs no speed", {"only_on": "cuda"}),  # noqa: E501
     # On CUDA: every pair within a few percent, and bf16-mixed faster than fp32.
-    (
-        "rate_ratio",
-        "bench-fp32",
-        "manual_round_steps_per_s/automatic_round_steps_per_s",
-        "throughput-parity",
-        "GPU fp32: manual as fast as automatic",
-        {"only_on": "cuda"},
-    ),
-    (
-        "rate_ratio",
-        "bench-bf16",
-        "manual_round_steps_per_s/automatic_round_steps_per_s",
-        "throughput-parity",
-        "GPU bf16-mixed: manual as fast as automatic",
-        {"only_on": "cuda"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp16",
-        "manual_round_steps_per_s/automatic_round_steps_per_s",
-        "throughput-parity",
-        "GPU 16-mixed: manual as fast as automatic",
-        {"only_on": "cuda"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp32",
-        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
-        "throughput-parity",
-        "GPU fp32: manual as fast as a plain loop",
-        {"only_on": "cuda"},
-    ),
-    (
-        "rate_ratio",
-        "bench-bf16",
-        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
-        "throughput-parity",
-        "GPU bf16-mixed: manual as fast as a plain loop",
-        {"only_on": "cuda"},
-    ),
-    (
-        "rate_ratio",
-        "bench-fp16",
-        "manual_round_steps_per_s/plain_loop_round_steps_per_s",
-        "throughput-parity",
-        "GPU 16-mixed: manual as fast as a plain loop",
-        {"only_on": "cuda"},
-    ),
-    (
-        "rate_ratio",
-        "bench-bf16",
-        "automatic_steps_per_s/fp32_automatic_steps_per_s",
-        "bf16-speedup",
-        "GPU: bf16-mixed faster than fp32",
-        {"only_on": "cuda"},
-    ),
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity", "GPU fp32: manual as fast as automatic", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity", "GPU bf16-mixed: manual as fast as automatic", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity", "GPU 16-mixed: manual as fast as automatic", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity", "GPU fp32: manual as fast as a plain loop", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity", "GPU bf16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity", "GPU 16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-bf16", "automatic_steps_per_s/fp32_automatic_steps_per_s", "bf16-speedup", "GPU: bf16-mixed faster than fp32", {"only_on": "cuda"}),  # noqa: E501
 ]
+# fmt: on
 
 # Time rounds until every parity claim of this accelerator is decided (or the cap), then train and judge.
 started = time.perf_counter()
@@ -302,10 +192,6 @@ print(
 peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
 record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS, probes=probes)
 
-import matplotlib.pyplot as plt
-
-from mpguide.verify import plotting, report
-
 # %%
 # Steps per second
 # ----------------
@@ -313,36 +199,22 @@ from mpguide.verify import plotting, report
 # matmuls are slow on CPUs without fp16 units); the whiskers span the slowest and fastest window,
 # the noise the medians and the interleaving absorb.
 
+import matplotlib.pyplot as plt
+
 fig, ax = plotting.figure(1, 1, 9, 4.6)
 plotting.describe(
     fig, "Automatic and manual optimization run at the same speed; a plain loop wins where steps are very short"
 )
-colors = dict(
-    zip(
-        [
-            *throughput.VARIANTS,
-            "manual, PitfallChecks",
-            *(v for tuned in throughput.TUNED.values() for v in tuned),
-        ],
-        ["#0072B2", "#D55E00", "#009E73", "#F0E442", "#CC79A7", "#E69F00", "#56B4E9", "#999999"],
-    )
-)
+variants = [*throughput.VARIANTS, "manual, PitfallChecks", *(v for tuned in throughput.TUNED.values() for v in tuned)]
+colors = dict(zip(variants, ["#0072B2", "#D55E00", "#009E73", "#F0E442", "#CC79A7", "#E69F00", "#56B4E9", "#999999"]))
 labelled = set()
 for i, _precision in enumerate(hardware.PRECISIONS):
     bench = plotting.run_by_id(record, RUNS[i][0])["extra"]["benchmark"]  # the variants timed here
     width = 0.8 / len(bench)
     for j, (variant, timed) in enumerate(bench.items()):
-        rates = timed["round_steps_per_s"]
-        median = timed["steps_per_s"]
-        ax.bar(
-            i + (j - (len(bench) - 1) / 2) * width,
-            median,
-            width=width * 0.92,
-            color=colors[variant],
-            label=None if variant in labelled else variant,
-            capsize=3,
-            yerr=[[median - min(rates)], [max(rates) - median]],
-        )
+        rates, median, x = timed["round_steps_per_s"], timed["steps_per_s"], i + (j - (len(bench) - 1) / 2) * width
+        label, whiskers = None if variant in labelled else variant, [[median - min(rates)], [max(rates) - median]]
+        ax.bar(x, median, width=width * 0.92, color=colors[variant], label=label, capsize=3, yerr=whiskers)
         labelled.add(variant)
 ax.set_xticks(range(3), [hardware.PRECISION_LABELS[p] for p in hardware.PRECISIONS])
 clock = "GPU wall time" if accelerator == "cuda" else "CPU time, 1 thread"
@@ -356,55 +228,34 @@ plotting.save_figure(fig, record["example"], "steps_per_s")
 plt.show()
 
 # %%
-# The numbers
-# -----------
+# The numbers, and standard speed-ups
+# -----------------------------------
+# On a GPU the manual loop is also timed, in the same rounds, with one speed-up at a time: TF32 matmuls
+# for fp32 (``torch.set_float32_matmul_precision("high")``), ``SGD(fused=True)``, ``torch.compile`` or both
+# for bf16-mixed; each line says how far it moves the manual loop and what share of the bf16 peak it reaches.
 
 for run_id, _, precision, _ in RUNS:
-    extra = plotting.run_by_id(record, run_id)["extra"]
-    print(
-        f"{hardware.PRECISION_LABELS[precision]:>10}: "
-        + ", ".join(
-            f"{v} {extra['benchmark'][v]['steps_per_s']:.1f} steps/s ({extra['benchmark'][v]['samples_per_s']:.0f} "
-            f"samples/s)"
-            for v in throughput.VARIANTS
+    bench = plotting.run_by_id(record, run_id)["extra"]["benchmark"]
+    rates = [
+        f"{v} {bench[v]['steps_per_s']:.1f} steps/s ({bench[v]['samples_per_s']:.0f} samples/s)"
+        for v in throughput.VARIANTS
+    ]
+    print(f"{hardware.PRECISION_LABELS[precision]:>10}: " + ", ".join(rates))
+    for variant in (v for v in throughput.TUNED[precision] if v in bench):
+        gain = bench[variant]["steps_per_s"] / bench["manual"]["steps_per_s"]
+        share = f", {bench[variant]['tflops'] / peak:.0%} of the bf16 peak" if peak else ""
+        print(
+            f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
+            f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}"
         )
-    )
 if peak is not None:
     bf16 = plotting.run_by_id(record, "bench-bf16")["extra"]
     print(
         f"bf16-mixed automatic: {bf16['automatic_tflops']:.0f} TFLOP/s of a measured {peak:.0f} TFLOP/s bf16 "
         f"matmul peak ({bf16['automatic_tflops'] / peak:.0%})"
     )
-
-# %%
-# Standard speed-ups
-# ------------------
-# On a GPU the manual loop is also timed with one speed-up at a time, in the same rounds: TF32
-# matmuls for fp32 (``torch.set_float32_matmul_precision("high")``), and ``SGD(fused=True)``,
-# ``torch.compile`` or both for bf16-mixed. Each line says how far it moves the plain manual loop
-# and, on a GPU, what share of the measured bf16 peak it reaches.
-
-for run_id, _, precision, _ in RUNS:
-    bench = plotting.run_by_id(record, run_id)["extra"]["benchmark"]
-    for variant in throughput.TUNED[precision]:
-        if variant in bench:
-            gain = bench[variant]["steps_per_s"] / bench["manual"]["steps_per_s"]
-            share = f", {bench[variant]['tflops'] / peak:.0%} of the bf16 peak" if peak else ""
-            print(
-                f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
-                f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}"
-            )
 if not size.tuned:
     print(f"not timed on {hardware.device_name(accelerator)}: the speed-ups are measured on a GPU only")
-
-# %%
-# Verdicts
-# --------
-# A parity claim reads ``pass`` or ``FAIL`` when its interval decided it, and ``inconclusive`` when
-# the machine was too noisy to tell within the cap of rounds: that is not a pass, and the build
-# says so in its gate summary without failing (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`).
-
-print(report.summary(record))
 
 # %%
 # Conclusion
@@ -412,5 +263,12 @@ print(report.summary(record))
 # Manual optimization does not cost speed (where the verdicts above say ``pass``): Lightning's
 # manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step
 # bookkeeping of either Lightning loop is small next to a real model's step. What changes speed is
-# the precision, on hardware built for it; on a GPU, the speed-ups section above measures what TF32
-# matmuls, a fused optimizer and ``torch.compile`` add to a manual loop.
+# the precision, on hardware built for it, and on a GPU the speed-ups measured above.
+
+# %%
+# Evidence: the verdicts
+# ----------------------
+# ``inconclusive`` means the machine was too noisy to tell within the cap of rounds: not a pass, and
+# the build says so in its gate summary without failing (:data:`mpguide.verify.claims.INCONCLUSIVE_RULE`).
+
+report.verdicts(record)
