@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mpguide.verify import declarations, records
+from mpguide.verify import records
+from mpguide.verify.claims import declarations
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # the build code (mpguide_build), as conf.py does

@@ -1,6 +1,8 @@
 import json
 
-from mpguide.verify import declarations, gate, records, report
+from mpguide.verify import gate, records
+from mpguide.verify.claims import declarations
+from mpguide.verify.show import report
 
 
 def write(tmp_path, record, name=None):
@@ -117,7 +119,7 @@ def cells_of(table, columns):
 def test_verdict_table_stays_aligned_with_very_long_run_ids(tmp_path, fake_examples, capsys):
     from conftest import curve, make_record, run
 
-    from mpguide.verify import verdicts
+    from mpguide.verify.claims import verdicts
 
     (fake_examples / "plot_97_long.py").write_text(
         f'RUNS = [("auto", "auto", "32-true"), ("{LONG}", "manual", "32-true")]\n'

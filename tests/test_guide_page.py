@@ -277,7 +277,7 @@ def test_the_20970_snippet_trains_bitwise_like_example_01s_verified_step():
     import lightning.pytorch as L
 
     from mpguide.data import digits_loader
-    from mpguide.verify.probes import parameter_digest
+    from mpguide.verify.run.probes import parameter_digest
 
     def trained(module):
         L.seed_everything(0)
@@ -454,7 +454,7 @@ def test_resume_keeps_the_checkpoints_scaler_settings_unless_set_in_on_train_sta
 def test_gpu_overview_says_which_examples_have_a_record_and_how_old(monkeypatch):
     from types import SimpleNamespace
 
-    import mpguide.verify.declarations as declarations
+    import mpguide.verify.claims.declarations as declarations
     import mpguide.verify.gate as gate
     from mpguide_build import guide
 

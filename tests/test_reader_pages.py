@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import overlap, plotting, report
+from mpguide.verify.show import overlap, plotting, report
 
 
 def _record():

@@ -8,7 +8,8 @@ import re
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import claims, report
+from mpguide.verify import claims
+from mpguide.verify.show import report
 
 
 def _rows(record, **kw):

@@ -7,7 +7,8 @@ truncated copy or a buggy writer would, and the gate's command line (``mpguide.v
 the result in this process, so that any exception it lets through fails the test.
 
 What counts as type-breaking is written here from the producer's side (what
-:class:`mpguide.verify.runner.RunResult` and the writers store), not read from :mod:`mpguide.verify.schema`: a
+:class:`mpguide.verify.run.runner.RunResult` and the writers store), not read from
+:mod:`mpguide.verify.records.schema`: a
 value of another JSON type; ``null`` where the writer never stores one; NaN or Infinity in a
 finite number (a loss, a logged value or a claim's stored value may legitimately be NaN);
 a negative integer where the writer stores a count; a deleted field that the writer always
@@ -34,7 +35,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from mpguide.verify import gate, records, schema
+from mpguide.verify import gate, records
+from mpguide.verify.records import schema
 
 FRESH = "plot_05_skipped_steps"  # the quickest example at the test preset
 REFERENCES = ROOT / "results" / "reference" / "nvidia-h200"
@@ -216,12 +218,12 @@ def test_every_extra_key_of_the_real_records_is_typed(fresh_record):
         for key in run["extra"]
         if schema.extra_type(key) is None
     }
-    assert not untyped, f"extra keys without a type in mpguide.verify.schema.EXTRA_KEYS: {sorted(untyped)}"
+    assert not untyped, f"extra keys without a type in mpguide.verify.records.schema.EXTRA_KEYS: {sorted(untyped)}"
 
 
 def test_every_key_a_declared_claim_reads_is_typed():
     """Every ``key`` in an example's CLAIMS table (expect, same, ratio, rate_ratio) has a registered type."""
-    from mpguide.verify import declarations
+    from mpguide.verify.claims import declarations
 
     untyped = []
     for name in declarations.example_names():
@@ -230,7 +232,7 @@ def test_every_key_a_declared_claim_reads_is_typed():
             if claim["kind"] == "ratio" and isinstance(claim.get("expected"), str):
                 keys.append(claim["expected"])
             untyped += [(name, k) for k in keys if schema.extra_type(k) is None]
-    assert not untyped, f"claims read extra keys without a type in mpguide.verify.schema.EXTRA_KEYS: {untyped}"
+    assert not untyped, f"claims read extra keys without a type in mpguide.verify.records.schema.EXTRA_KEYS: {untyped}"
 
 
 def _check(record, reference, path, how, new, tmp_path):

@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     problems = []
     for path in paths:
         lesson = count(path)
-        print(f"{path.name:<40} teaching {lesson.teaching:>4}  verification {lesson.verification:>4}  {lesson.share:6.1%}")
+        print(
+            f"{path.name:<40} teaching {lesson.teaching:>4}  verification {lesson.verification:>4}  {lesson.share:6.1%}"
+        )
         problems += lesson.problems()
     for problem in problems:
         print(problem, file=sys.stderr)

@@ -7,11 +7,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from .claims import evaluate_record
-from .records import short_paths
-from .throughput_config import Size
-from .tolerances import TOLERANCES
-from .verdicts import Verdict
+from ..claims import evaluate_record
+from ..claims.tolerances import TOLERANCES
+from ..claims.verdicts import Verdict
+from ..records import short_paths
 
 #: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
@@ -21,7 +20,7 @@ WORD_COLUMNS = ("result", "check", "measured", "allowed")
 SHORT_COLUMNS = WORD_COLUMNS
 #: Longest threshold text shown in a table cell (longer ones are cut, ending in "...").
 MAX_THRESHOLD = 40
-#: Widest a column of a plain-text table (:func:`~mpguide.verify.report.format_table`) gets, in characters;
+#: Widest a column of a plain-text table (:func:`~mpguide.verify.show.report.format_table`) gets, in characters;
 #: a longer cell (a long run id, claim title or observed message) wraps onto continuation lines.
 MAX_CELL_WIDTH: dict[str, int] = {
     "verdict": 12,
@@ -36,7 +35,7 @@ MAX_CELL_WIDTH: dict[str, int] = {
     "measured": 44,
     "allowed": 34,
 }
-#: Width limit of a column :data:`~mpguide.verify.report.MAX_CELL_WIDTH` does not name.
+#: Width limit of a column :data:`~mpguide.verify.show.report.MAX_CELL_WIDTH` does not name.
 DEFAULT_CELL_WIDTH = 40
 #: Claim kinds whose passing verdict means "a bug or trap still shows" (so a pass is not good news).
 PITFALL_KINDS = ("diverge",)
@@ -156,9 +155,9 @@ def verdict_rows(
 ) -> list[dict[str, str]]:
     """Table rows (column -> text) for ``verdicts``.
 
-    Each row has the worded columns of :data:`~mpguide.verify.report.WORD_COLUMNS` (``result``, ``check``,
+    Each row has the worded columns of :data:`~mpguide.verify.show.report.WORD_COLUMNS` (``result``, ``check``,
     ``measured`` with its unit, ``allowed`` naming the tolerance) and the terse ones of
-    :data:`~mpguide.verify.report.COLUMNS` (the gate's own table prints those).
+    :data:`~mpguide.verify.show.report.COLUMNS` (the gate's own table prints those).
 
     Args:
         verdicts: from :func:`mpguide.verify.claims.evaluate_record`.
@@ -202,10 +201,10 @@ def format_table(
     trailing blanks.
 
     Args:
-        rows: column -> text (as :func:`~mpguide.verify.report.verdict_rows` gives them).
+        rows: column -> text (as :func:`~mpguide.verify.show.report.verdict_rows` gives them).
         columns: the columns shown, in order.
-        max_width: column -> widest cell in characters (default :data:`~mpguide.verify.report.MAX_CELL_WIDTH`,
-            then :data:`~mpguide.verify.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
+        max_width: column -> widest cell in characters (default :data:`~mpguide.verify.show.report.MAX_CELL_WIDTH`,
+            then :data:`~mpguide.verify.show.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
     """
     limits = {
         c: max(len(c), (MAX_CELL_WIDTH if max_width is None else max_width).get(c, DEFAULT_CELL_WIDTH)) for c in columns
@@ -236,7 +235,7 @@ def _wrap(text: str, width: int) -> list[str]:
 def count_line(verdicts: Sequence[Verdict]) -> str:
     """How many of the shown checks hold, and how many automatic per-run checks passed besides.
 
-    The first number counts exactly the rows :func:`~mpguide.verify.report.verdict_rows` shows (declared
+    The first number counts exactly the rows :func:`~mpguide.verify.show.report.verdict_rows` shows (declared
     claims, plus any failing automatic check); the automatic checks that passed are counted apart,
     because the table does not list them.
     """
@@ -274,7 +273,7 @@ class VerdictTable:
     verification page when ``tolerance_href`` is given); the caption is :func:`count_line`.
 
     Attributes:
-        record: the record as :func:`mpguide.verify.runner.run_example` returned it.
+        record: the record as :func:`mpguide.verify.run.runner.run_example` returned it.
         verdicts: the record's verdicts (:func:`mpguide.verify.claims.evaluate_record`).
         tolerance_href: URL of the verification page, relative to the page showing the table.
     """
@@ -401,7 +400,7 @@ def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
     loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
     plain manual loop of the same precision,
     achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
-    records give no rows (they time no speed-up; see :data:`mpguide.verify.throughput_config.TUNED`).
+    records give no rows (they time no speed-up; see :data:`mpguide.verify.run.throughput.config.TUNED`).
 
     Raises:
         KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
@@ -414,6 +413,8 @@ def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
             continue
         for run in entry.record["runs"]:
             bench, peak = run["extra"]["benchmark"], run["extra"].get("peak_bf16_tflops")
+            from ..run.throughput.config import Size  # a page helper: importing run.throughput imports torch
+
             flops = Size(**run["extra"]["size"]).flops_per_step()
             rates = {v: statistics.median(t["round_steps_per_s"]) for v, t in bench.items()}
             for variant in (v for v in bench if v not in ("automatic", "plain loop")):

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import declarations, hints
-from .records import file_digest, library_digest
+from .. import hints
+from ..claims import declarations
+from . import file_digest, library_digest
 
 
 def staleness(record: dict[str, Any], examples: Path | None = None, include_library: bool = False) -> str:
@@ -54,7 +55,7 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
     and the fix:
 
     * **runs and claims as written**: the record's runs and claims must still hash to the
-      ``source.declaration_sha256`` it was written with (:func:`mpguide.verify.declarations.record_digest`),
+      ``source.declaration_sha256`` it was written with (:func:`mpguide.verify.claims.declarations.record_digest`),
       so a run or claim deleted, added or edited later is noticed even in a stale reference, which
       is not compared with today's declaration;
     * **hardware fields agree**: ``env.accelerator`` is ``"cpu"`` or ``"cuda"``; a CPU record has a
@@ -130,7 +131,7 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
         )
 
     if reference:
-        from .hardware import ConfigurationError, device_slug  # imports torch: only when judging references
+        from ..hardware import ConfigurationError, device_slug  # imports torch: only when judging references
 
         folder = Path(path).parent.name
         try:

@@ -1,6 +1,6 @@
 """The schema of a results record, as typed pydantic models.
 
-A version-matrix summary has its own schema, in :mod:`mpguide.verify.summary_schema`.
+A version-matrix summary has its own schema, in :mod:`mpguide.verify.records.summary_schema`.
 
 Every field of the layout in :mod:`mpguide.verify.records` has a type here, checked in pydantic's strict
 mode (no coercion: ``"0.5"`` is not a number, ``true`` is not ``1``), and every measured number
@@ -10,7 +10,7 @@ refused with one :class:`RecordError` naming the file, the field as a JSON path 
 exit status 2, the docs build into one build error.
 
 Why pydantic (v2) rather than jsonschema: the records are made and read by Python only, and the
-models state the types next to the code that writes them (:class:`mpguide.verify.runner.RunResult`);
+models state the types next to the code that writes them (:class:`mpguide.verify.run.runner.RunResult`);
 each error carries a location tuple (``("runs", 3, "extra", ...)``) that becomes the JSON path of
 the message; strict mode refuses the silent coercions a hand check forgets (a bool is an int in
 Python); ``allow_inf_nan=False`` says per field where NaN and Infinity are malformed input and
@@ -61,7 +61,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from . import hints
+from .. import hints
 
 #: Bump when the layout changes incompatibly; the gate refuses other versions.
 SCHEMA_VERSION = 2
@@ -135,7 +135,7 @@ def check_json(value: Any, at: str = "") -> None:
 
 
 class BenchmarkVariant(StrictModel):
-    """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.throughput`)."""
+    """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.run.throughput`)."""
 
     steps_per_s: Positive
     samples_per_s: Positive
@@ -147,7 +147,7 @@ class BenchmarkVariant(StrictModel):
 
 
 class BenchmarkSize(StrictModel):
-    """``extra.size``: the fields of :class:`mpguide.verify.throughput_config.Size` (the page recomputes FLOP/s from
+    """``extra.size``: the fields of :class:`mpguide.verify.run.throughput.config.Size` (the page recomputes FLOP/s from
     them)."""
 
     width: Count
@@ -178,14 +178,15 @@ def _json_finite(value: Any) -> Any:
 
 
 #: ``extra`` keys that claims or pages read, with their types. Keys written by the run harness
-#: (:func:`mpguide.verify.runner.train_run`, :mod:`mpguide.verify.probes`, :mod:`mpguide.verify.distributed`,
-#: :mod:`mpguide.verify.fabric_runs`) and by the examples' own probes (their ``record_extra``).
+#: (:func:`mpguide.verify.run.runner.train_run`, :mod:`mpguide.verify.run.probes`,
+#: :mod:`mpguide.verify.run.distributed`,
+#: :mod:`mpguide.verify.run.fabric`) and by the examples' own probes (their ``record_extra``).
 EXTRA_KEYS: dict[str, Any] = {
-    # every Trainer run (mpguide.verify.runner)
+    # every Trainer run (mpguide.verify.run.runner)
     "global_step": Count,
     "batches": Count,
     "skipped_per_step": list[bool],
-    # probes (mpguide.verify.probes)
+    # probes (mpguide.verify.run.probes)
     "logged": dict[str, list[AnyNumber]],  # what self.log saw, as it was: a blown-up value is data
     "updates_applied": Count,
     "updates_not_applied": Count,
@@ -197,7 +198,7 @@ EXTRA_KEYS: dict[str, Any] = {
     "updates_lost": Count,
     "updates_kept": Count,
     "lost_fraction_per_step": list[Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]],
-    # two ranks of DDP (mpguide.verify.distributed)
+    # two ranks of DDP (mpguide.verify.run.distributed)
     "ranks": Count,
     "allreduce_calls": Count,
     "allreduce_bytes": Count,
@@ -259,13 +260,13 @@ EXTRA_KEYS: dict[str, Any] = {
     "weight_dtype": Name,
     "teacher_dtype": Name,
     "nonfinite_weights": Count,
-    # PitfallChecks as a probe (mpguide.verify.probes.Pitfalls), judged by the flags and clean claims
+    # PitfallChecks as a probe (mpguide.verify.run.probes.Pitfalls), judged by the flags and clean claims
     "pitfall_findings": list[PitfallFinding],
     "pitfall_notes": list[str],
     "pitfall_check_seconds": NonNegative,
     "pitfall_setup_seconds": NonNegative,
     "pitfall_step_seconds": NonNegative,
-    # plot_15 (mpguide.verify.throughput)
+    # plot_15 (mpguide.verify.run.throughput)
     "benchmark": dict[str, BenchmarkVariant],
     "size": BenchmarkSize,
     "device_wait_s": NonNegative,
@@ -365,7 +366,7 @@ class ErrorInfo(StrictModel):
 
 
 class Run(StrictModel):
-    """One entry of ``runs`` (the fields of :class:`mpguide.verify.runner.RunResult`)."""
+    """One entry of ``runs`` (the fields of :class:`mpguide.verify.run.runner.RunResult`)."""
 
     id: Name
     mode: Name
@@ -439,7 +440,7 @@ CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
 
 
 class Claim(StrictModel):
-    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declaration_check.CLAIM_KEYS`), what was
+    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.claims.compare.CLAIM_KEYS`), what was
     judged."""
 
     kind: Name
