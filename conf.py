@@ -120,7 +120,7 @@ extlinks_detect_hardcoded_links = False
 nitpicky = True
 nitpick_ignore_regex = [
     # the pydantic models of the record and summary schemas render as field reprs, not as API; read in the source
-    (r"py:.*", r"mpguide\.verify\.records\.(summary_)?schema(\..*)?|Record"),
+    (r"py:.*", r"(mpguide\.verify\.records\.|mpguide_build\.summary_)schema(\..*)?|Record"),
     (
         r"py:.*",
         r"(ast|time|docutils|pathlib|json|os|numpy|np|torch|lightning|sklearn|sphinx|matplotlib|typing|collections|warnings)(\..*)?",

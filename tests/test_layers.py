@@ -66,6 +66,7 @@ def test_the_repository_keeps_its_contracts(tree):
         ("mpguide/verify/run/probes.py", "from . import runner", "No import cycle inside the harness"),
         ("mpguide/verify/claims/judging.py", "from mpguide.verify.records import schema", "The harness in five floors"),
         ("mpguide/verify/hints.py", "from mpguide.verify import gate", "The harness in five floors"),
+        ("mpguide/verify/run/runner.py", "from mpguide.verify.show import report", "The harness in five floors"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(tree, module, line, contract):

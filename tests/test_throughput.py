@@ -155,8 +155,7 @@ def test_speedup_rows_of_the_guide_table():
     """The guide's GPU table: a row per tuned (and plain manual) variant of CUDA records, none for CPU ones."""
     from pathlib import Path
 
-    from mpguide.verify import gate
-    from mpguide.verify.show import report
+    from mpguide_build import pages
 
     size = throughput_config.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
     timing = throughput.Timing(
@@ -169,15 +168,15 @@ def test_speedup_rows_of_the_guide_table():
         "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0, "size": dataclasses.asdict(size)},
     }
     gpu_env = {"accelerator": "cuda", "device": "NVIDIA H200", "torch": "2.11.0", "lightning": "2.6.6", "cuda": "13.0"}
-    gpu = gate.PageRecord(
+    gpu = pages.PageRecord(
         "reference: nvidia-h200",
         {"env": gpu_env, "runs": [run], "preset": "full", "created": "2026-12-01T00:00:00Z"},
         [],
         "",
         Path("x.json"),
     )
-    cpu = gate.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
-    rows = report.speedup_rows([cpu, gpu])
+    cpu = pages.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
+    rows = pages.speedup_rows([cpu, gpu])
     assert [r["variant"] for r in rows] == ["manual", "manual, PitfallChecks", *throughput_config.TUNED["bf16-mixed"]]
     compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
     tflops = 100 * size.flops_per_step() / 1e12
@@ -191,7 +190,7 @@ def test_speedup_rows_of_the_guide_table():
         "TFLOP/s": f"{tflops:.0f}",
         "of bf16 peak": f"{tflops / 800:.0%}",
     }
-    assert report.speedup_rows([cpu]) == []
+    assert pages.speedup_rows([cpu]) == []
 
 
 def test_the_lock_is_reentrant_within_a_process(tmp_path, monkeypatch):

@@ -354,53 +354,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2 if report.record_errors or not report.records else 1
 
 
-@dataclass
-class PageRecord:
-    """One record as a page shows it: where it comes from, its verdicts as the gate judges them.
-
-    Attributes:
-        source: ``"this build"`` or ``"reference: <device folder>"``.
-        record: the record.
-        verdicts: from :func:`mpguide.verify.gate.evaluate` (compared with the example's declaration).
-        stale: why a reference is stale, or ``""`` when it was made from the current example.
-        path: the record file.
-    """
-
-    source: str
-    record: dict[str, Any]
-    verdicts: list[Verdict]
-    stale: str
-    path: Path
-
-    @property
-    def label(self) -> str:
-        """Hardware, versions, date and provenance in one line, e.g. for a figure title or a caption."""
-        rec = self.record
-        commit = (rec.get("source") or {}).get("commit")
-        where = "this build" if self.source == "this build" else "reference"
-        text = f"{where}: {hardware_label(rec['env'])}, preset {rec['preset']}, {rec['created'][:10]}"
-        if self.source != "this build" and commit:
-            text += f", recorded at {commit[:7]}"
-        return text + (" (STALE: the example changed since)" if self.stale else "")
-
-
-def page_entries(example: str) -> list[PageRecord]:
-    """This build's record of ``example`` first, then each committed reference, judged as the gate does.
-
-    Raises:
-        mpguide.verify.records.RecordError: this build's record is missing or unreadable (the message
-            names the file and the command that writes it). References are optional.
-    """
-    path = record_path(example)
-    record = load_record(path)
-    verdicts, _ = evaluate(record, path)
-    entries = [PageRecord("this build", record, verdicts, "", path)]
-    for ref in sorted(reference_dir().glob(f"*/{example}.json")):
-        record = load_record(ref)
-        verdicts, stale = evaluate(record, ref, reference=True)
-        entries.append(PageRecord(f"reference: {ref.parent.name}", record, verdicts, stale, ref))
-    return entries
-
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -133,7 +133,9 @@ def file_digest(path: Path) -> str | None:
 #: Package modules (paths relative to the package) that only draw figures and tables. Examples run
 #: them, so they are part of a record's library digest, but no verdict depends on them: the version
 #: matrix leaves them out.
-PRESENTATION_MODULES = frozenset({"verify/show/plotting.py", "verify/show/overlap.py", "verify/show/report.py"})
+PRESENTATION_MODULES = frozenset(
+    {"verify/show/__init__.py", "verify/show/plotting.py", "verify/show/overlap.py", "verify/show/report.py"}
+)
 
 
 def library_digest(exclude: frozenset[str] = frozenset()) -> str:

@@ -1,6 +1,6 @@
 """The schema of a results record, as typed pydantic models.
 
-A version-matrix summary has its own schema, in :mod:`mpguide.verify.records.summary_schema`.
+A version-matrix summary has its own schema, in :mod:`mpguide_build.summary_schema`.
 
 Every field of the layout in :mod:`mpguide.verify.records` has a type here, checked in pydantic's strict
 mode (no coercion: ``"0.5"`` is not a number, ``true`` is not ``1``), and every measured number

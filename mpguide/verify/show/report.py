@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -341,93 +340,3 @@ def expected_error(record: dict[str, Any], run_id: str) -> str:
         f"Expected error, captured from run {run_id!r} (the run stopped here on purpose; training went on "
         f"with the next run):\n" + "\n".join("    " + line for line in body.splitlines())
     )
-
-
-def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
-    """GitHub-flavoured Markdown table of ``rows`` (cells have ``|`` escaped)."""
-
-    def cell(value: Any) -> str:  # escape what Markdown would read as table syntax or code
-        return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("\n", " ")
-
-    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    out += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def captured_texts(run: dict[str, Any]) -> list[str]:
-    """What a run captured: ``"Type: message"`` of its error (if any) and each recorded warning."""
-    texts = [str(w) for w in run.get("warnings") or []]
-    if run.get("error"):
-        texts.append(f"{run['error']['type']}: {run['error']['message']}")
-    return texts
-
-
-def check_quoted_messages(
-    records: dict[str, dict[str, Any]], quoted: Sequence[tuple[str, str, str]], page: str = "the guide page"
-) -> None:
-    """Fail when a message a page quotes was not captured by the run that is said to produce it.
-
-    Args:
-        records: example name -> results record (this build's).
-        quoted: ``(example, run id, exact text)``; the text must occur in the run's error message or
-            in one of its recorded warnings.
-        page: named in the error message.
-
-    Raises:
-        ValueError: one line per missing message, naming example, run, text and what to update.
-    """
-    missing = []
-    for example, run_id, text in quoted:
-        if example not in records:
-            missing.append(f"{example}: no record (quoted: {text!r})")
-            continue
-        run = next((r for r in records[example]["runs"] if r["id"] == run_id), None)
-        if run is None:
-            missing.append(f"{example}: no run {run_id!r} (quoted: {text!r})")
-        elif not any(text in t for t in captured_texts(run)):
-            missing.append(f"{example} run {run_id!r} did not capture {text!r}")
-    if missing:
-        raise ValueError(
-            f"{page} quotes messages this build did not produce; update the quote or the run:\n  "
-            + "\n  ".join(missing)
-        )
-
-
-def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
-    """Rows of the guide's GPU speed-up table from plot_15 records (:func:`~mpguide.verify.gate.page_entries` of it).
-
-    One row per CUDA record, run (precision) and variant other than the automatic loop and the plain
-    loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
-    plain manual loop of the same precision,
-    achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
-    records give no rows (they time no speed-up; see :data:`mpguide.verify.run.throughput.config.TUNED`).
-
-    Raises:
-        KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
-            that did not come from plot_15).
-    """
-    rows = []
-    for entry in entries:
-        env = entry.record.get("env", {})
-        if env.get("accelerator") != "cuda":
-            continue
-        for run in entry.record["runs"]:
-            bench, peak = run["extra"]["benchmark"], run["extra"].get("peak_bf16_tflops")
-            from ..run.throughput.config import Size  # a page helper: importing run.throughput imports torch
-
-            flops = Size(**run["extra"]["size"]).flops_per_step()
-            rates = {v: statistics.median(t["round_steps_per_s"]) for v, t in bench.items()}
-            for variant in (v for v in bench if v not in ("automatic", "plain loop")):
-                tflops = rates[variant] * flops / 1e12
-                rows.append(
-                    {
-                        "record": entry.label,
-                        "precision": run["precision"],
-                        "variant": variant,
-                        "steps/s": f"{rates[variant]:.1f}",
-                        "vs manual": f"x{rates[variant] / rates['manual']:.2f}",
-                        "TFLOP/s": f"{tflops:.0f}",
-                        "of bf16 peak": f"{tflops / peak:.0%}" if peak else "not measured",
-                    }
-                )
-    return rows

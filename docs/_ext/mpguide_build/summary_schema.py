@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from .schema import Count, Name, NonNegative, StrictModel, expected_text, found_text, json_path
+from mpguide.verify.records.schema import Count, Name, NonNegative, StrictModel, expected_text, found_text, json_path
 
 #: Format of a version-matrix summary (:mod:`mpguide_build.matrix`).
 MATRIX_SCHEMA = "mpguide-matrix-1"
