@@ -29,8 +29,8 @@ Every field is typed in :mod:`mpguide.verify.records.schema` (pydantic models, s
 :data:`~mpguide.verify.records.schema.SCHEMA_FIELDS`; a record with any other field (top level, ``env``,
 ``source``, ``run_env``, a run, its ``error``, a claim) or a value of the wrong type is refused,
 naming the file, the field's JSON path and the fix. A run's ``extra`` is the one free-form object:
-each recipe records its own measurements there, and the keys that claims and pages read are typed
-(:data:`mpguide.verify.records.schema.EXTRA_KEYS`).
+each recipe records its own measurements there, typed by what its probes declare (``runs[].measures``,
+:mod:`mpguide.verify.records.measures`).
 
 ``source`` says what the record was produced from: SHA-256 digests of the example file, of the
 helper library's sources (:func:`~mpguide.verify.records.library_digest`) and of the runs and claims the
@@ -289,7 +289,14 @@ def load_record(path: Path) -> dict[str, Any]:
         raise RecordError(f"{path}: not UTF-8 text (byte {err.start}); the file is corrupt: {fix}") from None
     except RecursionError:
         raise RecordError(f"{path}: JSON nested too deeply to be a results record: {fix}") from None
-    validate_record(record, path)
+    fallback = None
+    runs = record.get("runs") if isinstance(record, dict) else None
+    if isinstance(runs, list) and any(isinstance(run, dict) and "measures" not in run for run in runs):
+        # written before probes declared their keys: the declarations in the sources type its extra
+        from .measures import declared
+
+        fallback = declared(str(record.get("example") or path.stem))
+    validate_record(record, path, fallback)
     if record["example"] != path.stem:
         raise RecordError(f"{path}: holds the record of {record['example']!r}, not of {path.stem!r}; {fix}")
     return record

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import claims, hardware, records
 from ..claims import declarations
+from .measures import with_harness_declarations
 
 
 def source_info(
@@ -64,7 +65,7 @@ def build_record(
         "preset": preset.name,
         "env": records.environment(accelerator),
         "source": source_info(example, declaration, swaps or {}, accelerator),
-        "runs": [dict(r.__dict__) for r in results],
+        "runs": [with_harness_declarations(dict(r.__dict__)) for r in results],
         "claims": [dict(c) for c in declaration.claims_for(accelerator)],
     }
     judged = [v for v in claims.evaluate_record(record) if v.kind not in ("finite", "completes")]

@@ -42,11 +42,26 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, T
 
 from ...data import digits_tensors
 from .. import hardware
+from ..records.measures import measures_of
 from .runner import RunResult, StepRecorder, captured_warnings, error_record, parameter_digest, quiet_lightning
 from .runner import train_run as single_train_run
 
 #: Number of processes of every DDP run.
 WORLD_SIZE = 2
+
+#: The ``extra`` keys a two-rank DDP run adds (the ranks' own probes declare theirs).
+MEASURES = {
+    "ranks": "count",
+    "allreduce_calls": "count",
+    "allreduce_bytes": "count",
+    "allreduce_counts_agree": "bool",
+    "weights_agree_across_ranks": "bool",
+    "skipped_batches_per_rank": "list[list[count]]",
+    "skip_decisions_agree": "bool",
+    "record_extra_per_rank": "list[json]",
+    "allreduces_per_optimizer_step": "nonnegative",
+    "allreduce_bytes_per_optimizer_step": "nonnegative",
+}
 
 
 def free_port() -> int:
@@ -176,9 +191,11 @@ class RankRecorder(StepRecorder):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         rank = trainer.global_rank
         extra: dict[str, Any] = {}
+        measures: dict[str, str] = {}
         for callback in trainer.callbacks:  # the example's probes, forked into this rank with the Trainer
             if callback is not self and callable(getattr(callback, "record_extra", None)):
                 extra.update(callback.record_extra())
+                measures.update(measures_of(callback))
         data = {
             "rank": rank,
             "loss": self.loss,
@@ -190,6 +207,7 @@ class RankRecorder(StepRecorder):
             "weights": parameter_digest(pl_module),
             "global_step": trainer.global_step,
             "extra": extra,
+            "measures": measures,
             "warnings": captured_warnings(self._caught),
         }
         path = Path(self.out_dir) / f"rank{rank}.json"
@@ -344,6 +362,7 @@ def _merge_ranks(result: RunResult, ranks: list[dict[str, Any]]) -> None:
     result.skipped_steps = sum(first["skipped"])
     skipped = [[i for i, flag in enumerate(r["skipped"]) if flag] for r in ranks]
     result.extra.update(first["extra"])
+    result.measures.update(first.get("measures") or {})
     result.extra.update(
         ranks=len(ranks),
         global_step=first["global_step"],

@@ -20,6 +20,9 @@ from ...fabric import loss_scale
 from .. import hardware
 from .runner import RunResult, captured_warnings, error_record, quiet_lightning, record_extra
 
+#: The ``extra`` keys every Fabric run records.
+MEASURES = {"batches": "count", "skipped_per_step": "list[bool]"}
+
 
 def fabric_precision_kwargs(
     precision: str, accelerator: str, plugin_factory: Callable[..., Any] | None = None

@@ -60,6 +60,8 @@ class LoggedValues(Callback):
             first batch that logged the name on).
     """
 
+    measures = {"logged": "series"}
+
     def __init__(self) -> None:
         self.values: dict[str, list[float]] = {}
 
@@ -83,6 +85,13 @@ class AppliedUpdates(Callback):
     Attributes:
         applied: one bool per batch.
     """
+
+    measures = {
+        "updates_applied": "count",
+        "updates_not_applied": "count",
+        "all_updates_applied": "bool",
+        "applied_per_step": "list[bool]",
+    }
 
     def __init__(self) -> None:
         self.applied: list[bool] = []
@@ -131,6 +140,13 @@ class LostUpdates(Callback):
         lost: per batch, how many of them were unchanged at batch end (``int``).
     """
 
+    measures = {
+        "updates_with_gradient": "count",
+        "updates_lost": "count",
+        "updates_kept": "count",
+        "lost_fraction_per_step": "list[fraction]",
+    }
+
     def __init__(self) -> None:
         self.with_gradient: list[int] = []
         self.lost: list[int] = []
@@ -172,6 +188,8 @@ class PrecisionInUse(Callback):
     what runs can differ.
     """
 
+    measures = {"trainer_precision": "name", "has_scaler": "bool"}
+
     def __init__(self) -> None:
         self.seen: dict[str, Any] = {}
 
@@ -191,6 +209,8 @@ class FinalLossScale(Callback):
             only ``GradScaler.update()`` changes it, ``torch/amp/grad_scaler.py``).
     """
 
+    measures = {"final_loss_scale": "nonnegative"}
+
     def __init__(self) -> None:
         self.scale: float | None = None
 
@@ -208,6 +228,8 @@ class FinalWeights(Callback):
     Two runs have the same digest exactly when their final weights are bitwise identical
     (:func:`mpguide.verify.run.probes.parameter_digest`).
     """
+
+    measures = {"final_weights": "name"}
 
     def __init__(self) -> None:
         self.digest: str | None = None
@@ -228,6 +250,8 @@ class WeightsDigest(Callback):
     weights a run had when an error stopped it.
     """
 
+    measures = {"weights": "name"}
+
     def __init__(self) -> None:
         self.module: torch.nn.Module | None = None
 
@@ -246,6 +270,14 @@ class Pitfalls(PitfallChecks):
     copies stays clean; the ``flags`` and ``clean`` claims (:mod:`mpguide.verify.claims`) judge what it recorded.
     Each finding is also warned (a ``PitfallWarning`` in the run's ``warnings``), as a reader would see it.
     """
+
+    measures = {
+        "pitfall_findings": "list[pitfall_finding]",
+        "pitfall_notes": "list[text]",
+        "pitfall_check_seconds": "nonnegative",
+        "pitfall_setup_seconds": "nonnegative",
+        "pitfall_step_seconds": "nonnegative",
+    }
 
     def record_extra(self) -> dict[str, Any]:
         """What the check saw and cost, for ``extra``.

@@ -40,12 +40,16 @@ from .. import hardware, records
 from ..claims import declarations
 from ..claims.declarations import SWAP_ENV, RunDecl, parse_swaps
 from ..records import build as record_build
+from ..records.measures import measures_of
 from . import probes as probes_mod
 from .probes import (
     parameter_digest,  # noqa: F401 - examples call runner.parameter_digest
     print_findings,  # noqa: F401 - examples call runner.print_findings
     with_checks,  # noqa: F401 - examples call runner.with_checks
 )
+
+#: The ``extra`` keys every Trainer run records (type names: :data:`mpguide.verify.records.schema.MEASURE_TYPES`).
+MEASURES = {"global_step": "count", "batches": "count", "skipped_per_step": "list[bool]"}
 
 
 @dataclass
@@ -72,6 +76,8 @@ class RunResult:
     error: dict[str, str] | None = None
     warnings: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: key -> type name, what the run's probes declare (``measures``); the record adds the harness's own keys
+    measures: dict[str, str] = field(default_factory=dict)
 
 
 def quiet_lightning() -> None:
@@ -252,6 +258,7 @@ def train_run(
     result.extra["global_step"] = trainer.global_step
     for probe in shared:
         result.extra.update(probe.record_extra())
+        result.measures.update(measures_of(probe))
     for probe in own:
         record_extra(result, probe.record_extra)
     return result
@@ -263,6 +270,7 @@ def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> No
     A measurement that fails after a run that already raised is dropped (the run's error is what
     counts); one that fails after a run that trained becomes the run's error, so the gate fails it.
     """
+    result.measures.update(measures_of(getattr(measure, "__self__", None)))
     try:
         result.extra.update(measure())
     except Exception as err:  # noqa: BLE001 - recorded, judged by the claims

@@ -56,6 +56,18 @@ from .windows import (
     plain_window,
 )
 
+#: The ``extra`` keys the benchmark's figures fill (a rate key is named after its variant, so by pattern).
+MEASURES = {
+    "*_round_steps_per_s": "list[positive]",
+    "*_steps_per_s": "positive",
+    "*_samples_per_s": "positive",
+    "benchmark": "benchmark",
+    "size": "benchmark_size",
+    "device_wait_s": "nonnegative",
+    "peak_bf16_tflops": "positive",
+    "automatic_tflops": "nonnegative",
+}
+
 
 def _calibrated(
     size: Size, net: nn.Module, batch: Any, precision: str, accelerator: str, state: dict[str, Any]
