@@ -69,7 +69,9 @@ sphinx_gallery_conf = {
     "download_all_examples": True,
     "remove_config_comments": True,
     "min_reported_time": 0,
-    "capture_repr": ("_repr_html_",),  # the verdict table an example ends with (mpguide.verify.report.VerdictTable)
+    "capture_repr": (
+        "_repr_html_",
+    ),  # the verdict table an example ends with (mpguide.verify.show.report.VerdictTable)
     "matplotlib_animations": False,
     "show_memory": False,
     # each executed example's seconds, read by mpguide_build.buildtime for the build-time line
@@ -119,7 +121,7 @@ extlinks_detect_hardcoded_links = False
 nitpicky = True
 nitpick_ignore_regex = [
     # the pydantic models of the record and summary schemas render as field reprs, not as API; read in the source
-    (r"py:.*", r"mpguide\.verify\.(summary_)?schema(\..*)?|Record"),
+    (r"py:.*", r"(mpguide\.verify\.records\.|mpguide_build\.summary_)schema(\..*)?|Record"),
     (
         r"py:.*",
         r"(ast|time|docutils|pathlib|json|os|numpy|np|torch|lightning|sklearn|sphinx|matplotlib|typing|collections|warnings)(\..*)?",

@@ -2,7 +2,7 @@
 
 Its rules are in the class docstring (``help(FabricManualMixedPrecision)``). It shares its
 loss-scale bookkeeping and its warning with the Trainer plugin through :mod:`mpguide._common`.
-The example-time harness that records Fabric runs is :mod:`mpguide.verify.fabric_runs`.
+The example-time harness that records Fabric runs is :mod:`mpguide.verify.run.fabric`.
 """
 
 from __future__ import annotations

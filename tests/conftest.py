@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mpguide.verify import declarations, records
+from mpguide.verify import records
+from mpguide.verify.claims import declarations
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # the build code (mpguide_build), as conf.py does
@@ -62,7 +63,19 @@ def run(run_id: str, loss: list[float], precision: str = "32-true", mode: str = 
 
 def make_record(runs: list[dict], declared: list[dict], example: str = "plot_99_fake") -> dict:
     """A schema-valid record whose ``source`` names the current example file (if any) and library, and
-    the digest of the runs and claims it is made with (edit them afterwards and the gate notices)."""
+    the digest of the runs and claims it is made with (edit them afterwards and the gate notices).
+
+    Each run declares what its extra holds and what the claims read, as the runner writes it: the harness's
+    type where the harness declares the key, else ``"json"`` (a fake example's probe declaring any JSON value).
+    """
+    from mpguide.verify.records import schema
+    from mpguide.verify.records.measures import harness_declared
+
+    harness = harness_declared()
+    read = [key for claim in declared for key in schema.claim_keys(claim)]
+    for r in runs:
+        if "measures" not in r:
+            r["measures"] = {k: schema.declared_type(harness, k) or "json" for k in [*r["extra"], *read]}
     return {
         "example": example,
         "schema_version": records.SCHEMA_VERSION,

@@ -3,8 +3,8 @@ import math
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import claims, metrics, tolerances
-from mpguide.verify.claims import ClaimSpecError, evaluate_record
+from mpguide.verify import claims
+from mpguide.verify.claims import ClaimSpecError, evaluate_record, metrics, tolerances
 
 
 def by_kind(verdicts, kind):

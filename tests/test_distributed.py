@@ -1,4 +1,4 @@
-"""mpguide.verify.distributed: the sharded loader, the DDP run checks, and real two-process runs over gloo."""
+"""mpguide.verify.run.distributed: the sharded loader, the DDP run checks, and real two-process runs over gloo."""
 
 import os
 import re
@@ -11,8 +11,9 @@ from conftest import ROOT
 
 from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
-from mpguide.verify import distributed, gate, hardware, records
-from mpguide.verify.declarations import RunDecl
+from mpguide.verify import gate, hardware, records
+from mpguide.verify.claims.declarations import RunDecl
+from mpguide.verify.run import distributed
 
 DDP = {"strategy": "ddp_fork", "devices": 2}
 

@@ -8,9 +8,9 @@ from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import MixedPrecision
 
 from mpguide import fabric as mf
-from mpguide.verify import fabric_runs
-from mpguide.verify.declarations import RunDecl
+from mpguide.verify.claims.declarations import RunDecl
 from mpguide.verify.hardware import Preset
+from mpguide.verify.run import fabric as fabric_runs
 
 
 def two_models(plugin):

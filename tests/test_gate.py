@@ -1,6 +1,9 @@
 import json
 
-from mpguide.verify import declarations, gate, records, report
+from mpguide.verify import gate, records
+from mpguide.verify.claims import declarations
+from mpguide.verify.show import report
+from mpguide_build import pages
 
 
 def write(tmp_path, record, name=None):
@@ -73,7 +76,7 @@ def test_reference_records_are_judged_and_listed_for_pages(tmp_path, good_record
     gpu = json.loads(json.dumps(good_record))
     gpu["env"].update(device="NVIDIA H200", cuda="13.0", accelerator="cuda")
     write(reference, gpu)
-    found = gate.page_entries("plot_99_fake")
+    found = pages.page_entries("plot_99_fake")
     assert [entry.source for entry in found] == ["this build", "reference: nvidia-h200"]
     assert found[1].record["env"]["device"] == "NVIDIA H200" and not found[1].stale
     assert "NVIDIA H200, CUDA 13.0" in found[1].label and all(v.passed for v in found[1].verdicts)
@@ -117,7 +120,7 @@ def cells_of(table, columns):
 def test_verdict_table_stays_aligned_with_very_long_run_ids(tmp_path, fake_examples, capsys):
     from conftest import curve, make_record, run
 
-    from mpguide.verify import verdicts
+    from mpguide.verify.claims import verdicts
 
     (fake_examples / "plot_97_long.py").write_text(
         f'RUNS = [("auto", "auto", "32-true"), ("{LONG}", "manual", "32-true")]\n'

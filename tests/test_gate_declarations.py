@@ -6,7 +6,8 @@ import json
 import pytest
 from conftest import FAKE_EXAMPLE, curve, reseal
 
-from mpguide.verify import declarations, gate, records
+from mpguide.verify import gate, records
+from mpguide.verify.claims import declarations
 
 
 def write(folder, record):
@@ -169,7 +170,8 @@ def test_no_arguments_judges_the_last_build_and_the_references(tmp_path, good_re
 
 
 def test_verdict_values_for_every_kind(good_record):
-    from mpguide.verify import claims, report
+    from mpguide.verify import claims
+    from mpguide.verify.show import report
 
     decl = declarations.read(declarations.example_file("plot_99_fake"))
     rows = report.verdict_rows(claims.evaluate_record(good_record, "", decl))

@@ -7,7 +7,8 @@ import json
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import claims, declarations, gate, records
+from mpguide.verify import claims, gate, records
+from mpguide.verify.claims import declarations
 
 EXAMPLE = "plot_97_checks"
 SOURCE = '''"""A fake example whose runs carry PitfallChecks: only its declaration tables matter."""

@@ -8,7 +8,8 @@ import shutil
 import pytest
 from conftest import FAKE_EXAMPLE, ROOT
 
-from mpguide.verify import declarations, gate, records
+from mpguide.verify import gate, records
+from mpguide.verify.claims import declarations
 
 COMMITTED = ROOT / "results" / "reference"
 

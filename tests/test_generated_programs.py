@@ -26,7 +26,7 @@ from patterns.run import judge, oracle, run_fabric, run_trainer
 
 from mpguide.fabric import FabricManualMixedPrecision
 from mpguide.precision import ManualMixedPrecision
-from mpguide.verify.runner import quiet_lightning
+from mpguide.verify.run.runner import quiet_lightning
 
 quiet_lightning()
 EXAMPLES = int(os.environ.get("MPGUIDE_PATTERNS_EXAMPLES", "150"))

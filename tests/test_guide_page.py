@@ -277,7 +277,7 @@ def test_the_20970_snippet_trains_bitwise_like_example_01s_verified_step():
     import lightning.pytorch as L
 
     from mpguide.data import digits_loader
-    from mpguide.verify.probes import parameter_digest
+    from mpguide.verify.run.probes import parameter_digest
 
     def trained(module):
         L.seed_everything(0)
@@ -454,9 +454,8 @@ def test_resume_keeps_the_checkpoints_scaler_settings_unless_set_in_on_train_sta
 def test_gpu_overview_says_which_examples_have_a_record_and_how_old(monkeypatch):
     from types import SimpleNamespace
 
-    import mpguide.verify.declarations as declarations
-    import mpguide.verify.gate as gate
-    from mpguide_build import guide
+    import mpguide.verify.claims.declarations as declarations
+    from mpguide_build import guide, pages
 
     def entry(stale: str):
         record = {"created": "2026-11-30T01:05:39Z", "env": {"device": "NVIDIA H200"}}
@@ -465,7 +464,7 @@ def test_gpu_overview_says_which_examples_have_a_record_and_how_old(monkeypatch)
     refs = {"plot_01_porting_to_manual": [entry("the example changed")], "plot_02_two_optimizers": [entry("")]}
     names = ["plot_01_porting_to_manual", "plot_02_two_optimizers", "plot_03_shared_backward"]
     monkeypatch.setattr(declarations, "example_names", lambda: names)
-    monkeypatch.setattr(gate, "page_entries", lambda name: [None, *refs.get(name, [])])
+    monkeypatch.setattr(pages, "page_entries", lambda name: [None, *refs.get(name, [])])
     text = guide.gpu_overview()
     assert text.startswith("2 of 3 examples have a committed GPU record: 01 (NVIDIA H200, 2026-11-30, older than")
     assert "02 (NVIDIA H200, 2026-11-30, made from the current example)" in text

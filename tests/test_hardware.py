@@ -1,8 +1,9 @@
 import pytest
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from mpguide.verify import hardware, runner
+from mpguide.verify import hardware
 from mpguide.verify.hardware import ConfigurationError
+from mpguide.verify.run import runner
 
 
 def test_unknown_precision_is_rejected():
@@ -72,7 +73,7 @@ def test_device_slug_refuses_an_empty_result_and_a_missing_gpu(monkeypatch):
 
 
 def test_true_half_precisions_are_run_precisions_passed_as_the_flag():
-    from mpguide.verify import declarations
+    from mpguide.verify.claims import declarations
 
     for precision in hardware.TRUE_PRECISIONS:
         assert hardware.trainer_precision_kwargs(precision, "cpu") == {"precision": precision}

@@ -50,12 +50,23 @@ def test_the_repository_keeps_its_contracts(tree):
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        ("mpguide/precision.py", "from mpguide.verify import runner", "The reader API needs torch and Lightning only"),
+        (
+            "mpguide/precision.py",
+            "from mpguide.verify.run import runner",
+            "The reader API needs torch and Lightning only",
+        ),
         ("mpguide/steps.py", "import sphinx", "The reader API needs torch and Lightning only"),
-        ("mpguide/checks.py", "from mpguide.verify import probes", "The reader API needs torch and Lightning only"),
-        ("mpguide/verify/records.py", "from mpguide_build import matrix", "The harness never imports the build code"),
-        ("mpguide/verify/claims.py", "import docutils", "The harness never imports Sphinx"),
-        ("mpguide/verify/probes.py", "from . import runner", "No import cycle inside the harness"),
+        ("mpguide/checks.py", "from mpguide.verify.run import probes", "The reader API needs torch and Lightning only"),
+        (
+            "mpguide/verify/records/__init__.py",
+            "from mpguide_build import matrix",
+            "The harness never imports the build code",
+        ),
+        ("mpguide/verify/claims/__init__.py", "import docutils", "The harness never imports Sphinx"),
+        ("mpguide/verify/run/probes.py", "from . import runner", "No import cycle inside the harness"),
+        ("mpguide/verify/claims/judging.py", "from mpguide.verify.records import schema", "The harness in five floors"),
+        ("mpguide/verify/hints.py", "from mpguide.verify import gate", "The harness in five floors"),
+        ("mpguide/verify/run/runner.py", "from mpguide.verify.show import report", "The harness in five floors"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(tree, module, line, contract):

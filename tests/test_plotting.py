@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import overlap, plotting
+from mpguide.verify.show import overlap, plotting
 
 
 def _labels(ax) -> list[str]:

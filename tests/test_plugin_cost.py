@@ -4,7 +4,7 @@ Counters wrap the mixin's bookkeeping methods (:class:`mpguide._common.HeldGradi
 plugin's hooks, and subtract the GradScaler calls made inside them (``scale``, ``unscale_``, ``step``,
 ``update``), which Lightning's plugin makes too: what is left is the plugin's own Python. Measured in a
 real 16-mixed Trainer run (CPU, one thread) on the throughput example's CPU model (4 x Linear(256),
-batch 512, :data:`mpguide.verify.throughput_config.SIZES`) and on a model of 400 small Linear(8, 8)
+batch 512, :data:`mpguide.verify.run.throughput.config.SIZES`) and on a model of 400 small Linear(8, 8)
 layers (800 parameter tensors), where the per-parameter bookkeeping weighs most.
 """
 
@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide import _common
 from mpguide.precision import ManualMixedPrecision
-from mpguide.verify.runner import quiet_lightning
-from mpguide.verify.throughput_config import SIZES
+from mpguide.verify.run.runner import quiet_lightning
+from mpguide.verify.run.throughput.config import SIZES
 
 quiet_lightning()
 #: the plugin's own time may be at most this share of a step at the CPU preset (issue 26)

@@ -11,7 +11,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide.precision import ManualMixedPrecision, NoGradientStepWarning, has_gradients
-from mpguide.verify.runner import parameter_digest, quiet_lightning
+from mpguide.verify.run.runner import parameter_digest, quiet_lightning
 
 quiet_lightning()
 

@@ -27,7 +27,7 @@ from mpguide import precision as precision_mod
 from mpguide.fabric import FabricManualMixedPrecision
 from mpguide.precision import ManualMixedPrecision, UnsupportedVersionError, check_versions
 from mpguide.steps import step_skip_aware
-from mpguide.verify.runner import parameter_digest, quiet_lightning
+from mpguide.verify.run.runner import parameter_digest, quiet_lightning
 
 quiet_lightning()
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

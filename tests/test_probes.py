@@ -1,4 +1,4 @@
-"""The measuring callbacks of mpguide.verify.probes and the loss-scaled gradient of mpguide.steps, on real fits."""
+"""The measuring callbacks of mpguide.verify.run.probes and the loss-scaled gradient of mpguide.steps, on real fits."""
 
 from types import SimpleNamespace
 
@@ -11,7 +11,7 @@ from torch import nn
 from mpguide import steps
 from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
-from mpguide.verify import probes, runner
+from mpguide.verify.run import probes, runner
 
 
 class Stepping(DigitsClassifier):

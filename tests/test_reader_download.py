@@ -68,9 +68,10 @@ def test_wheel_is_a_complete_reproducible_archive(tmp_path):
         if "__pycache__" not in p.parts
     }
     assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
-    assert "mpguide/verify/runner.py" in names, "the examples' harness ships with the reader API"
+    assert "mpguide/verify/run/runner.py" in names, "the examples' harness ships with the reader API"
     python = [n for n in names if n.endswith(".py")]
     assert not [n for n in python if not n.startswith("mpguide/")], "only the package, never the build code"
+    assert not [n for n in python if n.rsplit("/", 1)[-1] in ("summary_schema.py", "pages.py")], "build code stays out"
     sphinx_users = [n for n in python if b"sphinx" in archive_bytes(first, n) or b"docutils" in archive_bytes(first, n)]
     assert not [
         n

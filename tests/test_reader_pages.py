@@ -9,7 +9,8 @@ matplotlib.use("Agg")
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import overlap, plotting, report
+from mpguide.verify.show import overlap, plotting, report
+from mpguide_build import pages
 
 
 def _record():
@@ -35,7 +36,7 @@ def _record():
 def test_quoted_messages_pass_when_captured_and_fail_naming_the_run():
     rec = _record()
     records = {rec["example"]: rec}
-    report.check_quoted_messages(
+    pages.check_quoted_messages(
         records,
         [
             (rec["example"], "bug-fp16", "No inf checks were recorded"),
@@ -43,11 +44,11 @@ def test_quoted_messages_pass_when_captured_and_fail_naming_the_run():
         ],
     )
     with pytest.raises(ValueError, match="run 'auto-fp32' did not capture 'Attempted unscale_'"):
-        report.check_quoted_messages(records, [(rec["example"], "auto-fp32", "Attempted unscale_")])
+        pages.check_quoted_messages(records, [(rec["example"], "auto-fp32", "Attempted unscale_")])
     with pytest.raises(ValueError, match="no run 'gone'"):
-        report.check_quoted_messages(records, [(rec["example"], "gone", "x")])
+        pages.check_quoted_messages(records, [(rec["example"], "gone", "x")])
     with pytest.raises(ValueError, match="plot_00_missing: no record"):
-        report.check_quoted_messages(records, [("plot_00_missing", "x", "y")])
+        pages.check_quoted_messages(records, [("plot_00_missing", "x", "y")])
 
 
 def test_short_paths_removes_machine_folders():

@@ -186,8 +186,9 @@ def test_schema_fields_cover_what_runs_and_declarations_write():
     """The lists of known fields cannot drift from what a run records and a claim declares."""
     import dataclasses
 
-    from mpguide.verify import declaration_check, declarations
-    from mpguide.verify.runner import RunResult
+    from mpguide.verify.claims import compare as declaration_check
+    from mpguide.verify.claims import declarations
+    from mpguide.verify.run.runner import RunResult
 
     assert {f.name for f in dataclasses.fields(RunResult)} == records.SCHEMA_FIELDS["run"]
     assert set(declaration_check.CLAIM_KEYS) | {"title"} <= records.SCHEMA_FIELDS["claim"]
@@ -200,7 +201,7 @@ def test_captured_warnings_carry_no_machine_paths():
     """detect_anomaly's warning carries a traceback of absolute paths; records must not (they get committed)."""
     import warnings
 
-    from mpguide.verify.runner import captured_warnings
+    from mpguide.verify.run.runner import captured_warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

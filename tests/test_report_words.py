@@ -8,7 +8,9 @@ import re
 import pytest
 from conftest import curve, make_record, run
 
-from mpguide.verify import claims, report
+from mpguide.verify import claims
+from mpguide.verify.show import report
+from mpguide_build import pages
 
 
 def _rows(record, **kw):
@@ -47,7 +49,7 @@ def test_tolerance_names_link_to_their_definition(good_record):
     )
     assert "href" not in rows["the broken recipe stalls"]["allowed"]  # no tolerance, no link
     # the markdown table keeps the link intact (only | and ` are escaped)
-    table = report.markdown_table(list(rows.values()), report.WORD_COLUMNS)
+    table = pages.markdown_table(list(rows.values()), report.WORD_COLUMNS)
     assert '<a href="../verification.html#tol-pitfall-gap">pitfall-gap</a>' in table
 
 

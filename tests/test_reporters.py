@@ -11,7 +11,9 @@ import pytest
 from conftest import ROOT
 
 from mpguide.precision import ManualMixedPrecision
-from mpguide.verify import declarations, hardware, judging, runner, verdicts
+from mpguide.verify import hardware
+from mpguide.verify.claims import declarations, judging, verdicts
+from mpguide.verify.run import runner
 
 TINY = hardware.Preset("tiny", epochs=1, batch_size=64)
 pytestmark = pytest.mark.slow

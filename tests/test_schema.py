@@ -7,7 +7,8 @@ truncated copy or a buggy writer would, and the gate's command line (``mpguide.v
 the result in this process, so that any exception it lets through fails the test.
 
 What counts as type-breaking is written here from the producer's side (what
-:class:`mpguide.verify.runner.RunResult` and the writers store), not read from :mod:`mpguide.verify.schema`: a
+:class:`mpguide.verify.run.runner.RunResult` and the writers store), not read from
+:mod:`mpguide.verify.records.schema`: a
 value of another JSON type; ``null`` where the writer never stores one; NaN or Infinity in a
 finite number (a loss, a logged value or a claim's stored value may legitimately be NaN);
 a negative integer where the writer stores a count; a deleted field that the writer always
@@ -34,7 +35,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from mpguide.verify import gate, records, schema
+from mpguide.verify import gate, records
+from mpguide.verify.records import schema
 
 FRESH = "plot_05_skipped_steps"  # the quickest example at the test preset
 REFERENCES = ROOT / "results" / "reference" / "nvidia-h200"
@@ -66,7 +68,7 @@ NAN_OK = re.compile(r"runs\[\]\.loss\[\]|runs\[\]\.extra\.logged\..*|claims\[\]\
 OPTIONAL = re.compile(
     r"source\.(commit|dirty|upgraded_from_schema)|source\.run_env\..*|runs\[\]\.(plugin|"
     r"trainer_kwargs|plain_flag|swapped_from)|runs\[\]\.trainer_kwargs\..*|runs\[\]\.error\."
-    r"traceback|runs\[\]\.extra\..*|claims\[\]\.(?!kind$|runs$).*"
+    r"traceback|runs\[\]\.extra\..*|runs\[\]\.measures(\..*)?|claims\[\]\.(?!kind$|runs$).*"
 )
 
 
@@ -206,31 +208,93 @@ def test_real_records_pass_unchanged(fresh_record, tmp_path):
         assert status == 0, err
 
 
-def test_every_extra_key_of_the_real_records_is_typed(fresh_record):
-    """Claims and pages read these keys: each must have a registered type, so no claim absorbs a wrong one."""
-    untyped = {
-        (r["example"], key)
-        for record, _ in _real_records(fresh_record)
-        for r in [record]
-        for run in r["runs"]
-        for key in run["extra"]
-        if schema.extra_type(key) is None
-    }
-    assert not untyped, f"extra keys without a type in mpguide.verify.schema.EXTRA_KEYS: {sorted(untyped)}"
+def test_every_extra_key_of_the_real_records_is_declared(fresh_record):
+    """Claims and pages read these keys: each must be declared with a type where it is measured (the run's own
+    ``measures``, or for a record written before them, the probes' and the harness's declarations in the sources)."""
+    from mpguide.verify.records import measures
+
+    undeclared = set()
+    for record, _ in _real_records(fresh_record):
+        fallback = measures.declared(record["example"])
+        for run in record["runs"]:
+            declared = run.get("measures", fallback)
+            undeclared |= {
+                (record["example"], key) for key in run["extra"] if schema.declared_type(declared, key) is None
+            }
+    assert not undeclared, f"extra keys no probe declares (measures = {{...}}): {sorted(undeclared)}"
 
 
-def test_every_key_a_declared_claim_reads_is_typed():
-    """Every ``key`` in an example's CLAIMS table (expect, same, ratio, rate_ratio) has a registered type."""
-    from mpguide.verify import declarations
+def test_every_key_a_declared_claim_reads_is_declared():
+    """Every ``key`` in an example's CLAIMS table (expect, same, ratio, rate_ratio) is declared by a probe."""
+    from mpguide.verify.claims import declarations
+    from mpguide.verify.records import measures
 
-    untyped = []
+    undeclared = []
     for name in declarations.example_names():
+        declared = measures.declared(name)
         for claim in declarations.read(declarations.example_file(name)).claims:
-            keys = str(claim.get("key") or "").split("/") if claim.get("key") else []
-            if claim["kind"] == "ratio" and isinstance(claim.get("expected"), str):
-                keys.append(claim["expected"])
-            untyped += [(name, k) for k in keys if schema.extra_type(k) is None]
-    assert not untyped, f"claims read extra keys without a type in mpguide.verify.schema.EXTRA_KEYS: {untyped}"
+            undeclared += [(name, k) for k in schema.claim_keys(claim) if schema.declared_type(declared, k) is None]
+    assert not undeclared, f"claims read extra keys no probe declares (measures = {{...}}): {undeclared}"
+
+
+def test_the_runner_writes_the_declarations(fresh_record):
+    """A fresh record carries its runs' declarations, and they type every key the run holds."""
+    for run in fresh_record["runs"]:
+        assert run["measures"], run["id"]
+        assert all(schema.declared_type(run["measures"], key) for key in run["extra"]), run["id"]
+
+
+def _declared_record(fresh_record):
+    record = json.loads(json.dumps(fresh_record))
+    claim = next(c for c in record["claims"] if c.get("key"))
+    return record, claim
+
+
+def test_a_claim_reading_an_undeclared_key_is_refused(fresh_record, tmp_path):
+    record, claim = _declared_record(fresh_record)
+    key = claim["key"].split("/")[0]
+    claim["key"] = f"{key}_typo"  # a key no probe declares (the claim reads it from the record as written)
+    status, err = judge_file(_write(tmp_path, record, False), False)
+    assert status == 1, err
+    assert f"reads extra key '{key}_typo', which no probe declares" in err, err
+
+
+def test_a_value_of_the_wrong_declared_type_is_refused(fresh_record, tmp_path):
+    record = json.loads(json.dumps(fresh_record))
+    run = next(r for r in record["runs"] if "global_step" in r["extra"])
+    run["measures"]["global_step"] = "count"
+    run["extra"]["global_step"] = -1
+    status, err = judge_file(_write(tmp_path, record, False), False)
+    assert status == 2, err
+    assert "extra.global_step' should be a number >= 0, found number -1" in err, err
+
+
+def test_a_declaration_of_an_unknown_type_name_is_refused(fresh_record, tmp_path):
+    record = json.loads(json.dumps(fresh_record))
+    record["runs"][0]["measures"]["batches"] = "int"
+    status, err = judge_file(_write(tmp_path, record, False), False)
+    assert status == 2, err
+    assert "unknown type name 'int'" in err, err
+
+
+def test_type_names_nest_and_patterns_declare_keys():
+    assert schema.measure_type("list[list[count]]").validate_python([[0, 2], []]) == [[0, 2], []]
+    with pytest.raises(ValueError, match="unknown type name 'list\\[integer\\]'|unknown type name 'integer'"):
+        schema.measure_type("list[integer]")
+    assert schema.declared_type({"*_steps_per_s": "positive"}, "manual_steps_per_s") == "positive"
+    assert schema.declared_type({"*_steps_per_s": "positive"}, "manual_samples_per_s") is None
+
+
+def test_a_record_without_declarations_is_typed_by_the_sources(fresh_record, tmp_path):
+    """A record written before probes declared their keys (a committed reference) loads, typed as before."""
+    record = json.loads(json.dumps(fresh_record))
+    for run in record["runs"]:
+        del run["measures"]
+    assert judge_file(_write(tmp_path, record, False), False)[0] == 0
+    run = next(r for r in record["runs"] if "global_step" in r["extra"])
+    run["extra"]["global_step"] = 1.5  # the harness declares a count
+    status, err = judge_file(_write(tmp_path, record, False), False)
+    assert status == 2 and "global_step" in err, err
 
 
 def _check(record, reference, path, how, new, tmp_path):
@@ -275,7 +339,16 @@ def test_schema_errors_name_the_field_as_a_json_path(fresh_record, tmp_path):
     plot_15 = {"runs": [{"id": "bench-fp32", "extra": {"manual_round_steps_per_s": [80.0, 90.0, "x"]}}]}
     with pytest.raises(ValidationError) as caught:
         schema.Record.model_validate(
-            {**fresh_record, "runs": [dict(fresh_record["runs"][0], extra=plot_15["runs"][0]["extra"])]}
+            {
+                **fresh_record,
+                "runs": [
+                    dict(
+                        fresh_record["runs"][0],
+                        extra=plot_15["runs"][0]["extra"],
+                        measures={"*_round_steps_per_s": "list[positive]"},  # as the benchmark declares it
+                    )
+                ],
+            }
         )
     message = schema.describe(caught.value, {"runs": plot_15["runs"]}, "plot_15_throughput.json")
     assert message.startswith(

@@ -127,7 +127,8 @@ def test_swap_naming_an_unknown_example_stops_the_build(tmp_path, monkeypatch):
 
 def test_the_source_a_run_writes_is_what_the_build_compares(tmp_path, monkeypatch):
     """record_build.source_info and examples_to_rerun build the input fields in one place (records.source_inputs)."""
-    from mpguide.verify import declarations, record_build
+    from mpguide.verify.claims import declarations
+    from mpguide.verify.records import build as record_build
 
     examples, gallery, results = layout(tmp_path, monkeypatch)
     decl = declarations.from_tables("plot_01_a", [("x", "r", "32-true")], [("expect", "x", "k", 1)])

@@ -16,7 +16,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from mpguide.precision import ManualMixedPrecision
 from mpguide.steps import step_skip_aware
-from mpguide.verify.runner import quiet_lightning
+from mpguide.verify.run.runner import quiet_lightning
 
 quiet_lightning()
 OVERFLOW_BATCH = 2  # under 16-mixed this batch's gradient is made infinite: GradScaler skips its step

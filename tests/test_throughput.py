@@ -1,4 +1,4 @@
-"""The throughput benchmark's plumbing (mpguide.verify.throughput) and the device lock it times under.
+"""The throughput benchmark's plumbing (mpguide.verify.run.throughput) and the device lock it times under.
 
 The rates themselves are judged by plot_15's claims in the docs build; here: which variants run,
 in which order, that tuned settings are undone, and that the GPU lock really excludes other runs.
@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpguide.verify import hardware, throughput, throughput_config, throughput_windows
+from mpguide.verify import hardware
+from mpguide.verify.run import throughput
+from mpguide.verify.run.throughput import config as throughput_config
+from mpguide.verify.run.throughput import windows as throughput_windows
 
 TINY = throughput_config.Size(width=32, layers=2, batch=16, warmup=2, steps=2, rounds=2, tuned=True)
 
@@ -152,7 +155,7 @@ def test_speedup_rows_of_the_guide_table():
     """The guide's GPU table: a row per tuned (and plain manual) variant of CUDA records, none for CPU ones."""
     from pathlib import Path
 
-    from mpguide.verify import gate, report
+    from mpguide_build import pages
 
     size = throughput_config.Size(width=4096, layers=8, batch=8192, warmup=1, steps=20, rounds=2, tuned=True)
     timing = throughput.Timing(
@@ -165,15 +168,15 @@ def test_speedup_rows_of_the_guide_table():
         "extra": {"benchmark": timing.summary(), "peak_bf16_tflops": 800.0, "size": dataclasses.asdict(size)},
     }
     gpu_env = {"accelerator": "cuda", "device": "NVIDIA H200", "torch": "2.11.0", "lightning": "2.6.6", "cuda": "13.0"}
-    gpu = gate.PageRecord(
+    gpu = pages.PageRecord(
         "reference: nvidia-h200",
         {"env": gpu_env, "runs": [run], "preset": "full", "created": "2026-12-01T00:00:00Z"},
         [],
         "",
         Path("x.json"),
     )
-    cpu = gate.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
-    rows = report.speedup_rows([cpu, gpu])
+    cpu = pages.PageRecord("this build", {"env": {"accelerator": "cpu"}, "runs": [run]}, [], "", Path("y.json"))
+    rows = pages.speedup_rows([cpu, gpu])
     assert [r["variant"] for r in rows] == ["manual", "manual, PitfallChecks", *throughput_config.TUNED["bf16-mixed"]]
     compiled = rows[[r["variant"] for r in rows].index("manual, compiled")]
     tflops = 100 * size.flops_per_step() / 1e12
@@ -187,7 +190,7 @@ def test_speedup_rows_of_the_guide_table():
         "TFLOP/s": f"{tflops:.0f}",
         "of bf16 peak": f"{tflops / 800:.0%}",
     }
-    assert report.speedup_rows([cpu]) == []
+    assert pages.speedup_rows([cpu]) == []
 
 
 def test_the_lock_is_reentrant_within_a_process(tmp_path, monkeypatch):
@@ -206,7 +209,7 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path, monkeypatch):
 
 FIT_UNDER_THE_HOOK = """
 import lightning.pytorch as pl, torch
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 from mpguide_build import sphinx_ext
 runner.quiet_lightning()
 sphinx_ext.share_device_in_fits({}, None, when="before")
@@ -274,9 +277,11 @@ def test_lock_refuses_an_unknown_accelerator():
 
 
 # ----------------------------------------------------------------------------------------------
-# The rule that decides the parity claims (mpguide.verify.metrics.decide_paired), on synthetic rounds
+# The rule that decides the parity claims (mpguide.verify.claims.metrics.decide_paired), on synthetic rounds
 
-from mpguide.verify import claims, gate, metrics, report, tolerances, verdicts  # noqa: E402
+from mpguide.verify import claims, gate  # noqa: E402
+from mpguide.verify.claims import metrics, tolerances, verdicts  # noqa: E402
+from mpguide.verify.show import report  # noqa: E402
 from mpguide_build import matrix_outcomes, matrix_summarize  # noqa: E402
 
 CPU_BAND = tolerances.TOLERANCES["throughput-parity-cpu"]  # band 0.85-1.15
@@ -392,7 +397,7 @@ def test_the_sphinx_build_logs_inconclusive_claims_without_failing(monkeypatch):
 
 def test_the_example_stops_when_its_parity_claims_are_decided(monkeypatch):
     """claims_decided reads plot_15's own tables: the CPU parity claims, by precision."""
-    from mpguide.verify import declarations
+    from mpguide.verify.claims import declarations
 
     decl = declarations.read(declarations.example_file("plot_15_throughput"))
     tables = (list(_tables("RUNS")), list(_tables("CLAIMS")))

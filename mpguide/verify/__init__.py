@@ -2,13 +2,13 @@
 
 This layer depends on the reader API (:mod:`mpguide.precision`, :mod:`mpguide.fabric`, :mod:`mpguide.steps`,
 :mod:`mpguide.models`, :mod:`mpguide.data`), on torch and Lightning, never on Sphinx. Modules, one concern
-each: :mod:`~mpguide.verify.hardware` (device, precision, presets), :mod:`~mpguide.verify.declarations`
-(the RUNS/CLAIMS tables of an example), :mod:`~mpguide.verify.runner` (real Trainer runs),
-:mod:`~mpguide.verify.probes` (callbacks that measure), :mod:`~mpguide.verify.fabric_runs` and
-:mod:`~mpguide.verify.distributed` (Fabric and DDP runs), :mod:`~mpguide.verify.throughput` (timing),
+each: :mod:`~mpguide.verify.hardware` (device, precision, presets), :mod:`~mpguide.verify.claims.declarations`
+(the RUNS/CLAIMS tables of an example), :mod:`~mpguide.verify.run.runner` (real Trainer runs),
+:mod:`~mpguide.verify.run.probes` (callbacks that measure), :mod:`~mpguide.verify.run.fabric` and
+:mod:`~mpguide.verify.run.distributed` (Fabric and DDP runs), :mod:`~mpguide.verify.run.throughput` (timing),
 :mod:`~mpguide.verify.records` (results records), :mod:`~mpguide.verify.claims` (claims and thresholds),
-:mod:`~mpguide.verify.gate` (the claim gate and its CLI), :mod:`~mpguide.verify.plotting` and
-:mod:`~mpguide.verify.report` (figures and tables).
+:mod:`~mpguide.verify.gate` (the claim gate and its CLI), :mod:`~mpguide.verify.show.plotting` and
+:mod:`~mpguide.verify.show.report` (figures and tables).
 """
 
 from . import errors as _errors

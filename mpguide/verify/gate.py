@@ -1,7 +1,7 @@
 """The claim gate: judge every results record against what its example declares, and fail loudly.
 
 Each record is compared with the ``RUNS`` and ``CLAIMS`` tables of the example it names, read
-from the example's source without running it (:mod:`mpguide.verify.declarations`); the declared claims
+from the example's source without running it (:mod:`mpguide.verify.claims.declarations`); the declared claims
 are judged, never the record's own copy (:func:`mpguide.verify.claims.evaluate_record`). Two kinds of
 records:
 
@@ -11,16 +11,16 @@ records:
   from an older version of the example. A stale reference is labelled as such, and only the
   declared claims it already held, on unchanged runs, are judged; the others are "not judged".
 
-Every record is also checked in itself (:func:`mpguide.verify.integrity.integrity_problems`): its runs and
+Every record is also checked in itself (:func:`mpguide.verify.records.integrity.integrity_problems`): its runs and
 claims must still hash to the ``source.declaration_sha256`` it was written with (so a claim deleted
 from a stale reference fails instead of turning into "not judged"), its hardware fields must agree
 with each other, and a reference must lie in the folder of the device it was made on.
 
 A claim can also be **inconclusive** (a throughput parity claim whose interval still straddles its
-band edge at the benchmark's cap of rounds; :data:`mpguide.verify.tolerances.PAIRED_RULE`). It is counted
+band edge at the benchmark's cap of rounds; :data:`mpguide.verify.claims.tolerances.PAIRED_RULE`). It is counted
 apart, never as a pass: the summary line counts it, one line per such claim follows ("INCONCLUSIVE
 (not a pass)"), the exit status stays 0 and a Sphinx build does not fail
-(:data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE` says why).
+(:data:`mpguide.verify.claims.tolerances.INCONCLUSIVE_RULE` says why).
 
 Used three ways, always through :func:`~mpguide.verify.gate.judge`:
 
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import declarations, hints
-from .claims import evaluate_record
-from .integrity import integrity_problems, staleness
+from . import hints
+from .claims import declarations, evaluate_record
+from .claims.verdicts import Verdict, hardware_label
 from .records import REPO_ROOT, RecordError, load_record, record_path, reference_dir
-from .report import format_table, verdict_rows
-from .verdicts import Verdict, hardware_label
+from .records.integrity import integrity_problems, staleness
+from .show.report import format_table, verdict_rows
 
 #: Where ``python -m mpguide.verify.gate`` looks without arguments (what ``nox -s docs`` writes).
 DEFAULT_BUILD_RESULTS = REPO_ROOT / "_build" / "results"
@@ -56,7 +56,8 @@ EXIT_CODES = """exit status:
      or a record was edited after it was written (its runs or claims no longer hash to its
      source.declaration_sha256, its hardware fields disagree, a reference lies in another device's folder)
   2  a record is missing, unreadable, of another schema version or malformed (a field missing or of
-     the wrong type, a number not finite where the schema says so: mpguide.verify.schema), or no record was found"""
+     the wrong type, a number not finite where the schema says so: mpguide.verify.records.schema), or no record was
+     found"""
 
 
 class GateFailure(Exception):
@@ -150,7 +151,7 @@ def evaluate(
     Returns:
         ``(verdicts, stale)``: the verdicts, and why a reference is stale (``""`` when current).
         A stale record of this build is one failed verdict instead. Each problem of the record in
-        itself (:func:`~mpguide.verify.integrity.integrity_problems`) comes first, as a failed verdict of kind
+        itself (:func:`~mpguide.verify.records.integrity.integrity_problems`) comes first, as a failed verdict of kind
         ``"record"``.
     """
     hardware = hardware_label(record.get("env", {}))
@@ -351,54 +352,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(report.failure_message(), file=sys.stderr)
     return 2 if report.record_errors or not report.records else 1
-
-
-@dataclass
-class PageRecord:
-    """One record as a page shows it: where it comes from, its verdicts as the gate judges them.
-
-    Attributes:
-        source: ``"this build"`` or ``"reference: <device folder>"``.
-        record: the record.
-        verdicts: from :func:`mpguide.verify.gate.evaluate` (compared with the example's declaration).
-        stale: why a reference is stale, or ``""`` when it was made from the current example.
-        path: the record file.
-    """
-
-    source: str
-    record: dict[str, Any]
-    verdicts: list[Verdict]
-    stale: str
-    path: Path
-
-    @property
-    def label(self) -> str:
-        """Hardware, versions, date and provenance in one line, e.g. for a figure title or a caption."""
-        rec = self.record
-        commit = (rec.get("source") or {}).get("commit")
-        where = "this build" if self.source == "this build" else "reference"
-        text = f"{where}: {hardware_label(rec['env'])}, preset {rec['preset']}, {rec['created'][:10]}"
-        if self.source != "this build" and commit:
-            text += f", recorded at {commit[:7]}"
-        return text + (" (STALE: the example changed since)" if self.stale else "")
-
-
-def page_entries(example: str) -> list[PageRecord]:
-    """This build's record of ``example`` first, then each committed reference, judged as the gate does.
-
-    Raises:
-        mpguide.verify.records.RecordError: this build's record is missing or unreadable (the message
-            names the file and the command that writes it). References are optional.
-    """
-    path = record_path(example)
-    record = load_record(path)
-    verdicts, _ = evaluate(record, path)
-    entries = [PageRecord("this build", record, verdicts, "", path)]
-    for ref in sorted(reference_dir().glob(f"*/{example}.json")):
-        record = load_record(ref)
-        verdicts, stale = evaluate(record, ref, reference=True)
-        entries.append(PageRecord(f"reference: {ref.parent.name}", record, verdicts, stale, ref))
-    return entries
 
 
 if __name__ == "__main__":

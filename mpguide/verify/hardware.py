@@ -202,7 +202,7 @@ def device_lock(accelerator: str, exclusive: bool = False) -> Iterator[float]:
 
     The docs build runs examples in parallel worker processes (``conf.py``). On one GPU their kernels
     would share the device, which is harmless for curves but not for timings: every training run
-    therefore holds the **shared** lock on CUDA (:func:`mpguide.verify.runner.run_example`), and the throughput
+    therefore holds the **shared** lock on CUDA (:func:`mpguide.verify.run.runner.run_example`), and the throughput
     benchmark takes it **exclusive**, so it times an otherwise idle GPU. A waiting exclusive holder
     has priority: it first takes a turnstile that new shared holders must pass, so examples that start
     later cannot keep it waiting. On CPU, and where ``fcntl`` is missing (Windows), nothing is locked

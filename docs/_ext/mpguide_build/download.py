@@ -28,7 +28,7 @@ WHEEL_NAME = f"{DIST}-{__version__}-py3-none-any.whl"
 READER_REQUIREMENTS = ("lightning==2.6.6", "scikit-learn==1.9.1", "matplotlib==3.11.2")
 #: What the library itself imports besides torch and Lightning, declared as ``Requires-Dist`` in the
 #: wheel's ``METADATA`` so that the install line pulls it in (pinned as in ``requirements.txt``):
-#: pydantic validates every record an example writes (:mod:`mpguide.verify.schema`).
+#: pydantic validates every record an example writes (:mod:`mpguide.verify.records.schema`).
 WHEEL_REQUIREMENTS = ("pydantic==2.14.3",)
 #: The instruction printed on every example page and in the header of every downloaded file.
 INSTALL_LINE = f"pip install {WHEEL_NAME} {' '.join(READER_REQUIREMENTS)}"

@@ -149,10 +149,10 @@ def check_quoted() -> None:
     """Fail the page when a message it quotes was not captured by this build (see :data:`QUOTED`).
 
     Raises:
-        ValueError: from mpguide.verify.report.check_quoted_messages`, one line per missing message.
+        ValueError: from :func:`mpguide_build.pages.check_quoted_messages`, one line per missing message.
         mpguide.records.RecordError: a record is missing.
     """
-    from mpguide.verify.report import check_quoted_messages
+    from .pages import check_quoted_messages
 
     names = sorted({q[0] for q in QUOTED + QUOTED_ON_CPU})
     recs = _records(names)
@@ -169,10 +169,11 @@ def numbers() -> dict[str, Any]:
     """
     import torch
 
-    from mpguide.verify.declarations import example_names
-    from mpguide.verify.gate import page_entries
-    from mpguide.verify.metrics import relative_gap
-    from mpguide.verify.verdicts import hardware_label
+    from mpguide.verify.claims.declarations import example_names
+    from mpguide.verify.claims.metrics import relative_gap
+    from mpguide.verify.claims.verdicts import hardware_label
+
+    from .pages import page_entries
 
     names = example_names()
     entries = {name: page_entries(name)[0] for name in names}
@@ -280,9 +281,8 @@ def footer(section: str, prefix: str = "../") -> str:
         mpguide.records.RecordError: the example's record is missing.
         mpguide_build.matrix_summary.MatrixError: a claim of the section is missing from the matrix.
     """
-    from mpguide.verify.gate import page_entries
-
     from . import matrix_page, matrix_summary
+    from .pages import page_entries
 
     if section not in SECTIONS:
         raise KeyError(f"unknown guide section {section!r}; known: {sorted(SECTIONS)}")
@@ -313,10 +313,10 @@ def _example_link(example: str, prefix: str) -> str:
 
 def verification_summary(prefix: str = "") -> str:
     """Markdown table of this build, one row per example: checks that hold, runs, where and when it ran."""
-    from mpguide.verify.declarations import example_names
-    from mpguide.verify.gate import page_entries
-    from mpguide.verify.report import markdown_table
-    from mpguide.verify.verdicts import hardware_label
+    from mpguide.verify.claims.declarations import example_names
+    from mpguide.verify.claims.verdicts import hardware_label
+
+    from .pages import markdown_table, page_entries
 
     rows = []
     for name in example_names():
@@ -335,14 +335,16 @@ def verification_summary(prefix: str = "") -> str:
 
 
 def verdict_tables(entries: Sequence[Any], prefix: str = "", tolerance_href: str = "") -> str:
-    """Worded verdict tables (``mpguide.verify.report.WORD_COLUMNS``), one per results file of ``entries``
-    (:class:`mpguide.verify.gate.PageRecord`), each headed by its example and where it ran."""
-    from mpguide.verify.report import WORD_COLUMNS, count_line, markdown_table, verdict_rows
+    """Worded verdict tables (``mpguide.verify.show.report.WORD_COLUMNS``), one per results file of ``entries``
+    (:class:`mpguide_build.pages.PageRecord`), each headed by its example and where it ran."""
+    from mpguide.verify.show.report import WORD_COLUMNS, count_line, verdict_rows
+
+    from .pages import markdown_table
 
     out = []
     for entry in entries:
         name = entry.record["example"]
-        from mpguide.verify.verdicts import hardware_label
+        from mpguide.verify.claims.verdicts import hardware_label
 
         where = "this build" if entry.source == "this build" else "reference run"
         note = (
@@ -361,16 +363,18 @@ def verdict_tables(entries: Sequence[Any], prefix: str = "", tolerance_href: str
 
 def build_verdict_tables(prefix: str = "") -> str:
     """:func:`verdict_tables` of this build's results, every example."""
-    from mpguide.verify.declarations import example_names
-    from mpguide.verify.gate import page_entries
+    from mpguide.verify.claims.declarations import example_names
+
+    from .pages import page_entries
 
     return verdict_tables([page_entries(name)[0] for name in example_names()], prefix)
 
 
 def reference_entries() -> list[Any]:
     """The committed GPU reference results of every example, judged as the build judges them."""
-    from mpguide.verify.declarations import example_names
-    from mpguide.verify.gate import page_entries
+    from mpguide.verify.claims.declarations import example_names
+
+    from .pages import page_entries
 
     return [e for name in example_names() for e in page_entries(name)[1:]]
 
@@ -378,8 +382,9 @@ def reference_entries() -> list[Any]:
 def gpu_overview() -> str:
     """One plain paragraph for the top of the GPU page: which examples have a committed GPU record, on
     which device, when it was made and whether its example changed since, and which have none."""
-    from mpguide.verify.declarations import example_names
-    from mpguide.verify.gate import page_entries
+    from mpguide.verify.claims.declarations import example_names
+
+    from .pages import page_entries
 
     with_record, without = [], []
     for name in example_names():
@@ -406,9 +411,11 @@ def gpu_overview() -> str:
 
 def tolerance_table() -> str:
     """Markdown table of every tolerance: its name (the anchor ``tol-<name>`` that verdict rows link
-    to), the bound, its value and the measurements behind it (``mpguide.verify.tolerances.TOLERANCES``)."""
-    from mpguide.verify.report import TOLERANCE_ANCHOR, markdown_table
-    from mpguide.verify.tolerances import TOLERANCES
+    to), the bound, its value and the measurements behind it (``mpguide.verify.claims.tolerances.TOLERANCES``)."""
+    from mpguide.verify.claims.tolerances import TOLERANCES
+    from mpguide.verify.show.report import TOLERANCE_ANCHOR
+
+    from .pages import markdown_table
 
     rows = [
         {
@@ -425,7 +432,7 @@ def tolerance_table() -> str:
 def warmup_numbers() -> dict[str, Any]:
     """The warm-up of the porting example's curves: steps skipped by the curve checks, and the largest
     gaps inside them (bf16-mixed and 16-mixed against fp32, in percent)."""
-    from mpguide.verify.metrics import warmup_gap, warmup_steps
+    from mpguide.verify.claims.metrics import warmup_gap, warmup_steps
     from mpguide.verify.records import load_record, record_path
 
     rec = load_record(record_path("plot_01_porting_to_manual"))

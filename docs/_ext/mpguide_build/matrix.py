@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mpguide.verify import declarations, records
+from mpguide.verify import records
+from mpguide.verify.claims import declarations
 
 from .matrix_outcomes import REFUSAL_MARK
 from .matrix_page import render_table

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mpguide.verify import declarations
+from mpguide.verify.claims import declarations
 
 from .matrix_summary import RUNS_ROW, column_label, column_order
 
@@ -152,7 +152,7 @@ def _refused_non_finite_on_disabled_scaler(
     summary: dict[str, Any], example: str, message: str, examples: Path | None
 ) -> bool:
     """The example ran where :func:`_scaler_disabled_on_cpu`, and its record was refused for a non-finite
-    measurement of a 16-mixed run (:mod:`mpguide.verify.schema` requires finite numbers)."""
+    measurement of a 16-mixed run (:mod:`mpguide.verify.records.schema` requires finite numbers)."""
     refused = re.search(r"field 'runs\[\d+\] \(([^)]+)\)[^']*' should be a finite number", message or "")
     return bool(
         _scaler_disabled_on_cpu(summary)

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mpguide.verify import declarations, records
-from mpguide.verify.report import allowed_text, measured_text, result_text
+from mpguide.verify import records
+from mpguide.verify.claims import declarations
+from mpguide.verify.show.report import allowed_text, measured_text, result_text
 
 from .matrix_summary import RUNS_ROW, SCHEMA, summary_path, verdict_library_digest
 

@@ -56,8 +56,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mpguide.verify import declarations, records
-from mpguide.verify.summary_schema import MATRIX_SCHEMA, matrix_problem
+from mpguide.verify import records
+from mpguide.verify.claims import declarations
+
+from .summary_schema import MATRIX_SCHEMA, matrix_problem
 
 #: Format of a summary file; bump on incompatible changes.
 SCHEMA = MATRIX_SCHEMA
@@ -171,7 +173,7 @@ def write_summary(summary: dict[str, Any], directory: Path | None = None) -> Pat
 
 
 def validate(summary: Any, where: str | Path) -> dict[str, Any]:
-    """Check the layout of a parsed summary against :class:`mpguide.verify.summary_schema.MatrixSummary`.
+    """Check the layout of a parsed summary against :class:`mpguide_build.summary_schema.MatrixSummary`.
 
     Raises:
         MatrixError: naming ``where`` and the first problem, with the fix (rerun ``nox -s matrix``).
@@ -203,7 +205,7 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
         for claim in entry["claims"]:
             if not isinstance(claim, dict) or not {"id", "title", "verdict", "message"} <= set(claim):
                 raise MatrixError(f"{where}: a claim of {name!r} lacks id, title, verdict or message; {fix}")
-    problem = matrix_problem(summary, where)  # every field typed (mpguide.verify.summary_schema.MatrixSummary)
+    problem = matrix_problem(summary, where)  # every field typed (mpguide_build.summary_schema.MatrixSummary)
     if problem:
         raise MatrixError(f"{problem}; {fix}")
     return summary

@@ -20,7 +20,7 @@ What it does, in build order:
    claims; any failed claim, altered or stale record, or unreadable record raises
    :class:`sphinx.errors.ExtensionError`, so ``sphinx-build`` exits non-zero with one line per
    failure naming example, claim, runs, metric, threshold, record and hardware. An inconclusive
-   claim (:data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
+   claim (:data:`mpguide.verify.claims.tolerances.INCONCLUSIVE_RULE`) gets its own line, ``[mpguide] INCONCLUSIVE (not
    a pass): ...``, logged at info level: a Sphinx warning would fail the ``-W`` build by noise.
 5. ``build-finished``, last: one line with the build's wall time, the examples' and pages' summed
    execution times and their ratio (:mod:`mpguide_build.buildtime`); printed, never judged.
@@ -41,7 +41,14 @@ from sphinx.errors import ConfigError, ExtensionError
 from sphinx.util import logging
 
 from mpguide.verify import gate
-from mpguide.verify.declarations import EXAMPLES_ENV, SWAP_ENV, example_file, example_names, example_swaps, parse_swaps
+from mpguide.verify.claims.declarations import (
+    EXAMPLES_ENV,
+    SWAP_ENV,
+    example_file,
+    example_names,
+    example_swaps,
+    parse_swaps,
+)
 from mpguide.verify.records import REFERENCE_ENV, RESULTS_ENV, RecordError, load_record, record_path
 
 from . import buildtime, evidence, matrix_summary
@@ -232,7 +239,7 @@ def threads_per_worker(gallery_conf: dict[str, Any], fname: Any, when: str) -> N
     therefore gets ``cores // workers`` threads (at least one); a serial gallery keeps torch's
     default. Verdicts do not change: every claim compares runs of one example, which share the
     thread count, and the throughput example sets its own threads around each timed window
-    (:mod:`mpguide.verify.throughput`).
+    (:mod:`mpguide.verify.run.throughput`).
     """
     workers = gallery_conf.get("parallel") or 1
     if when != "before" or workers is True or int(workers) <= 1:
@@ -247,7 +254,7 @@ def share_device_in_fits(gallery_conf: dict[str, Any], fname: Any, when: str) ->
 
     Runs in the process (or parallel worker) that is about to execute an example, and wraps
     :meth:`lightning.pytorch.Trainer.fit` once per process so that each fit holds the shared lock
-    of its device (:func:`mpguide.verify.hardware.device_lock`). :func:`mpguide.verify.runner.run_example` already
+    of its device (:func:`mpguide.verify.hardware.device_lock`). :func:`mpguide.verify.run.runner.run_example` already
     holds it around each declared run; this also covers the fits an example shows in plain sight, so
     that the throughput benchmark, which holds the lock exclusively, times a GPU no other example
     uses. On CPU the lock does nothing. Nothing an example computes changes.

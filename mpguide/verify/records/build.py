@@ -1,7 +1,7 @@
 """A results record assembled from an example's finished runs: its ``source`` field and its judged claims.
 
-:func:`~mpguide.verify.runner.run_example` trains the runs; this module turns them into the record that
-:func:`mpguide.verify.records.write_record` stores (fields in :mod:`mpguide.verify.schema`).
+:func:`~mpguide.verify.run.runner.run_example` trains the runs; this module turns them into the record that
+:func:`mpguide.verify.records.write_record` stores (fields in :mod:`mpguide.verify.records.schema`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import claims, declarations, hardware, records
+from .. import claims, hardware, records
+from ..claims import declarations
+from .measures import with_harness_declarations
 
 
 def source_info(
@@ -20,8 +22,8 @@ def source_info(
     Its inputs come from :func:`mpguide.verify.records.source_inputs` (what the docs build compares to
     decide a rerun); added here are the git state and ``declaration_sha256``, the digest of what
     the example declares for a record made on ``accelerator``
-    (:meth:`mpguide.verify.declarations.Declaration.digest`), so the runs and claims the record holds hash
-    to it (:func:`mpguide.verify.declarations.record_digest`).
+    (:meth:`mpguide.verify.claims.declarations.Declaration.digest`), so the runs and claims the record holds hash
+    to it (:func:`mpguide.verify.claims.declarations.record_digest`).
 
     Args:
         example: the example's file stem.
@@ -51,7 +53,7 @@ def build_record(
 
     Args:
         example: the example's file stem.
-        results: the finished runs, :class:`mpguide.verify.runner.RunResult` (each stored as its fields).
+        results: the finished runs, :class:`mpguide.verify.run.runner.RunResult` (each stored as its fields).
         declaration: the example's declared runs and claims.
         accelerator: ``"cpu"`` or ``"cuda"``; preset: the size the runs trained at.
         swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply.
@@ -63,7 +65,7 @@ def build_record(
         "preset": preset.name,
         "env": records.environment(accelerator),
         "source": source_info(example, declaration, swaps or {}, accelerator),
-        "runs": [dict(r.__dict__) for r in results],
+        "runs": [with_harness_declarations(dict(r.__dict__)) for r in results],
         "claims": [dict(c) for c in declaration.claims_for(accelerator)],
     }
     judged = [v for v in claims.evaluate_record(record) if v.kind not in ("finite", "completes")]

@@ -13,11 +13,11 @@ Every example declares two literal tables at module level, before it trains::
         ("expect", "flag-16-mixed", "has_scaler", False, "CPU: no GradScaler", {"only_on": "cpu"}),
     ]
 
-and passes them to :func:`mpguide.verify.runner.run_example`. Because both tables are Python literals
-(strings, numbers, booleans, ``None``, tuples, lists and dicts only), :func:`~mpguide.verify.declarations.read`
+and passes them to :func:`mpguide.verify.run.runner.run_example`. Because both tables are Python literals
+(strings, numbers, booleans, ``None``, tuples, lists and dicts only), :func:`~mpguide.verify.claims.declarations.read`
 gets them with :func:`ast.literal_eval` from the file itself: the claim gate knows what an example
 declares without importing torch or running anything, and compares every record with it
-(:func:`mpguide.verify.declaration_check.compare_with_declaration`). A record can therefore not decide what it verifies.
+(:func:`mpguide.verify.claims.compare.compare_with_declaration`). A record can therefore not decide what it verifies.
 
 Run options: ``label`` (legend text), ``plugin`` (a key of the plugin table passed to
 ``run_example``), ``trainer`` (extra ``Trainer`` keyword arguments), ``plain_flag`` (pass
@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import claims as claims_mod
-from .declaration_check import claim_identity, compare_with_declaration
-from .hints import EXAMPLES_ENV as EXAMPLES_ENV
-from .hints import examples_dir as examples_dir
+from .. import claims as claims_mod
+from ..hints import EXAMPLES_ENV as EXAMPLES_ENV
+from ..hints import examples_dir as examples_dir
+from .compare import claim_identity, compare_with_declaration
 from .judging import KINDS
 
 #: Environment variable that trains some runs with another recipe, ``"example:run_id=recipe[,...]"``
@@ -89,7 +89,7 @@ class RunDecl:
     label: str = ""
 
     def spec(self) -> dict[str, Any]:
-        """The defining fields (:data:`~mpguide.verify.declarations.RUN_KEYS`) as a JSON-ready dict."""
+        """The defining fields (:data:`~mpguide.verify.claims.declarations.RUN_KEYS`) as a JSON-ready dict."""
         return {k: v for k, v in asdict(self).items() if k in RUN_KEYS}
 
 
@@ -119,7 +119,7 @@ class Declaration:
         return [c for c in self.claims if c.get("only_on") in (None, accelerator)]
 
     def digest(self, accelerator: str | None = None) -> str:
-        """SHA-256 (hex) of every run spec and claim definition (:func:`~mpguide.verify.declarations.digest_of`).
+        """SHA-256 (hex) of every run spec and claim definition (:func:`~mpguide.verify.claims.declarations.digest_of`).
 
         Args:
             accelerator: ``"cpu"`` or ``"cuda"``: only the claims that apply to a record made there
@@ -132,17 +132,17 @@ class Declaration:
     def compare(
         self, record: dict[str, Any], stale: bool = False
     ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
-        """:func:`~mpguide.verify.declaration_check.compare_with_declaration` of ``record`` with this declaration."""
+        """:func:`~mpguide.verify.claims.compare.compare_with_declaration` of ``record`` with this declaration."""
         return compare_with_declaration(record, self, stale)
 
 
 def digest_of(runs: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) -> str:
     """SHA-256 (hex) of the canonical JSON of run specs and claim definitions, in the order given.
 
-    Only the defining keys count (:data:`~mpguide.verify.declarations.RUN_KEYS` present in each run,
-    :func:`~mpguide.verify.declaration_check.claim_identity` of each claim): measured values, titles, labels
+    Only the defining keys count (:data:`~mpguide.verify.claims.declarations.RUN_KEYS` present in each run,
+    :func:`~mpguide.verify.claims.compare.claim_identity` of each claim): measured values, titles, labels
     and judged values do not. A declaration's runs and claims and the copy a record holds of them
-    give the same digest (:func:`~mpguide.verify.declarations.record_digest`).
+    give the same digest (:func:`~mpguide.verify.claims.declarations.record_digest`).
 
     Args:
         runs: run dicts (a record's ``runs`` or :meth:`RunDecl.spec` of declared runs).
@@ -156,7 +156,7 @@ def digest_of(runs: Iterable[dict[str, Any]], claims: Iterable[dict[str, Any]]) 
 
 
 def record_digest(record: dict[str, Any]) -> str:
-    """:func:`~mpguide.verify.declarations.digest_of` the runs and claims a record holds, as they were declared.
+    """:func:`~mpguide.verify.claims.declarations.digest_of` the runs and claims a record holds, as they were declared.
 
     A run trained with a swapped recipe (``MPGUIDE_SWAP_RECIPE``) counts with its declared recipe
     (``swapped_from``), as the declaration digest the record stores was computed from it. Equal to
@@ -184,7 +184,7 @@ def example_file(example: str, directory: Path | None = None) -> Path:
 
 
 def from_tables(example: str, runs: Any, claims: Any, where: str = "") -> Declaration:
-    """Build a :class:`~mpguide.verify.declarations.Declaration` from the literal ``RUNS`` and ``CLAIMS`` tables.
+    """Build a :class:`~mpguide.verify.claims.declarations.Declaration` from the literal ``RUNS`` and ``CLAIMS`` tables.
 
     Args:
         example: file stem of the example.
@@ -306,7 +306,7 @@ def read(path: Path) -> Declaration:
         if name not in found:
             raise DeclarationError(
                 f"{path}: no module-level `{name} = [...]` table; every example declares its "
-                f"runs and claims as literal RUNS and CLAIMS tables (see mpguide.verify.declarations)"
+                f"runs and claims as literal RUNS and CLAIMS tables (see mpguide.verify.claims.declarations)"
             )
         try:
             tables[name] = ast.literal_eval(found[name])

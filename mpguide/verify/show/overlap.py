@@ -1,6 +1,6 @@
 """Drawing several series on one axes so that none hides another: which series lie on top of each other
-(:func:`~mpguide.verify.overlap.overlap_partner`), hollow markers and a legend note for the covered one, and
-the faint raw per-batch lines under smoothed curves (:func:`~mpguide.verify.overlap.draw_series`)."""
+(:func:`~mpguide.verify.show.overlap.overlap_partner`), hollow markers and a legend note for the covered one, and
+the faint raw per-batch lines under smoothed curves (:func:`~mpguide.verify.show.overlap.draw_series`)."""
 
 from __future__ import annotations
 

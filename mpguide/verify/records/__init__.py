@@ -21,23 +21,23 @@ claim gate. Layout (``schema_version`` 2)::
     }
 
 A claim's ``verdict`` is ``"pass"``, ``"FAIL"``, ``"inconclusive"`` (a paired throughput claim the data
-could not decide; never a pass, see :data:`mpguide.verify.tolerances.INCONCLUSIVE_RULE`) or ``"not judged"``, as
-:attr:`mpguide.verify.verdicts.Verdict.status` gives it when the record is written; the gate re-judges every
+could not decide; never a pass, see :data:`mpguide.verify.claims.tolerances.INCONCLUSIVE_RULE`) or ``"not judged"``, as
+:attr:`mpguide.verify.claims.verdicts.Verdict.status` gives it when the record is written; the gate re-judges every
 record and never reads these words.
 
-Every field is typed in :mod:`mpguide.verify.schema` (pydantic models, strict mode) and listed in
-:data:`~mpguide.verify.schema.SCHEMA_FIELDS`; a record with any other field (top level, ``env``,
+Every field is typed in :mod:`mpguide.verify.records.schema` (pydantic models, strict mode) and listed in
+:data:`~mpguide.verify.records.schema.SCHEMA_FIELDS`; a record with any other field (top level, ``env``,
 ``source``, ``run_env``, a run, its ``error``, a claim) or a value of the wrong type is refused,
 naming the file, the field's JSON path and the fix. A run's ``extra`` is the one free-form object:
-each recipe records its own measurements there, and the keys that claims and pages read are typed
-(:data:`mpguide.verify.schema.EXTRA_KEYS`).
+each recipe records its own measurements there, typed by what its probes declare (``runs[].measures``,
+:mod:`mpguide.verify.records.measures`).
 
 ``source`` says what the record was produced from: SHA-256 digests of the example file, of the
 helper library's sources (:func:`~mpguide.verify.records.library_digest`) and of the runs and claims the
-example declared for this record (:func:`mpguide.verify.declarations.digest_of`; the claims of the
+example declared for this record (:func:`mpguide.verify.claims.declarations.digest_of`; the claims of the
 record's accelerator only), the git commit when known (``dirty`` when the example or library
 differed from it), and the environment variables that steer a run. The claim gate compares the
-record with the example's declaration (:mod:`mpguide.verify.declarations`), calls a record **stale**
+record with the example's declaration (:mod:`mpguide.verify.claims.declarations`), calls a record **stale**
 when the example file changed since it was written, and checks that the runs and claims the
 record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
 is noticed even in a stale reference, which is not compared with today's declaration).
@@ -59,8 +59,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# The schema (types, validation, RecordError) lives in mpguide.verify.schema; these names stay importable from here.
-from . import hints
+# The schema (types, validation, RecordError) lives in mpguide.verify.records.schema; these names stay importable from
+# here.
+from .. import hints
 from .schema import SCHEMA_FIELDS as SCHEMA_FIELDS
 from .schema import SCHEMA_VERSION, RecordError, validate_record
 
@@ -102,7 +103,7 @@ def environment(accelerator: str) -> dict[str, str]:
     import lightning
     import torch
 
-    from .hardware import device_name
+    from ..hardware import device_name
 
     return {
         "python": platform.python_version(),
@@ -116,11 +117,11 @@ def environment(accelerator: str) -> dict[str, str]:
 
 
 #: The repository this library lives in (its ``examples/`` and ``mpguide/`` are hashed for ``source``).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 #: The installed package whose sources a record's library digest covers (the reader API and this harness).
 #: The docs build's own code (``docs/_ext/mpguide_build``) is not part of it, so editing the build never
 #: makes a record stale (and never reruns the examples).
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
 
 
 def file_digest(path: Path) -> str | None:
@@ -132,7 +133,9 @@ def file_digest(path: Path) -> str | None:
 #: Package modules (paths relative to the package) that only draw figures and tables. Examples run
 #: them, so they are part of a record's library digest, but no verdict depends on them: the version
 #: matrix leaves them out.
-PRESENTATION_MODULES = frozenset({"verify/plotting.py", "verify/overlap.py", "verify/report.py"})
+PRESENTATION_MODULES = frozenset(
+    {"verify/show/__init__.py", "verify/show/plotting.py", "verify/show/overlap.py", "verify/show/report.py"}
+)
 
 
 def library_digest(exclude: frozenset[str] = frozenset()) -> str:
@@ -213,7 +216,7 @@ INPUT_FIELDS = ("example_sha256", "library_sha256", "run_env")
 def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None = None) -> dict[str, Any]:
     """The :data:`~mpguide.verify.records.INPUT_FIELDS` of a record's ``source``, as a run would write them now.
 
-    The one place these fields are built: :func:`mpguide.verify.record_build.source_info` writes them into every
+    The one place these fields are built: :func:`mpguide.verify.records.build.source_info` writes them into every
     record, and :func:`mpguide_build.sphinx_ext.examples_to_rerun` compares a record's with them. Reads
     files only (no torch, no git).
 
@@ -286,7 +289,14 @@ def load_record(path: Path) -> dict[str, Any]:
         raise RecordError(f"{path}: not UTF-8 text (byte {err.start}); the file is corrupt: {fix}") from None
     except RecursionError:
         raise RecordError(f"{path}: JSON nested too deeply to be a results record: {fix}") from None
-    validate_record(record, path)
+    fallback = None
+    runs = record.get("runs") if isinstance(record, dict) else None
+    if isinstance(runs, list) and any(isinstance(run, dict) and "measures" not in run for run in runs):
+        # written before probes declared their keys: the declarations in the sources type its extra
+        from .measures import declared
+
+        fallback = declared(str(record.get("example") or path.stem))
+    validate_record(record, path, fallback)
     if record["example"] != path.stem:
         raise RecordError(f"{path}: holds the record of {record['example']!r}, not of {path.stem!r}; {fix}")
     return record
@@ -303,7 +313,7 @@ def upgrade_v1(
     the run options schema 1 did not store (``plugin``, ``trainer_kwargs``, ``plain_flag``) stay
     absent, and the gate then compares only what is present (see :mod:`mpguide.verify.claims`). A schema-1
     record holds every claim its example made, so ``declaration_sha256`` is the digest of the runs
-    and claims the record holds (:func:`mpguide.verify.declarations.digest_of`): the gate notices a run or
+    and claims the record holds (:func:`mpguide.verify.claims.declarations.digest_of`): the gate notices a run or
     claim deleted or edited after the conversion.
 
     Args:
@@ -324,7 +334,7 @@ def upgrade_v1(
     for name in sorted(library_sources):
         library.update(name.encode())
         library.update(library_sources[name])
-    from .declarations import digest_of
+    from ..claims.declarations import digest_of
 
     out = dict(record, schema_version=SCHEMA_VERSION)
     out["source"] = {
@@ -371,9 +381,3 @@ def _upgrade_cli(argv: list[str] | None = None) -> int:
         write_record(upgraded, path)
         print(f"{path}: schema 1 -> {SCHEMA_VERSION}, source at {commit[:7]}")
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(_upgrade_cli())

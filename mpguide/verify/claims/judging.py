@@ -1,9 +1,11 @@
 """Judging one declared claim on one record's runs, by claim kind.
 
-:func:`~mpguide.verify.judging.evaluate_claim` dispatches on the claim's kind (:data:`~mpguide.verify.judging.KINDS`):
-curve claims (``match``, ``diverge``) use the metrics of :mod:`mpguide.verify.metrics`, ``ratio`` compares recorded
+:func:`~mpguide.verify.claims.judging.evaluate_claim` dispatches on the claim's kind
+(:data:`~mpguide.verify.claims.judging.KINDS`):
+curve claims (``match``, ``diverge``) use the metrics of :mod:`mpguide.verify.claims.metrics`, ``ratio`` compares
+recorded
 per-step values with expected factors, ``rate_ratio`` compares two recorded rates (paired by round:
-:func:`mpguide.verify.metrics.decide_paired`), and ``raises``, ``warns``, ``no_warning``, ``expect`` and ``same``
+:func:`mpguide.verify.claims.metrics.decide_paired`), and ``raises``, ``warns``, ``no_warning``, ``expect`` and ``same``
 read what the run recorded. :func:`mpguide.verify.claims.evaluate_record` calls it for every declared claim.
 """
 
@@ -25,7 +27,7 @@ def evaluate_claim(claim: dict[str, Any], runs: dict[str, Any], verdict: Any) ->
     Args:
         claim: the claim.
         runs: the record's runs by id.
-        verdict: makes a :class:`~mpguide.verify.verdicts.Verdict` from keyword arguments, with the record's
+        verdict: makes a :class:`~mpguide.verify.claims.verdicts.Verdict` from keyword arguments, with the record's
             example, path and hardware filled in.
     """
     kind, ids = claim["kind"], list(claim["runs"])

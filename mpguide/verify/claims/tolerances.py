@@ -1,7 +1,7 @@
 """Tolerances: every threshold a claim is judged against, each with where its number comes from.
 
 Claims store a tolerance by *name* (:func:`mpguide.verify.claims.match` and the other declaration helpers);
-:data:`~mpguide.verify.tolerances.TOLERANCES` is looked up when a record is judged, so a committed record (a GPU
+:data:`~mpguide.verify.claims.tolerances.TOLERANCES` is looked up when a record is judged, so a committed record (a GPU
 reference, say) is re-judged against today's thresholds. The rules that decide paired rate claims and what an
 inconclusive verdict does are stated here too, as text the pages and the gate show.
 """
@@ -88,7 +88,7 @@ TOLERANCES: dict[str, Tolerance] = {
             "min",
             0.5,
             "A rounding pitfall counts as reproduced when it hits at least half of what it can hit: of the weight "
-            "elements that had a gradient, the share whose optimizer update rounded away (mpguide.verify.probes."
+            "elements that had a gradient, the share whose optimizer update rounded away (mpguide.verify.run.probes."
             "LostUpdates), or of the weights the student changed, the share an EMA teacher never followed. "
             "plot_16 measured, on CPU (torch 2.13, Lightning 2.6.6), under bf16-true with SGD at lr 0.01: 85.3 % "
             "(test preset, 140 steps) and 85.4 % (quick, 224 steps) of the updates lost, and a bf16 EMA teacher "
@@ -165,7 +165,7 @@ PAIRED_RULE = (
     "assumes only that rounds are independent draws of one ratio distribution, not that the noise is normal: "
     "on the shared 2-core build machine one variant's rounds ranged 40-88 steps/s). The claim passes when the "
     "whole interval lies inside the tolerance band, fails when it lies wholly outside, and otherwise the "
-    "benchmark times another round, up to its cap (mpguide.verify.throughput_config.Size.max_rounds); at the cap "
+    "benchmark times another round, up to its cap (mpguide.verify.run.throughput.config.Size.max_rounds); at the cap "
     "the claim is "
     "inconclusive. Fewer than 6 rounds admit no 95 % interval (5 give at most 93.75 %: min to max), so a "
     "record with fewer is inconclusive too. Deciding at every round makes a wrong decisive verdict more likely "
@@ -187,5 +187,5 @@ WARMUP_REASON = (
     "what a match or diverge claim is about: the moving average still carries its first values, and under "
     "16-mixed GradScaler skips its first steps while it lowers the loss scale from 65536 (the fp32 run "
     "applies those updates). The page reports the largest difference inside the warm-up next to this "
-    "text (mpguide.verify.metrics.warmup_gap), so it is shown even though it is not judged."
+    "text (mpguide.verify.claims.metrics.warmup_gap), so it is shown even though it is not judged."
 )

@@ -31,9 +31,9 @@ class Verdict:
         judged: ``False`` for a claim that could not be judged on this record (a stale reference
             record made before the claim existed); it neither passes nor fails.
         inconclusive: ``True`` for a claim the data could not decide (a paired rate claim whose
-            interval reaches across its band edge; :data:`~mpguide.verify.tolerances.PAIRED_RULE`). It is never a
+            interval reaches across its band edge; :data:`~mpguide.verify.claims.tolerances.PAIRED_RULE`). It is never a
             pass (``passed`` must be ``False``) and never a failure; what it does to a build:
-            :data:`~mpguide.verify.tolerances.INCONCLUSIVE_RULE`.
+            :data:`~mpguide.verify.claims.tolerances.INCONCLUSIVE_RULE`.
     """
 
     example: str

@@ -16,7 +16,7 @@ always train on CPU with the gloo backend, on ``127.0.0.1`` and a free port; the
 semantics shown (when DDP all-reduces, what the ranks then agree on) are the same with NCCL on GPUs.
 
 Each rank records its own steps with :class:`RankRecorder` and writes them to a file; the parent
-process merges the ranks into one :class:`mpguide.verify.runner.RunResult` (the loss of the global batch
+process merges the ranks into one :class:`mpguide.verify.run.runner.RunResult` (the loss of the global batch
 is the mean of the ranks' losses, since every rank's batch has the same size). Counting all-reduces:
 Lightning registers ``DDPStrategy(ddp_comm_hook=...)`` only on CUDA (``_register_ddp_hooks`` in
 ``strategies/ddp.py``) and silently ignores it on CPU, so :class:`RankRecorder` registers a counting
@@ -40,13 +40,28 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
-from ..data import digits_tensors
-from . import hardware
+from ...data import digits_tensors
+from .. import hardware
+from ..records.measures import measures_of
 from .runner import RunResult, StepRecorder, captured_warnings, error_record, parameter_digest, quiet_lightning
 from .runner import train_run as single_train_run
 
 #: Number of processes of every DDP run.
 WORLD_SIZE = 2
+
+#: The ``extra`` keys a two-rank DDP run adds (the ranks' own probes declare theirs).
+MEASURES = {
+    "ranks": "count",
+    "allreduce_calls": "count",
+    "allreduce_bytes": "count",
+    "allreduce_counts_agree": "bool",
+    "weights_agree_across_ranks": "bool",
+    "skipped_batches_per_rank": "list[list[count]]",
+    "skip_decisions_agree": "bool",
+    "record_extra_per_rank": "list[json]",
+    "allreduces_per_optimizer_step": "nonnegative",
+    "allreduce_bytes_per_optimizer_step": "nonnegative",
+}
 
 
 def free_port() -> int:
@@ -144,12 +159,12 @@ def counting_allreduce_hook(state, bucket):  # no annotations: DDP's register_co
 
 
 class RankRecorder(StepRecorder):
-    """:class:`mpguide.verify.runner.StepRecorder` for one DDP rank: also counts all-reduces and writes a file.
+    """:class:`mpguide.verify.run.runner.StepRecorder` for one DDP rank: also counts all-reduces and writes a file.
 
     In every rank (a forked child) it captures warnings from ``setup`` on, registers
     :func:`counting_allreduce_hook` when the model is a ``DistributedDataParallel``, and at the end
     of training writes ``rank<r>.json`` into ``out_dir`` with the per-step lists, the counts, the
-    digest of the final weights (:func:`mpguide.verify.probes.parameter_digest`), ``global_step`` and the
+    digest of the final weights (:func:`mpguide.verify.run.probes.parameter_digest`), ``global_step`` and the
     ``record_extra()`` of the example's probes (the other callbacks of the ``Trainer`` that have one).
 
     Args:
@@ -176,9 +191,11 @@ class RankRecorder(StepRecorder):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         rank = trainer.global_rank
         extra: dict[str, Any] = {}
+        measures: dict[str, str] = {}
         for callback in trainer.callbacks:  # the example's probes, forked into this rank with the Trainer
             if callback is not self and callable(getattr(callback, "record_extra", None)):
                 extra.update(callback.record_extra())
+                measures.update(measures_of(callback))
         data = {
             "rank": rank,
             "loss": self.loss,
@@ -190,6 +207,7 @@ class RankRecorder(StepRecorder):
             "weights": parameter_digest(pl_module),
             "global_step": trainer.global_step,
             "extra": extra,
+            "measures": measures,
             "warnings": captured_warnings(self._caught),
         }
         path = Path(self.out_dir) / f"rank{rank}.json"
@@ -202,7 +220,7 @@ class RankRecorder(StepRecorder):
 
 
 def is_ddp(spec: Any) -> bool:
-    """Whether a declared run (:class:`mpguide.verify.declarations.RunDecl`) asks for several processes."""
+    """Whether a declared run (:class:`mpguide.verify.claims.declarations.RunDecl`) asks for several processes."""
     return int(spec.trainer_kwargs.get("devices", 1)) > 1
 
 
@@ -216,10 +234,10 @@ def train_run(
 ) -> RunResult:
     """Train one declared run: DDP when its ``trainer`` options ask for ``devices`` > 1, else one process.
 
-    Pass it to :func:`mpguide.verify.runner.run_example` as ``train=``. A run declared with
+    Pass it to :func:`mpguide.verify.run.runner.run_example` as ``train=``. A run declared with
     ``{"trainer": {"strategy": "ddp_fork", "devices": 2}}`` trains in :data:`WORLD_SIZE` forked CPU
     processes over gloo (see the module docstring for why fork, and why CPU); any other run goes to
-    :func:`mpguide.verify.runner.train_run` unchanged. Both read the data in the same order: one process
+    :func:`mpguide.verify.run.runner.train_run` unchanged. Both read the data in the same order: one process
     sees each global batch of ``preset.batch_size`` samples whole, each DDP rank sees its share.
 
     The result has the fields of a single-process run, merged over the ranks: ``loss`` is the mean
@@ -234,7 +252,7 @@ def train_run(
     0's probe measurements and ``record_extra_per_rank`` (each rank's).
 
     Args:
-        spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).
+        spec: the declared run (:class:`mpguide.verify.claims.declarations.RunDecl`).
         module_factory: builds the LightningModule (called once, after seeding, in this process).
         accelerator: ``"cpu"`` or ``"cuda"``; DDP runs use ``"cpu"`` whatever it says.
         preset: size (epochs, global batch size).
@@ -245,7 +263,7 @@ def train_run(
             in ``record_extra`` itself).
 
     Returns:
-        The merged :class:`mpguide.verify.runner.RunResult`. An exception in any rank is stored in
+        The merged :class:`mpguide.verify.run.runner.RunResult`. An exception in any rank is stored in
         ``error`` (type and message) and leaves the per-step lists empty.
 
     Raises:
@@ -344,6 +362,7 @@ def _merge_ranks(result: RunResult, ranks: list[dict[str, Any]]) -> None:
     result.skipped_steps = sum(first["skipped"])
     skipped = [[i for i, flag in enumerate(r["skipped"]) if flag] for r in ranks]
     result.extra.update(first["extra"])
+    result.measures.update(first.get("measures") or {})
     result.extra.update(
         ranks=len(ranks),
         global_step=first["global_step"],

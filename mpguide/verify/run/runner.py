@@ -1,12 +1,12 @@
 """Run a matrix of real Lightning ``Trainer`` fits and turn them into a results record.
 
 An example names its recipes (LightningModule factories) and declares its runs and claims in the
-literal ``RUNS`` and ``CLAIMS`` tables (:mod:`mpguide.verify.declarations`), then calls
-:func:`~mpguide.verify.runner.run_example`. Every run trains on the same data in the same order from the
+literal ``RUNS`` and ``CLAIMS`` tables (:mod:`mpguide.verify.claims.declarations`), then calls
+:func:`~mpguide.verify.run.runner.run_example`. Every run trains on the same data in the same order from the
 same initial weights; the per-step loss, learning rate and loss scale, the wall time, warnings and
 any exception are captured into the record. Measurements beyond those reach a run's ``extra`` through
 Lightning callbacks only, never through methods of the recipe: the shared probes of
-:mod:`mpguide.verify.probes` on every run, and an example's own probes on the runs of the recipes it
+:mod:`mpguide.verify.run.probes` on every run, and an example's own probes on the runs of the recipes it
 names (``run_example(..., probes={recipe: [ProbeClass, ...]})``), so the LightningModule a reader copies
 holds training code only.
 
@@ -34,16 +34,22 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ..data import digits_loader
-from ..steps import loss_scale
-from . import declarations, hardware, record_build, records
+from ...data import digits_loader
+from ...steps import loss_scale
+from .. import hardware, records
+from ..claims import declarations
+from ..claims.declarations import SWAP_ENV, RunDecl, parse_swaps
+from ..records import build as record_build
+from ..records.measures import measures_of
 from . import probes as probes_mod
-from .declarations import SWAP_ENV, RunDecl, parse_swaps
 from .probes import (
     parameter_digest,  # noqa: F401 - examples call runner.parameter_digest
     print_findings,  # noqa: F401 - examples call runner.print_findings
     with_checks,  # noqa: F401 - examples call runner.with_checks
 )
+
+#: The ``extra`` keys every Trainer run records (type names: :data:`mpguide.verify.records.schema.MEASURE_TYPES`).
+MEASURES = {"global_step": "count", "batches": "count", "skipped_per_step": "list[bool]"}
 
 
 @dataclass
@@ -70,16 +76,18 @@ class RunResult:
     error: dict[str, str] | None = None
     warnings: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: key -> type name, what the run's probes declare (``measures``); the record adds the harness's own keys
+    measures: dict[str, str] = field(default_factory=dict)
 
 
 def quiet_lightning() -> None:
     """Silence Lightning's banners and info logs (GPU available, model summary, ...).
 
     They carry absolute paths and machine details that do not belong on a rendered page; warnings
-    raised during a run are still captured into the record by :func:`~mpguide.verify.runner.train_run`.
+    raised during a run are still captured into the record by :func:`~mpguide.verify.run.runner.train_run`.
     Also hides torch's ``LeafSpec`` FutureWarning (torch 2.13, raised inside Lightning's
     ``utilities/_pytree.py``), which prints the path of the installed Lightning under the fits an
-    example shows outside :func:`~mpguide.verify.runner.run_example`.
+    example shows outside :func:`~mpguide.verify.run.runner.run_example`.
     """
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -177,10 +185,11 @@ def train_run(
             ``plugin_factory(precision, accelerator)``; ``None`` for Lightning's own handling.
         probes: the example's own measuring callbacks for this recipe (zero-argument factories, e.g.
             the classes); each instance joins the ``Trainer``'s callbacks and its ``record_extra()``
-            goes into ``extra`` (see :func:`~mpguide.verify.runner.record_extra`).
+            goes into ``extra`` (see :func:`~mpguide.verify.run.runner.record_extra`).
 
     Returns:
-        The :class:`~mpguide.verify.runner.RunResult`; ``steps`` is the number of training batches the run was meant to
+        The :class:`~mpguide.verify.run.runner.RunResult`; ``steps`` is the number of training batches the run was
+        meant to
         see (epochs x batches per epoch).
     """
     import lightning.pytorch as pl
@@ -249,6 +258,7 @@ def train_run(
     result.extra["global_step"] = trainer.global_step
     for probe in shared:
         result.extra.update(probe.record_extra())
+        result.measures.update(measures_of(probe))
     for probe in own:
         record_extra(result, probe.record_extra)
     return result
@@ -260,6 +270,7 @@ def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> No
     A measurement that fails after a run that already raised is dropped (the run's error is what
     counts); one that fails after a run that trained becomes the run's error, so the gate fails it.
     """
+    result.measures.update(measures_of(getattr(measure, "__self__", None)))
     try:
         result.extra.update(measure())
     except Exception as err:  # noqa: BLE001 - recorded, judged by the claims
@@ -307,7 +318,7 @@ def run_example(
     Args:
         example: the example's file stem, e.g. ``"plot_01_porting_to_manual"``.
         recipes: recipe name -> zero-argument factory of a LightningModule.
-        runs: the example's literal ``RUNS`` table (see :mod:`mpguide.verify.declarations`).
+        runs: the example's literal ``RUNS`` table (see :mod:`mpguide.verify.claims.declarations`).
         claims: the example's literal ``CLAIMS`` table.
         plugins: plugin name -> factory ``(precision, accelerator) -> plugin`` for runs with a
             ``"plugin"`` option; :class:`mpguide.precision.ManualMixedPrecision` is known by name.
@@ -317,18 +328,18 @@ def run_example(
             swapped to another recipe by ``MPGUIDE_SWAP_RECIPE`` is measured like that recipe.
         results_dir: folder for the record (default :func:`mpguide.verify.records.results_dir`).
         progress: called with each progress line.
-        train: trains one run, with the arguments and result of :func:`~mpguide.verify.runner.train_run` (the
-            default); e.g. :func:`mpguide.verify.distributed.train_run` (DDP) or
-            :func:`mpguide.verify.fabric_runs.train_run`.
+        train: trains one run, with the arguments and result of :func:`~mpguide.verify.run.runner.train_run` (the
+            default); e.g. :func:`mpguide.verify.run.distributed.train_run` (DDP) or
+            :func:`mpguide.verify.run.fabric.train_run`.
 
     Raises:
-        mpguide.verify.declarations.DeclarationError: the tables are malformed, or differ from what the
+        mpguide.verify.claims.declarations.DeclarationError: the tables are malformed, or differ from what the
             example file (when it is found) declares at module level.
         hardware.ConfigurationError: unknown preset/device/precision, or a run naming a recipe or
             plugin the tables do not have (including through ``MPGUIDE_SWAP_RECIPE``), or probes for an
             unknown recipe.
     """
-    from ..precision import ManualMixedPrecision
+    from ...precision import ManualMixedPrecision
 
     declaration = declarations.from_tables(example, runs, claims)
     source_file = declarations.example_file(example)

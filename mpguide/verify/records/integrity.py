@@ -10,8 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import declarations, hints
-from .records import file_digest, library_digest
+from .. import hints
+from ..claims import declarations
+from . import file_digest, library_digest
+from .measures import declared
+from .schema import claim_keys, declared_type
 
 
 def staleness(record: dict[str, Any], examples: Path | None = None, include_library: bool = False) -> str:
@@ -50,11 +53,11 @@ def _fix(record: dict[str, Any], path: Path | str, reference: bool) -> str:
 def integrity_problems(record: dict[str, Any], path: Path | str = "", reference: bool = False) -> list[tuple[str, str]]:
     """What is wrong with a record in itself, whatever its example declares today.
 
-    Three checks, each giving at most one ``(title, detail)`` problem whose detail says what differs
+    Four checks, each giving at most one ``(title, detail)`` problem whose detail says what differs
     and the fix:
 
     * **runs and claims as written**: the record's runs and claims must still hash to the
-      ``source.declaration_sha256`` it was written with (:func:`mpguide.verify.declarations.record_digest`),
+      ``source.declaration_sha256`` it was written with (:func:`mpguide.verify.claims.declarations.record_digest`),
       so a run or claim deleted, added or edited later is noticed even in a stale reference, which
       is not compared with today's declaration;
     * **hardware fields agree**: ``env.accelerator`` is ``"cpu"`` or ``"cuda"``; a CPU record has a
@@ -62,6 +65,9 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
       torch build tag (``+cpu``, ``+cu130``) fits the accelerator and ``env.cuda``; the
       ``MPGUIDE_DEVICE`` and ``MPGUIDE_PRESET`` in ``source.run_env`` (when set) agree with
       ``env.accelerator`` and ``preset``;
+    * **claims read declared keys**: every ``extra`` key a claim reads is declared with a type, by a probe
+      or harness writer (its ``measures``: in the record's runs, or in the example's and the harness's
+      sources, :func:`mpguide.verify.records.measures.declared`), so no claim absorbs an untyped value;
     * **reference folder** (``reference=True``): a committed reference was made on CUDA and lies in
       the folder named by its device (``results/reference/<slug>/``, :func:`mpguide.verify.hardware.device_slug`
       of ``env.device``), as :func:`mpguide_build.reference.update_reference` writes it.
@@ -130,7 +136,7 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
         )
 
     if reference:
-        from .hardware import ConfigurationError, device_slug  # imports torch: only when judging references
+        from ..hardware import ConfigurationError, device_slug  # imports torch: only when judging references
 
         folder = Path(path).parent.name
         try:
@@ -153,6 +159,26 @@ def integrity_problems(record: dict[str, Any], path: Path | str = "", reference:
                     f"it lies in reference folder {folder!r} but env.device is {device!r} (device slug "
                     f"{slug!r}); move it to results/reference/{slug or '<device-slug>'}/, or refresh "
                     f"the references on that GPU (nox -s docs_gpu -- --update-reference)",
+                )
+            )
+    problems += undeclared_keys(record)
+    return problems
+
+
+def undeclared_keys(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """One problem per claim that reads an ``extra`` key no probe declares (see :func:`integrity_problems`)."""
+    runs = [run for run in record.get("runs") or [] if isinstance(run, dict)]
+    known = [declared(str(record.get("example", "")))] + [run["measures"] for run in runs if run.get("measures")]
+    problems = []
+    for claim in record.get("claims") or []:
+        missing = [key for key in claim_keys(claim) if not any(declared_type(m, key) for m in known)]
+        if missing:
+            problems.append(
+                (
+                    "claims read declared keys",
+                    f"claim {claim.get('title', '')!r} reads extra key {missing[0]!r}, which no probe declares; "
+                    f"declare it where it is measured (the measures of the probe that records it, type names in "
+                    f"mpguide.verify.records.schema.MEASURE_TYPES)",
                 )
             )
     return problems

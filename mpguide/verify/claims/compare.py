@@ -1,7 +1,7 @@
 """Comparing a record with its example's declaration: the runs and claims a record holds must be the declared ones.
 
-The gate and the pages judge the **declared** claims (:mod:`mpguide.verify.declarations` reads them from the
-example's source), never the record's own copy; :func:`~mpguide.verify.declaration_check.compare_with_declaration`
+The gate and the pages judge the **declared** claims (:mod:`mpguide.verify.claims.declarations` reads them from the
+example's source), never the record's own copy; :func:`~mpguide.verify.claims.compare.compare_with_declaration`
 says where a record differs, and which declared claims a stale reference can still be judged on.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import hints
+from .. import hints
 
 #: Keys of a claim that define it (what the gate compares); judged values and titles are not among them.
 CLAIM_KEYS = (
@@ -27,7 +27,7 @@ CLAIM_KEYS = (
 
 
 def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
-    """The defining keys of a claim (:data:`~mpguide.verify.declaration_check.CLAIM_KEYS`), as compared by the gate."""
+    """The defining keys of a claim (:data:`~mpguide.verify.claims.compare.CLAIM_KEYS`), as compared by the gate."""
     return {k: claim[k] for k in CLAIM_KEYS if k in claim}
 
 
@@ -51,7 +51,7 @@ def _pair_key(claim: dict[str, Any]) -> tuple[Any, ...]:
 def compare_with_declaration(
     record: dict[str, Any], declaration: Any, stale: bool = False
 ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]], set[str]]:
-    """Compare a record with the example's declaration (see :mod:`mpguide.verify.declarations`).
+    """Compare a record with the example's declaration (see :mod:`mpguide.verify.claims.declarations`).
 
     A fresh record must hold exactly the declared runs (same recipe, precision, seed, plugin,
     Trainer arguments) and exactly the declared claims (same kind, runs, tolerance, expected
@@ -60,7 +60,7 @@ def compare_with_declaration(
 
     Args:
         record: the record.
-        declaration: its example's :class:`mpguide.verify.declarations.Declaration`.
+        declaration: its example's :class:`mpguide.verify.claims.declarations.Declaration`.
         stale: the record is a reference made from an older version of the example: differences
             are expected, so none is a failure; declared claims the record did not hold, or whose
             runs changed, are returned as not judged.

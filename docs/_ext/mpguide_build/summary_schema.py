@@ -1,5 +1,5 @@
 """The schema of a version-matrix summary (:mod:`mpguide_build.matrix_summary`), as typed pydantic models in the
-strict mode of :mod:`mpguide.verify.schema`, whose error messages it uses."""
+strict mode of :mod:`mpguide.verify.records.schema`, whose error messages it uses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from .schema import Count, Name, NonNegative, StrictModel, expected_text, found_text, json_path
+from mpguide.verify.records.schema import Count, Name, NonNegative, StrictModel, expected_text, found_text, json_path
 
 #: Format of a version-matrix summary (:mod:`mpguide_build.matrix`).
 MATRIX_SCHEMA = "mpguide-matrix-1"
@@ -25,7 +25,7 @@ class MatrixClaim(StrictModel):
     observed: str | None = None
     message: str
     #: the check in words (result, measured value with its unit, what is allowed), as the example's table
-    #: words it (:mod:`mpguide.verify.report`); summaries written before 2026-12-01 afternoon have none
+    #: words it (:mod:`mpguide.verify.show.report`); summaries written before 2026-12-01 afternoon have none
     words: str | None = None
 
 

@@ -1,5 +1,5 @@
 """What the throughput benchmark times: the variants, the tuned variants of the GPU sizes, and the model and
-round sizes per accelerator and preset (:data:`~mpguide.verify.throughput_config.SIZES`)."""
+round sizes per accelerator and preset (:data:`~mpguide.verify.run.throughput.config.SIZES`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ VARIANTS: tuple[str, ...] = ("automatic", "manual", "plain loop")
 
 @dataclass(frozen=True)
 class Tuning:
-    """Standard speed-ups applied to the manual variant (see :data:`~mpguide.verify.throughput_config.TUNED`).
+    """Standard speed-ups applied to the manual variant (see :data:`~mpguide.verify.run.throughput.config.TUNED`).
 
     Attributes:
         fused: ``torch.optim.SGD(..., fused=True)``: one kernel updates every parameter.
@@ -31,7 +31,7 @@ class Tuning:
     checks: bool = False
 
 
-#: The tuned variants of each precision, as variant name -> :class:`~mpguide.verify.throughput_config.Tuning`. They
+#: The tuned variants of each precision, as variant name -> :class:`~mpguide.verify.run.throughput.config.Tuning`. They
 #: are timed (interleaved with the baseline variants) only when :attr:`Size.tuned` is set, i.e. on
 #: CUDA, where the aim is more than 70 % of the measured bf16 matmul peak in bf16-mixed.
 TUNED: dict[str, dict[str, Tuning]] = {
@@ -80,11 +80,11 @@ class Size:
         warmup: untimed steps at the start of every window.
         steps: timed steps per window.
         rounds: windows per variant at least (the median is taken over all rounds timed); 6 is the
-            fewest that admit a 95 % interval for a median (:func:`mpguide.verify.metrics.median_interval`).
+            fewest that admit a 95 % interval for a median (:func:`mpguide.verify.claims.metrics.median_interval`).
         max_rounds: the cap of the sequential rule: with a stopping test
-            (:func:`~mpguide.verify.throughput.interleaved`'s ``until``) rounds go on until it says every claim is
+            (:func:`~mpguide.verify.run.throughput.interleaved`'s ``until``) rounds go on until it says every claim is
             decided or this many were timed; without one, exactly ``rounds`` are timed.
-        tuned: also time the :data:`~mpguide.verify.throughput_config.TUNED` variants.
+        tuned: also time the :data:`~mpguide.verify.run.throughput.config.TUNED` variants.
         min_window_s: shortest timed window in seconds of the benchmark's clock; a precision whose
             ``steps`` would take less gets more steps per window, found by timing ``steps`` steps of
             the plain loop once before the rounds (0: no calibration). Very short windows are at
@@ -119,7 +119,8 @@ class Size:
 #: a window lasts at least 50 ms of CPU time: 3 steps of 16-mixed take about 0.36 s, but 3 bf16-mixed
 #: steps only 8 ms, so bf16-mixed gets about 19 steps and fp32 about 6 (``min_window_s``).
 #: Rounds: at least 6 (the fewest that admit a 95 % interval of a median), then more until every parity
-#: claim is decided, at most ``max_rounds`` (see :data:`mpguide.verify.tolerances.PAIRED_RULE`). A CPU round costs
+#: claim is decided, at most ``max_rounds`` (see :data:`mpguide.verify.claims.tolerances.PAIRED_RULE`). A CPU round
+#: costs
 #: about 3 s of CPU time (16-mixed's fp16 matmuls are most of it), so the cap of 20 bounds the benchmark
 #: at about a minute of CPU time; on the shared 2-core machine under heavy load 20 runs needed 6 to 12
 #: rounds (see the throughput-parity-cpu tolerance). The GPU reference measurements spread 0.4 %, so 6 rounds

@@ -1,6 +1,6 @@
 """Loss-curve figures from results records (matplotlib), shared by the examples and the guide page.
 
-How several series share one axes without hiding each other is in :mod:`mpguide.verify.overlap`.
+How several series share one axes without hiding each other is in :mod:`mpguide.verify.show.overlap`.
 
 Why this module is longer than 400 lines (about 440): it is the one plotting API the examples import, one
 function per kind of figure (loss curves, per-run series, relative gaps, recorded extra series), each with the
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import records
-from .metrics import relative_gap, smooth, warmup_steps
+from .. import records
+from ..claims.metrics import relative_gap, smooth, warmup_steps
 from .overlap import RAW_LABEL, draw_series, merged_label
 
 #: One colour per precision (colour-blind-safe Okabe-Ito hues, legible on light and dark pages).
@@ -128,14 +128,15 @@ def plot_loss_curves(
 ) -> None:
     """Draw the smoothed loss curves of ``run_ids`` on ``ax``, one point per batch.
 
-    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.metrics.smooth`),
+    Each curve is the exponential moving average the claims use (:func:`mpguide.verify.claims.metrics.smooth`),
     drawn over the raw per-batch loss in a faint line of the same colour; one grey legend entry,
-    :data:`~mpguide.verify.overlap.RAW_LABEL`, says what the faint lines are. Colour follows precision unless ``colors``
+    :data:`~mpguide.verify.show.overlap.RAW_LABEL`, says what the faint lines are. Colour follows precision unless
+    ``colors``
     gives one per run id; the line style always follows precision (:data:`PRECISION_STYLES`).
     Runs whose losses are bitwise identical are drawn once, with one legend entry naming them all
     ("automatic = manual, fp32 (identical, drawn once)"); a curve that lies on top of an earlier
     one without being identical gets hollow markers and says so in its legend entry (see
-    :func:`~mpguide.verify.overlap.overlap_partner`). Runs that raised are listed in the legend as
+    :func:`~mpguide.verify.show.overlap.overlap_partner`). Runs that raised are listed in the legend as
     "(raised ...)" without a curve. The legend goes below the axes.
 
     Args:
@@ -206,7 +207,7 @@ def plot_run_series(
     """Draw a per-batch list stored in each run (``"lr"``, ``"loss_scale"``), exactly equal series once.
 
     A series lying on top of an earlier, unequal one gets markers and a legend note
-    (:func:`~mpguide.verify.overlap.overlap_partner`).
+    (:func:`~mpguide.verify.show.overlap.overlap_partner`).
 
     Args:
         ax: a matplotlib Axes.
@@ -263,9 +264,9 @@ GAP_FLOOR = 1e-7
 def plot_relative_gaps(ax: Any, record: dict[str, Any], pairs: Sequence[tuple[str, str]], title: str) -> None:
     """Draw, per batch after the warm-up, the relative difference the claims judge (log scale).
 
-    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.metrics.relative_gap`,
+    Each pair ``(candidate, reference)`` becomes one line of :func:`mpguide.verify.claims.metrics.relative_gap`,
     coloured and styled by the candidate's precision. Pairs whose curves are bitwise identical have
-    no difference to draw on a log axis: they share one line at :data:`~mpguide.verify.plotting.GAP_FLOOR`
+    no difference to draw on a log axis: they share one line at :data:`~mpguide.verify.show.plotting.GAP_FLOOR`
     and one legend entry naming every such pair.
 
     Args:
@@ -336,7 +337,8 @@ def plot_extra_series(
 
     Series that are exactly equal are drawn once, with one legend entry naming every run; a series
     lying on top of an earlier, unequal one gets hollow markers and a legend note naming it
-    (:func:`~mpguide.verify.overlap.overlap_partner`); the line style follows precision; the legend goes below the axes.
+    (:func:`~mpguide.verify.show.overlap.overlap_partner`); the line style follows precision; the legend goes below
+    the axes.
 
     On a log axis (``log_base``) a value of exactly 0 (a skipped step: nothing moved) has no place:
     the line leaves a gap there and a triangle at the bottom of the axes marks the batch, with one
@@ -350,7 +352,7 @@ def plot_extra_series(
         key: name of the list in each run's ``extra``.
         title: axes title.
         ylabel: y-axis label (with unit).
-        colors: optional run id -> colour (default: :data:`~mpguide.verify.plotting.EXTRA_COLORS` in order).
+        colors: optional run id -> colour (default: :data:`~mpguide.verify.show.plotting.EXTRA_COLORS` in order).
         log_base: draw the y axis in this log base (e.g. 2 for factors of two, 10 for norms).
         labels: optional run id -> legend text for this figure (default: the run's label).
         steps: draw steps (a value per batch, held across it); ``False`` draws lines between batches.

@@ -1,7 +1,7 @@
 """Recorded runs of Lightning Fabric's manual loop, judged by the same gate as Trainer runs.
 
 :func:`train_run` trains one declared run with a :class:`FabricRecipe` and returns the same
-:class:`mpguide.verify.runner.RunResult` fields as a Trainer run, so the records of Fabric examples are
+:class:`mpguide.verify.run.runner.RunResult` fields as a Trainer run, so the records of Fabric examples are
 judged by the same gate. The plugin a reader uses is :class:`mpguide.fabric.FabricManualMixedPrecision`.
 """
 
@@ -15,10 +15,13 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision
 
-from ..data import digits_loader
-from ..fabric import loss_scale
-from . import hardware
+from ...data import digits_loader
+from ...fabric import loss_scale
+from .. import hardware
 from .runner import RunResult, captured_warnings, error_record, quiet_lightning, record_extra
+
+#: The ``extra`` keys every Fabric run records.
+MEASURES = {"batches": "count", "skipped_per_step": "list[bool]"}
 
 
 def fabric_precision_kwargs(
@@ -80,8 +83,8 @@ def train_run(
 ) -> RunResult:
     """Train one declared run with :class:`lightning.fabric.Fabric` (one device) and record it.
 
-    Pass it to :func:`mpguide.verify.runner.run_example` as ``train=``. Seeding, data order and the
-    recorded fields follow :func:`mpguide.verify.runner.train_run`: weights are built after
+    Pass it to :func:`mpguide.verify.run.runner.run_example` as ``train=``. Seeding, data order and the
+    recorded fields follow :func:`mpguide.verify.run.runner.train_run`: weights are built after
     ``seed_everything(spec.seed)``, batches come from :func:`mpguide.data.digits_loader` with the
     same seed, and per batch the loss, the first optimizer's learning rate and the loss scale at
     batch start are recorded. A plugin with ``update_scale()``
@@ -93,10 +96,10 @@ def train_run(
     ``Fabric(callbacks=[...])``, and the loop calls ``fabric.call("on_train_start", recipe)`` once the
     recipe is set up and ``fabric.call("on_train_batch_end", recipe, loss, batch_idx)`` after each batch
     (a probe implements the hooks it needs); each probe's ``record_extra()`` then joins ``extra``
-    (:func:`mpguide.verify.runner.record_extra`), like a Trainer run's probes.
+    (:func:`mpguide.verify.run.runner.record_extra`), like a Trainer run's probes.
 
     Args:
-        spec: the declared run (:class:`mpguide.verify.declarations.RunDecl`).
+        spec: the declared run (:class:`mpguide.verify.claims.declarations.RunDecl`).
         recipe_factory: builds the :class:`FabricRecipe` (called once, after seeding).
         accelerator: ``"cpu"`` or ``"cuda"``.
         preset: size (epochs, batch size).
@@ -104,7 +107,7 @@ def train_run(
         probes: zero-argument factories of the example's probes for this recipe (see above).
 
     Returns:
-        The :class:`mpguide.verify.runner.RunResult`; ``mode`` is ``"manual"`` (Fabric has no automatic
+        The :class:`mpguide.verify.run.runner.RunResult`; ``mode`` is ``"manual"`` (Fabric has no automatic
         optimization), ``precision_plugin`` the class name of Fabric's precision plugin.
     """
     from lightning.fabric import Fabric, seed_everything

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from .claims import evaluate_record
-from .records import short_paths
-from .throughput_config import Size
-from .tolerances import TOLERANCES
-from .verdicts import Verdict
+from ..claims import evaluate_record
+from ..claims.tolerances import TOLERANCES
+from ..claims.verdicts import Verdict
+from ..records import short_paths
 
 #: The terse columns the claim gate prints for maintainers.
 COLUMNS = ("verdict", "claim", "runs", "metric", "value", "threshold")
@@ -21,7 +19,7 @@ WORD_COLUMNS = ("result", "check", "measured", "allowed")
 SHORT_COLUMNS = WORD_COLUMNS
 #: Longest threshold text shown in a table cell (longer ones are cut, ending in "...").
 MAX_THRESHOLD = 40
-#: Widest a column of a plain-text table (:func:`~mpguide.verify.report.format_table`) gets, in characters;
+#: Widest a column of a plain-text table (:func:`~mpguide.verify.show.report.format_table`) gets, in characters;
 #: a longer cell (a long run id, claim title or observed message) wraps onto continuation lines.
 MAX_CELL_WIDTH: dict[str, int] = {
     "verdict": 12,
@@ -36,7 +34,7 @@ MAX_CELL_WIDTH: dict[str, int] = {
     "measured": 44,
     "allowed": 34,
 }
-#: Width limit of a column :data:`~mpguide.verify.report.MAX_CELL_WIDTH` does not name.
+#: Width limit of a column :data:`~mpguide.verify.show.report.MAX_CELL_WIDTH` does not name.
 DEFAULT_CELL_WIDTH = 40
 #: Claim kinds whose passing verdict means "a bug or trap still shows" (so a pass is not good news).
 PITFALL_KINDS = ("diverge",)
@@ -156,9 +154,9 @@ def verdict_rows(
 ) -> list[dict[str, str]]:
     """Table rows (column -> text) for ``verdicts``.
 
-    Each row has the worded columns of :data:`~mpguide.verify.report.WORD_COLUMNS` (``result``, ``check``,
+    Each row has the worded columns of :data:`~mpguide.verify.show.report.WORD_COLUMNS` (``result``, ``check``,
     ``measured`` with its unit, ``allowed`` naming the tolerance) and the terse ones of
-    :data:`~mpguide.verify.report.COLUMNS` (the gate's own table prints those).
+    :data:`~mpguide.verify.show.report.COLUMNS` (the gate's own table prints those).
 
     Args:
         verdicts: from :func:`mpguide.verify.claims.evaluate_record`.
@@ -202,10 +200,10 @@ def format_table(
     trailing blanks.
 
     Args:
-        rows: column -> text (as :func:`~mpguide.verify.report.verdict_rows` gives them).
+        rows: column -> text (as :func:`~mpguide.verify.show.report.verdict_rows` gives them).
         columns: the columns shown, in order.
-        max_width: column -> widest cell in characters (default :data:`~mpguide.verify.report.MAX_CELL_WIDTH`,
-            then :data:`~mpguide.verify.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
+        max_width: column -> widest cell in characters (default :data:`~mpguide.verify.show.report.MAX_CELL_WIDTH`,
+            then :data:`~mpguide.verify.show.report.DEFAULT_CELL_WIDTH`); a header is never wrapped.
     """
     limits = {
         c: max(len(c), (MAX_CELL_WIDTH if max_width is None else max_width).get(c, DEFAULT_CELL_WIDTH)) for c in columns
@@ -236,7 +234,7 @@ def _wrap(text: str, width: int) -> list[str]:
 def count_line(verdicts: Sequence[Verdict]) -> str:
     """How many of the shown checks hold, and how many automatic per-run checks passed besides.
 
-    The first number counts exactly the rows :func:`~mpguide.verify.report.verdict_rows` shows (declared
+    The first number counts exactly the rows :func:`~mpguide.verify.show.report.verdict_rows` shows (declared
     claims, plus any failing automatic check); the automatic checks that passed are counted apart,
     because the table does not list them.
     """
@@ -274,7 +272,7 @@ class VerdictTable:
     verification page when ``tolerance_href`` is given); the caption is :func:`count_line`.
 
     Attributes:
-        record: the record as :func:`mpguide.verify.runner.run_example` returned it.
+        record: the record as :func:`mpguide.verify.run.runner.run_example` returned it.
         verdicts: the record's verdicts (:func:`mpguide.verify.claims.evaluate_record`).
         tolerance_href: URL of the verification page, relative to the page showing the table.
     """
@@ -361,91 +359,3 @@ def expected_error(record: dict[str, Any], run_id: str) -> str:
         f"Expected error, captured from run {run_id!r} (the run stopped here on purpose; training went on "
         f"with the next run):\n" + "\n".join("    " + line for line in body.splitlines())
     )
-
-
-def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[str] = COLUMNS) -> str:
-    """GitHub-flavoured Markdown table of ``rows`` (cells have ``|`` escaped)."""
-
-    def cell(value: Any) -> str:  # escape what Markdown would read as table syntax or code
-        return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("\n", " ")
-
-    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    out += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def captured_texts(run: dict[str, Any]) -> list[str]:
-    """What a run captured: ``"Type: message"`` of its error (if any) and each recorded warning."""
-    texts = [str(w) for w in run.get("warnings") or []]
-    if run.get("error"):
-        texts.append(f"{run['error']['type']}: {run['error']['message']}")
-    return texts
-
-
-def check_quoted_messages(
-    records: dict[str, dict[str, Any]], quoted: Sequence[tuple[str, str, str]], page: str = "the guide page"
-) -> None:
-    """Fail when a message a page quotes was not captured by the run that is said to produce it.
-
-    Args:
-        records: example name -> results record (this build's).
-        quoted: ``(example, run id, exact text)``; the text must occur in the run's error message or
-            in one of its recorded warnings.
-        page: named in the error message.
-
-    Raises:
-        ValueError: one line per missing message, naming example, run, text and what to update.
-    """
-    missing = []
-    for example, run_id, text in quoted:
-        if example not in records:
-            missing.append(f"{example}: no record (quoted: {text!r})")
-            continue
-        run = next((r for r in records[example]["runs"] if r["id"] == run_id), None)
-        if run is None:
-            missing.append(f"{example}: no run {run_id!r} (quoted: {text!r})")
-        elif not any(text in t for t in captured_texts(run)):
-            missing.append(f"{example} run {run_id!r} did not capture {text!r}")
-    if missing:
-        raise ValueError(
-            f"{page} quotes messages this build did not produce; update the quote or the run:\n  "
-            + "\n  ".join(missing)
-        )
-
-
-def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
-    """Rows of the guide's GPU speed-up table from plot_15 records (:func:`~mpguide.verify.gate.page_entries` of it).
-
-    One row per CUDA record, run (precision) and variant other than the automatic loop and the plain
-    loop: steps/s (median of the per-round rates, the numbers the claims judge), the factor over the
-    plain manual loop of the same precision,
-    achieved matmul TFLOP/s and its share of the bf16 matmul peak measured in the same run. CPU
-    records give no rows (they time no speed-up; see :data:`mpguide.verify.throughput_config.TUNED`).
-
-    Raises:
-        KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
-            that did not come from plot_15).
-    """
-    rows = []
-    for entry in entries:
-        env = entry.record.get("env", {})
-        if env.get("accelerator") != "cuda":
-            continue
-        for run in entry.record["runs"]:
-            bench, peak = run["extra"]["benchmark"], run["extra"].get("peak_bf16_tflops")
-            flops = Size(**run["extra"]["size"]).flops_per_step()
-            rates = {v: statistics.median(t["round_steps_per_s"]) for v, t in bench.items()}
-            for variant in (v for v in bench if v not in ("automatic", "plain loop")):
-                tflops = rates[variant] * flops / 1e12
-                rows.append(
-                    {
-                        "record": entry.label,
-                        "precision": run["precision"],
-                        "variant": variant,
-                        "steps/s": f"{rates[variant]:.1f}",
-                        "vs manual": f"x{rates[variant] / rates['manual']:.2f}",
-                        "TFLOP/s": f"{tflops:.0f}",
-                        "of bf16 peak": f"{tflops / peak:.0%}" if peak else "not measured",
-                    }
-                )
-    return rows

@@ -1,24 +1,24 @@
 """Measure a run from outside the LightningModule: callbacks the runner attaches to every fit.
 
 A recipe (the LightningModule a reader copies) should contain only training code. What the page
-needs beyond the per-step loss, learning rate and loss scale of :class:`mpguide.verify.runner.StepRecorder`
-comes from these callbacks, and :func:`~mpguide.verify.probes.collect` turns them into the ``extra`` fields
+needs beyond the per-step loss, learning rate and loss scale of :class:`mpguide.verify.run.runner.StepRecorder`
+comes from these callbacks, and :func:`~mpguide.verify.run.probes.collect` turns them into the ``extra`` fields
 of a run:
 
-* :class:`~mpguide.verify.probes.LoggedValues`: every value the module logs with ``self.log(name, value)``
+* :class:`~mpguide.verify.run.probes.LoggedValues`: every value the module logs with ``self.log(name, value)``
   (the call a reader writes anyway), one list per name;
-* :class:`~mpguide.verify.probes.AppliedUpdates`: whether the parameters changed during each batch, i.e.
+* :class:`~mpguide.verify.run.probes.AppliedUpdates`: whether the parameters changed during each batch, i.e.
   whether an optimizer step really updated the model (GradScaler skips steps silently,
   ``torch/amp/grad_scaler.py``; a user's own guard may skip them too);
-* :class:`~mpguide.verify.probes.LostUpdates`: how many gradient-carrying weight elements an optimizer step
+* :class:`~mpguide.verify.run.probes.LostUpdates`: how many gradient-carrying weight elements an optimizer step
   left unchanged (an update smaller than half the spacing of the weight's dtype rounds away);
-* :class:`~mpguide.verify.probes.FinalLossScale`: the loss scale when training ends;
-* :class:`~mpguide.verify.probes.FinalWeights`: a digest of the final weights.
+* :class:`~mpguide.verify.run.probes.FinalLossScale`: the loss scale when training ends;
+* :class:`~mpguide.verify.run.probes.FinalWeights`: a digest of the final weights.
 
 An example can attach probes of its own to the runs of chosen recipes
 (``runner.run_example(..., probes={recipe: [ProbeClass, ...]})``): a Lightning callback with a
 ``record_extra()`` method, defined in the example's "How this page is verified" section, or one of
-this module's that several examples share, such as :class:`~mpguide.verify.probes.WeightsDigest`.
+this module's that several examples share, such as :class:`~mpguide.verify.run.probes.WeightsDigest`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ..checks import PitfallChecks
-from ..steps import loss_scale
+from ...checks import PitfallChecks
+from ...steps import loss_scale
 
 
 def parameter_digest(module: torch.nn.Module) -> str:
@@ -60,6 +60,8 @@ class LoggedValues(Callback):
             first batch that logged the name on).
     """
 
+    measures = {"logged": "series"}
+
     def __init__(self) -> None:
         self.values: dict[str, list[float]] = {}
 
@@ -83,6 +85,13 @@ class AppliedUpdates(Callback):
     Attributes:
         applied: one bool per batch.
     """
+
+    measures = {
+        "updates_applied": "count",
+        "updates_not_applied": "count",
+        "all_updates_applied": "bool",
+        "applied_per_step": "list[bool]",
+    }
 
     def __init__(self) -> None:
         self.applied: list[bool] = []
@@ -131,6 +140,13 @@ class LostUpdates(Callback):
         lost: per batch, how many of them were unchanged at batch end (``int``).
     """
 
+    measures = {
+        "updates_with_gradient": "count",
+        "updates_lost": "count",
+        "updates_kept": "count",
+        "lost_fraction_per_step": "list[fraction]",
+    }
+
     def __init__(self) -> None:
         self.with_gradient: list[int] = []
         self.lost: list[int] = []
@@ -172,6 +188,8 @@ class PrecisionInUse(Callback):
     what runs can differ.
     """
 
+    measures = {"trainer_precision": "name", "has_scaler": "bool"}
+
     def __init__(self) -> None:
         self.seen: dict[str, Any] = {}
 
@@ -191,6 +209,8 @@ class FinalLossScale(Callback):
             only ``GradScaler.update()`` changes it, ``torch/amp/grad_scaler.py``).
     """
 
+    measures = {"final_loss_scale": "nonnegative"}
+
     def __init__(self) -> None:
         self.scale: float | None = None
 
@@ -206,8 +226,10 @@ class FinalWeights(Callback):
     """Record a SHA-256 digest of the module's parameters when training ends.
 
     Two runs have the same digest exactly when their final weights are bitwise identical
-    (:func:`mpguide.verify.probes.parameter_digest`).
+    (:func:`mpguide.verify.run.probes.parameter_digest`).
     """
+
+    measures = {"final_weights": "name"}
 
     def __init__(self) -> None:
         self.digest: str | None = None
@@ -223,10 +245,12 @@ class FinalWeights(Callback):
 class WeightsDigest(Callback):
     """Record a SHA-256 digest of the module's parameters when the record is made.
 
-    Unlike :class:`~mpguide.verify.probes.FinalWeights` (a shared probe, only after training ended
+    Unlike :class:`~mpguide.verify.run.probes.FinalWeights` (a shared probe, only after training ended
     normally), this one is attached by examples that compare runs bitwise, and it also digests the
     weights a run had when an error stopped it.
     """
+
+    measures = {"weights": "name"}
 
     def __init__(self) -> None:
         self.module: torch.nn.Module | None = None
@@ -235,17 +259,25 @@ class WeightsDigest(Callback):
         self.module = pl_module
 
     def record_extra(self) -> dict[str, Any]:
-        """``{"weights": hex digest}`` (:func:`mpguide.verify.probes.parameter_digest`), ``{}`` before setup."""
+        """``{"weights": hex digest}`` (:func:`mpguide.verify.run.probes.parameter_digest`), ``{}`` before setup."""
         return {"weights": parameter_digest(self.module)} if self.module is not None else {}
 
 
 class Pitfalls(PitfallChecks):
     """:class:`mpguide.checks.PitfallChecks` as a probe: its findings go into the run's record.
 
-    Attached by :func:`~mpguide.verify.probes.with_checks` to every run of an example, so the module a reader
+    Attached by :func:`~mpguide.verify.run.probes.with_checks` to every run of an example, so the module a reader
     copies stays clean; the ``flags`` and ``clean`` claims (:mod:`mpguide.verify.claims`) judge what it recorded.
     Each finding is also warned (a ``PitfallWarning`` in the run's ``warnings``), as a reader would see it.
     """
+
+    measures = {
+        "pitfall_findings": "list[pitfall_finding]",
+        "pitfall_notes": "list[text]",
+        "pitfall_check_seconds": "nonnegative",
+        "pitfall_setup_seconds": "nonnegative",
+        "pitfall_step_seconds": "nonnegative",
+    }
 
     def record_extra(self) -> dict[str, Any]:
         """What the check saw and cost, for ``extra``.
@@ -266,7 +298,7 @@ class Pitfalls(PitfallChecks):
 
 
 def with_checks(recipes: Any, probes: Any = None) -> dict[str, list[Any]]:
-    """An example's ``probes`` mapping with :class:`~mpguide.verify.probes.Pitfalls` added for every recipe.
+    """An example's ``probes`` mapping with :class:`~mpguide.verify.run.probes.Pitfalls` added for every recipe.
 
     Args:
         recipes: the example's recipe table (name -> LightningModule factory); only its names are used.

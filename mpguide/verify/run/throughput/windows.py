@@ -1,7 +1,7 @@
 """One timed window of one variant: the MLP and its batch, the Lightning fit or plain loop that runs it, and
-the clock that times it (:func:`~mpguide.verify.throughput_windows.clock`; the timing rules are in
-:mod:`mpguide.verify.throughput`), plus the slowdown a test can inject
-(:data:`~mpguide.verify.throughput_windows.SLOWDOWN_ENV`)."""
+the clock that times it (:func:`~mpguide.verify.run.throughput.windows.clock`; the timing rules are in
+:mod:`mpguide.verify.run.throughput`), plus the slowdown a test can inject
+(:data:`~mpguide.verify.run.throughput.windows.SLOWDOWN_ENV`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from ..checks import PitfallChecks
-from . import hardware
-from .throughput_config import TUNED, VARIANTS, Size, Tuning
+from ....checks import PitfallChecks
+from ... import hardware
+from .config import TUNED, VARIANTS, Size, Tuning
 
 
 def build_mlp(size: Size, seed: int = 0) -> nn.Sequential:
@@ -102,8 +102,8 @@ def parse_slowdown(text: str | None) -> dict[str, float]:
 
     Raises:
         hardware.ConfigurationError: an entry without ``=``, a fraction that is not a number >= 0, or a
-            variant that is not one of :data:`~mpguide.verify.throughput_config.VARIANTS` or
-            :data:`~mpguide.verify.throughput_config.TUNED`.
+            variant that is not one of :data:`~mpguide.verify.run.throughput.config.VARIANTS` or
+            :data:`~mpguide.verify.run.throughput.config.TUNED`.
     """
     known = set(VARIANTS) | {v for tuned in TUNED.values() for v in tuned}
     out: dict[str, float] = {}
@@ -214,7 +214,7 @@ def clock(accelerator: str) -> float:
     """Seconds for timing windows: CUDA: wall time after ``torch.cuda.synchronize()``; CPU: this process's
     CPU time (:func:`time.process_time`).
 
-    On CPU the benchmark runs single-threaded (see :func:`~mpguide.verify.throughput.interleaved`), so CPU time
+    On CPU the benchmark runs single-threaded (see :func:`~mpguide.verify.run.throughput.interleaved`), so CPU time
     is the work of the step itself; wall time would mostly measure the other processes sharing the
     cores (on the project's shared 2-core machine, wall-clock rates of one variant swung 100x between
     windows while CPU time did not).

@@ -7,23 +7,23 @@ Timing rules (what makes a ratio of two variants meaningful on a noisy machine):
   lives on the device, so no data loading or host-to-device copy is timed;
 * each timed **window** starts after ``warmup`` steps of that window (allocations, autocast caches,
   cuBLAS heuristics); on CUDA the device is synchronised before both clock readings, on CPU the
-  clock is the process's CPU time with one thread (:func:`~mpguide.verify.throughput_windows.clock`);
+  clock is the process's CPU time with one thread (:func:`~mpguide.verify.run.throughput.windows.clock`);
 * windows of the variants are **interleaved**: round after round, each variant runs one window, in
   an order that rotates every round, so machine noise (other processes, frequency changes) hits
   all variants alike; the reported rate is the **median** over rounds;
-* the number of rounds is **sequential**: after :attr:`~mpguide.verify.throughput_config.Size.rounds` rounds
+* the number of rounds is **sequential**: after :attr:`~mpguide.verify.run.throughput.config.Size.rounds` rounds
   (the fewest that admit a 95 % interval for a median), the benchmark stops as soon as every parity claim it is given
-  (:func:`~mpguide.verify.throughput.claims_decided`) is decided by the rule of
-  :func:`mpguide.verify.metrics.decide_paired`, else it times another round, up to
-  :attr:`~mpguide.verify.throughput_config.Size.max_rounds`;
+  (:func:`~mpguide.verify.run.throughput.claims_decided`) is decided by the rule of
+  :func:`mpguide.verify.claims.metrics.decide_paired`, else it times another round, up to
+  :attr:`~mpguide.verify.run.throughput.config.Size.max_rounds`;
   the claims that are still undecided there are judged inconclusive (never passed).
 
 The Lightning variants are real :class:`lightning.pytorch.Trainer` fits (``max_steps`` per window,
 logger, checkpointing and progress bar off); their windows are timed by a callback from the end of
 the last warm-up batch to the end of the last batch, so Trainer setup is not counted, Lightning's
-per-step loop and hooks are. On CUDA, :func:`~mpguide.verify.throughput.matmul_peak_tflops` measures a
+per-step loop and hooks are. On CUDA, :func:`~mpguide.verify.run.throughput.matmul_peak_tflops` measures a
 bf16 matmul peak in the same process, on the same GPU, to put achieved TFLOP/s in proportion, and
-the GPU sizes also time :data:`~mpguide.verify.throughput_config.TUNED`: the manual variant with one standard
+the GPU sizes also time :data:`~mpguide.verify.run.throughput.config.TUNED`: the manual variant with one standard
 speed-up at a time (TF32 matmuls in fp32; a fused optimizer, ``torch.compile`` or both in bf16-mixed),
 so the page can say what each one moves. On a GPU the whole benchmark holds the device alone
 (:func:`mpguide.verify.hardware.device_lock`), although the docs build runs other examples in parallel.
@@ -42,11 +42,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import hardware
-from .metrics import decide_paired
-from .throughput_config import OFFERED, TUNED, VARIANTS, Size, Tuning, variant_key, variants_for
-from .throughput_config import SIZES as SIZES
-from .throughput_windows import (
+from ... import hardware
+from ...claims.metrics import decide_paired
+from ...claims.tolerances import TOLERANCES
+from .config import OFFERED, TUNED, VARIANTS, Size, Tuning, variant_key, variants_for
+from .config import SIZES as SIZES
+from .windows import (
     SLOWDOWN_ENV,
     build_mlp,
     lightning_window,
@@ -54,14 +55,25 @@ from .throughput_windows import (
     parse_slowdown,
     plain_window,
 )
-from .tolerances import TOLERANCES
+
+#: The ``extra`` keys the benchmark's figures fill (a rate key is named after its variant, so by pattern).
+MEASURES = {
+    "*_round_steps_per_s": "list[positive]",
+    "*_steps_per_s": "positive",
+    "*_samples_per_s": "positive",
+    "benchmark": "benchmark",
+    "size": "benchmark_size",
+    "device_wait_s": "nonnegative",
+    "peak_bf16_tflops": "positive",
+    "automatic_tflops": "nonnegative",
+}
 
 
 def _calibrated(
     size: Size, net: nn.Module, batch: Any, precision: str, accelerator: str, state: dict[str, Any]
 ) -> Size:
     """``size`` with enough timed steps per window to last
-    :attr:`~mpguide.verify.throughput_config.Size.min_window_s` in ``precision``.
+    :attr:`~mpguide.verify.run.throughput.config.Size.min_window_s` in ``precision``.
 
     Times one untimed-for-the-result window of the plain loop (``size.warmup`` + ``size.steps`` steps on
     the plain variant's own model, which goes on training) and scales ``steps`` up from it, never down.
@@ -80,11 +92,12 @@ class Timing:
     Attributes:
         precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
         size: the model and timing size of this precision (``size.steps``: timed steps per window,
-            after :attr:`~mpguide.verify.throughput_config.Size.min_window_s` calibration).
+            after :attr:`~mpguide.verify.run.throughput.config.Size.min_window_s` calibration).
         seconds: variant -> seconds of each timed window (``size.steps`` steps), in round order.
         device_wait_s: seconds the benchmark waited for the GPU to itself (0.0 on CPU; see
             :func:`mpguide.verify.hardware.device_lock`).
-        injected_slowdown: variant -> fraction of the test hook :data:`~mpguide.verify.throughput_windows.SLOWDOWN_ENV`
+        injected_slowdown: variant -> fraction of the test hook
+        :data:`~mpguide.verify.run.throughput.windows.SLOWDOWN_ENV`
             (empty normally).
     """
 
@@ -103,7 +116,7 @@ class Timing:
         return self.steps_per_s(variant) * self.size.batch
 
     def tflops(self, variant: str) -> float:
-        """Achieved matmul TFLOP/s (:meth:`~mpguide.verify.throughput_config.Size.flops_per_step` x median steps/s /
+        """Achieved matmul TFLOP/s (:meth:`~mpguide.verify.run.throughput.config.Size.flops_per_step` x median steps/s /
         1e12)."""
         return self.steps_per_s(variant) * self.size.flops_per_step() / 1e12
 
@@ -132,7 +145,7 @@ class Timing:
         return [self.size.steps / s for s in self.seconds[variant]]
 
     def rates(self) -> dict[str, Any]:
-        """Flat record entries for every timed variant (see :func:`~mpguide.verify.throughput_config.variant_key`):
+        """Flat record entries for every timed variant (see :func:`~mpguide.verify.run.throughput.config.variant_key`):
         ``<key>_steps_per_s`` and
         ``<key>_samples_per_s`` (medians) and ``<key>_round_steps_per_s`` (a list, one rate per round), the
         numbers :func:`mpguide.verify.claims.rate_ratio` claims divide (lists: paired by round)."""
@@ -152,7 +165,7 @@ def interleaved(
     until: Callable[[dict[str, Timing]], bool] | None = None,
     slowdown: dict[str, float] | None = None,
 ) -> dict[str, Timing]:
-    """Time the variants of every precision (:func:`~mpguide.verify.throughput_config.variants_for`), interleaved.
+    """Time the variants of every precision (:func:`~mpguide.verify.run.throughput.config.variants_for`), interleaved.
 
     Each variant keeps its own copy of the same initial weights across rounds (it goes on training),
     so no variant times a cold model the others have warmed. On CUDA the benchmark holds the GPU alone
@@ -160,27 +173,27 @@ def interleaved(
 
     Args:
         precisions: Lightning precision names.
-        size: model and timing size (see :data:`~mpguide.verify.throughput_config.SIZES`).
+        size: model and timing size (see :data:`~mpguide.verify.run.throughput.config.SIZES`).
         accelerator: ``"cpu"`` or ``"cuda"``.
         progress: called with one line per round.
-        until: the sequential stopping test, e.g. :func:`~mpguide.verify.throughput.claims_decided`: called
+        until: the sequential stopping test, e.g. :func:`~mpguide.verify.run.throughput.claims_decided`: called
             after every round from round ``size.rounds`` on with the timings so far; ``True`` stops.
             Rounds end at ``size.max_rounds`` whatever it says. ``None``: exactly ``size.rounds`` rounds.
         slowdown: variant -> fraction by which each of its timed steps is really made longer (a test
-            hook; default: :data:`~mpguide.verify.throughput_windows.SLOWDOWN_ENV`, parsed by
-            :func:`~mpguide.verify.throughput_windows.parse_slowdown`).
+            hook; default: :data:`~mpguide.verify.run.throughput.windows.SLOWDOWN_ENV`, parsed by
+            :func:`~mpguide.verify.run.throughput.windows.parse_slowdown`).
 
     Returns:
-        precision -> :class:`~mpguide.verify.throughput.Timing`.
+        precision -> :class:`~mpguide.verify.run.throughput.Timing`.
 
     Raises:
         hardware.ConfigurationError: an unknown precision or accelerator, or a malformed
-            :data:`~mpguide.verify.throughput_windows.SLOWDOWN_ENV`.
+            :data:`~mpguide.verify.run.throughput.windows.SLOWDOWN_ENV`.
     """
     import os
     import warnings
 
-    from .runner import quiet_lightning
+    from ..runner import quiet_lightning
 
     for p in precisions:
         hardware.check_precision(p)
@@ -260,14 +273,14 @@ def claims_decided(
     Picks the declared ``rate_ratio`` claims that apply on ``accelerator`` and compare two per-round
     rate lists (keys ending in ``_round_steps_per_s``, as :meth:`Timing.rates` records them), finds each
     one's precision from its run, and returns a function of the timings so far that is ``True`` when
-    :func:`mpguide.verify.metrics.decide_paired` decides every one of them (pass or fail, not inconclusive).
+    :func:`mpguide.verify.claims.metrics.decide_paired` decides every one of them (pass or fail, not inconclusive).
     Claims that compare single numbers are decided without an interval and do not keep rounds going.
 
     Raises:
-        mpguide.verify.declarations.DeclarationError: the tables are malformed (as
-            :func:`mpguide.verify.runner.run_example` would say).
+        mpguide.verify.claims.declarations.DeclarationError: the tables are malformed (as
+            :func:`mpguide.verify.run.runner.run_example` would say).
     """
-    from . import declarations
+    from ...claims import declarations
 
     decl = declarations.from_tables(example, runs, claims)
     precision_of = {r.id: r.precision for r in decl.runs}

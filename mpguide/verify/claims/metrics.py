@@ -1,7 +1,8 @@
 """Curve and rate metrics the claims are judged with.
 
 Curve metrics: both curves are smoothed with an exponential moving
-average (:data:`~mpguide.verify.metrics.EMA_ALPHA`), the first :data:`~mpguide.verify.metrics.WARMUP_FRACTION` of
+average (:data:`~mpguide.verify.claims.metrics.EMA_ALPHA`), the first
+:data:`~mpguide.verify.claims.metrics.WARMUP_FRACTION` of
 the steps is dropped, and the candidate is compared with the reference step by step, relative to
 the reference:
 
@@ -10,7 +11,7 @@ the reference:
   cannot pass a pitfall off as reproduced).
 
 Rate metrics: a paired rate claim is decided on the per-round ratios of an interleaved benchmark by
-:func:`~mpguide.verify.metrics.decide_paired` (:data:`mpguide.verify.tolerances.PAIRED_RULE`).
+:func:`~mpguide.verify.claims.metrics.decide_paired` (:data:`mpguide.verify.claims.tolerances.PAIRED_RULE`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from .tolerances import Tolerance
 
 #: Smoothing factor of the exponential moving average applied to loss curves (weight of the new step).
 EMA_ALPHA = 0.1
-#: Fraction of the steps ignored at the start of a run (at least :data:`~mpguide.verify.metrics.MIN_WARMUP_STEPS`).
+#: Fraction of the steps ignored at the start of a run (at least
+#: :data:`~mpguide.verify.claims.metrics.MIN_WARMUP_STEPS`).
 WARMUP_FRACTION = 0.1
 #: Smallest number of steps ignored at the start of a run.
 MIN_WARMUP_STEPS = 3
 
-#: Confidence of the interval that decides a paired rate claim (see :func:`~mpguide.verify.metrics.decide_paired`).
+#: Confidence of the interval that decides a paired rate claim (see
+#: :func:`~mpguide.verify.claims.metrics.decide_paired`).
 PAIRED_CONFIDENCE = 0.95
 
 
@@ -140,14 +143,14 @@ def median_interval(
 
 @dataclass(frozen=True)
 class PairedDecision:
-    """What :func:`~mpguide.verify.metrics.decide_paired` concluded from per-round ratios.
+    """What :func:`~mpguide.verify.claims.metrics.decide_paired` concluded from per-round ratios.
 
     Attributes:
         verdict: ``"pass"`` (interval inside the band), ``"fail"`` (wholly outside) or
             ``"inconclusive"`` (it straddles an edge, or too few rounds for an interval).
         rounds: number of ratios ``n``.
         median: their median.
-        low, high: the interval of :func:`~mpguide.verify.metrics.median_interval` (``None`` without one).
+        low, high: the interval of :func:`~mpguide.verify.claims.metrics.median_interval` (``None`` without one).
         order: its ``k``; 0 without an interval.
         coverage: its coverage; 0.0 without an interval.
         band: ``(lowest, highest)`` ratio the claim accepts (``math.inf`` for a speed-up's top).
@@ -178,7 +181,7 @@ class PairedDecision:
 
 
 def decide_paired(ratios: Sequence[float], tolerance: Tolerance) -> PairedDecision:
-    """Decide a rate claim from its per-round ratios (:data:`~mpguide.verify.tolerances.PAIRED_RULE`).
+    """Decide a rate claim from its per-round ratios (:data:`~mpguide.verify.claims.tolerances.PAIRED_RULE`).
 
     Args:
         ratios: ``numerator / denominator`` of each interleaved round (positive floats).
@@ -186,7 +189,7 @@ def decide_paired(ratios: Sequence[float], tolerance: Tolerance) -> PairedDecisi
             speed-up, band ``[value, inf)``.
 
     Returns:
-        A :class:`~mpguide.verify.metrics.PairedDecision`; its verdict is ``"inconclusive"`` whenever the
+        A :class:`~mpguide.verify.claims.metrics.PairedDecision`; its verdict is ``"inconclusive"`` whenever the
         interval is missing or reaches across a band edge, so noise alone never makes it pass.
     """
     band = (1 - tolerance.value, 1 + tolerance.value) if tolerance.bound == "max" else (tolerance.value, math.inf)

@@ -1,6 +1,6 @@
 """The schema of a results record, as typed pydantic models.
 
-A version-matrix summary has its own schema, in :mod:`mpguide.verify.summary_schema`.
+A version-matrix summary has its own schema, in :mod:`mpguide_build.summary_schema`.
 
 Every field of the layout in :mod:`mpguide.verify.records` has a type here, checked in pydantic's strict
 mode (no coercion: ``"0.5"`` is not a number, ``true`` is not ``1``), and every measured number
@@ -10,7 +10,7 @@ refused with one :class:`RecordError` naming the file, the field as a JSON path 
 exit status 2, the docs build into one build error.
 
 Why pydantic (v2) rather than jsonschema: the records are made and read by Python only, and the
-models state the types next to the code that writes them (:class:`mpguide.verify.runner.RunResult`);
+models state the types next to the code that writes them (:class:`mpguide.verify.run.runner.RunResult`);
 each error carries a location tuple (``("runs", 3, "extra", ...)``) that becomes the JSON path of
 the message; strict mode refuses the silent coercions a hand check forgets (a bool is an int in
 Python); ``allow_inf_nan=False`` says per field where NaN and Infinity are malformed input and
@@ -23,9 +23,12 @@ What is finite and what is not:
   ``NaN``/``Infinity`` tokens), and the gate's implicit ``finite`` check judges it;
 * ``lr``, ``loss_scale``, ``seconds``, ``steps``, ``skipped_steps`` and the recipe measurements
   in ``extra`` are finite (counts are integers >= 0, rates are > 0);
-* ``extra`` stays a free-form object per recipe, but every key that a claim or the page reads is
-  registered in :data:`EXTRA_KEYS` (or matches :data:`EXTRA_PATTERNS`) with its type, and any
-  other key is a JSON value whose numbers are finite (:func:`check_json`). A registered key may be
+* ``extra`` stays a free-form object per recipe, but the probe that measures a key declares its type
+  where it measures it (``measures = {"key": "type"}``, names from :data:`MEASURE_TYPES`); the runner
+  writes the declarations into the run (``measures``), each declared key is checked against its type, a
+  claim may read only keys its runs declare, and any other key is a JSON value whose numbers are finite
+  (:func:`check_json`). A record without declarations (written before probes declared them) is typed by
+  the declarations read from the sources (:mod:`mpguide.verify.records.measures`). A declared key may be
   ``null`` only in a run that raised (the recipe had nothing to measure), or where
   :data:`NULLABLE_EXTRA` says so.
 
@@ -35,7 +38,7 @@ carries the fields it needs, and a record written by schema 2 itself (not upgrad
 stores every run option.
 
 Why this module is longer than 400 lines: it is the schema of one record, and the parts depend on each other
-(the registered ``extra`` keys are checked by the run model, the claim model reads the run ids of the record
+(the declared ``extra`` keys are checked by the run model, the claim model reads the run ids of the record
 model, and the error messages walk the same models' locations); split up, a reader would follow one field
 through several files.
 """
@@ -43,6 +46,8 @@ through several files.
 from __future__ import annotations
 
 import difflib
+import fnmatch
+import functools
 import math
 import re
 from pathlib import Path
@@ -61,7 +66,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from . import hints
+from .. import hints
 
 #: Bump when the layout changes incompatibly; the gate refuses other versions.
 SCHEMA_VERSION = 2
@@ -102,7 +107,7 @@ def check_json(value: Any, at: str = "") -> None:
     """Refuse anything in ``value`` that is not plain JSON with finite numbers.
 
     Args:
-        value: a parsed JSON value (an unregistered ``extra`` entry, a claim's ``expected``).
+        value: a parsed JSON value (an undeclared ``extra`` entry, a claim's ``expected``).
         at: JSON path of ``value`` below the field being validated, for the message.
 
     Raises:
@@ -135,7 +140,7 @@ def check_json(value: Any, at: str = "") -> None:
 
 
 class BenchmarkVariant(StrictModel):
-    """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.throughput`)."""
+    """Per-variant figures of the throughput benchmark (``summary()`` in :mod:`mpguide.verify.run.throughput`)."""
 
     steps_per_s: Positive
     samples_per_s: Positive
@@ -147,7 +152,7 @@ class BenchmarkVariant(StrictModel):
 
 
 class BenchmarkSize(StrictModel):
-    """``extra.size``: the fields of :class:`mpguide.verify.throughput_config.Size` (the page recomputes FLOP/s from
+    """``extra.size``: the fields of :class:`mpguide.verify.run.throughput.config.Size` (the page recomputes FLOP/s from
     them)."""
 
     width: Count
@@ -177,140 +182,74 @@ def _json_finite(value: Any) -> Any:
     return value
 
 
-#: ``extra`` keys that claims or pages read, with their types. Keys written by the run harness
-#: (:func:`mpguide.verify.runner.train_run`, :mod:`mpguide.verify.probes`, :mod:`mpguide.verify.distributed`,
-#: :mod:`mpguide.verify.fabric_runs`) and by the examples' own probes (their ``record_extra``).
-EXTRA_KEYS: dict[str, Any] = {
-    # every Trainer run (mpguide.verify.runner)
-    "global_step": Count,
-    "batches": Count,
-    "skipped_per_step": list[bool],
-    # probes (mpguide.verify.probes)
-    "logged": dict[str, list[AnyNumber]],  # what self.log saw, as it was: a blown-up value is data
-    "updates_applied": Count,
-    "updates_not_applied": Count,
-    "all_updates_applied": bool,
-    "applied_per_step": list[bool],
-    "final_loss_scale": NonNegative,
-    "final_weights": Name,
-    "updates_with_gradient": Count,
-    "updates_lost": Count,
-    "updates_kept": Count,
-    "lost_fraction_per_step": list[Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)]],
-    # two ranks of DDP (mpguide.verify.distributed)
-    "ranks": Count,
-    "allreduce_calls": Count,
-    "allreduce_bytes": Count,
-    "allreduce_counts_agree": bool,
-    "weights_agree_across_ranks": bool,
-    "skipped_batches_per_rank": list[list[Count]],
-    "skip_decisions_agree": bool,
-    "record_extra_per_rank": Annotated[list[dict[str, Any]], AfterValidator(_json_finite)],
-    "allreduces_per_optimizer_step": NonNegative,
-    "allreduce_bytes_per_optimizer_step": NonNegative,
-    # plot_02
-    "generator_changed": bool,
-    "weights": Name,
-    "forced_window_factors": list[Finite],
-    "other_windows_constant": bool,
-    "micro_batches_kept": list[Count],
-    "micro_batches_per_window": list[Count],
-    "windows_with_scale_change": Count,
-    "scale_changed_inside_a_window": bool,
-    # plot_03, plot_14
-    "head_update_factor": list[Finite],
-    "predicted_factor": list[Finite],
-    "predicted_at_overflow": Finite,
-    "smallest_scale_change": Finite,
-    "steps_with_scale_change": Count,
-    "predicted_first_three": list[Finite],
-    "unused_model_moved": bool,
-    # plot_04
-    "seen_norm": list[NonNegative],
-    "update_norm": list[NonNegative],
-    # plot_05
-    "first_applied_lr": NonNegative,
-    "first_applied_lr_is_base": bool,
-    "skipped_steps": Count,
-    "skipped_any": bool,
-    "global_step_counts_skipped": bool,
-    "step_calls": Count,
-    "ran_past_max_steps": bool,
-    # plot_06
-    "window_moved": list[bool],
-    "scale_constant_in_windows": bool,
-    "overflow_window_skipped": bool,
-    "other_windows_moved": bool,
-    # plot_07, plot_08
-    "trainer_precision": Name,
-    "has_scaler": bool,
-    "stale_after_step": bool,
-    # plot_09
-    "weights_digest": Name,
-    "max_abs_diff_vs_automatic": list[NonNegative],
-    "identical_to_automatic": bool,
-    # plot_16
-    "student_moved": Count,
-    "teacher_moved": Count,
-    "teacher_elements": Count,
-    "teacher_unchanged": Count,
-    "teacher_followed": Count,
-    "teacher_frozen": Count,
-    "weight_dtype": Name,
-    "teacher_dtype": Name,
-    "nonfinite_weights": Count,
-    # PitfallChecks as a probe (mpguide.verify.probes.Pitfalls), judged by the flags and clean claims
-    "pitfall_findings": list[PitfallFinding],
-    "pitfall_notes": list[str],
-    "pitfall_check_seconds": NonNegative,
-    "pitfall_setup_seconds": NonNegative,
-    "pitfall_step_seconds": NonNegative,
-    # plot_15 (mpguide.verify.throughput)
+#: The type names a ``measures`` declaration may use (a probe's ``measures = {"key": "type"}``, the harness's
+#: ``MEASURES``), each with its validator; ``list[T]`` of any of them nests (``list[list[count]]``). The first
+#: six are the examples' vocabulary; the others name the harness's composite measurements.
+MEASURE_TYPES: dict[str, Any] = {
+    "bool": bool,
+    "count": Count,  # an int >= 0
+    "finite": Finite,
+    "nonnegative": NonNegative,
+    "positive": Positive,
+    "name": Name,  # a non-empty string
+    "text": str,
+    "fraction": Annotated[float, Field(allow_inf_nan=False, ge=0, le=1)],
+    "number": AnyNumber,  # NaN and Infinity are data (a blown-up logged value)
+    "json": Annotated[Any, AfterValidator(_json_finite)],  # any JSON value whose numbers are finite
+    "series": dict[str, list[AnyNumber]],  # what self.log saw, by name
+    "pitfall_finding": PitfallFinding,
     "benchmark": dict[str, BenchmarkVariant],
-    "size": BenchmarkSize,
-    "device_wait_s": NonNegative,
-    "peak_bf16_tflops": Positive,
-    "automatic_tflops": NonNegative,
+    "benchmark_size": BenchmarkSize,
 }
+_LIST = re.compile(r"list\[(.+)\]")
 
-#: ``extra`` keys by pattern (the throughput rates are named after the benchmark's variants).
-EXTRA_PATTERNS: tuple[tuple[re.Pattern[str], Any], ...] = (
-    (re.compile(r"[a-z0-9_]+_round_steps_per_s"), list[Positive]),
-    (re.compile(r"[a-z0-9_]+_steps_per_s"), Positive),
-    (re.compile(r"[a-z0-9_]+_samples_per_s"), Positive),
-)
 
-#: Registered keys that are ``null`` in a run that completed: no GradScaler, no final scale.
+@functools.cache
+def _measure_kind(name: str) -> Any:
+    inner = _LIST.fullmatch(name)
+    if inner:
+        return list[_measure_kind(inner.group(1))]
+    if name not in MEASURE_TYPES:
+        raise ValueError(f"unknown type name {name!r} (known: {', '.join(MEASURE_TYPES)}, and list[...] of them)")
+    return MEASURE_TYPES[name]
+
+
+@functools.cache
+def measure_type(name: str) -> TypeAdapter:
+    """The validator of the type ``name`` of a ``measures`` declaration.
+
+    Raises:
+        ValueError: ``name`` is not in :data:`MEASURE_TYPES` (nor ``list[...]`` of one).
+    """
+    kind = _measure_kind(name)
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return TypeAdapter(kind)
+    return TypeAdapter(kind, config=ConfigDict(strict=True))
+
+
+#: Declared keys that are ``null`` in a run that completed: no GradScaler, no final scale.
 NULLABLE_EXTRA = frozenset({"final_loss_scale"})
 
-_ADAPTERS = {
-    key: TypeAdapter(kind)
-    if isinstance(kind, type) and issubclass(kind, BaseModel)
-    else TypeAdapter(kind, config=ConfigDict(strict=True))
-    for key, kind in EXTRA_KEYS.items()
-}
-_PATTERN_ADAPTERS = tuple(
-    (pattern, TypeAdapter(kind, config=ConfigDict(strict=True))) for pattern, kind in EXTRA_PATTERNS
-)
+
+def declared_type(measures: dict[str, str], key: str) -> str | None:
+    """The type name ``measures`` declares for ``key`` (a key may be declared by a pattern, ``"*_steps_per_s"``)."""
+    if key in measures:
+        return measures[key]
+    patterns = ((pattern, kind) for pattern, kind in measures.items() if "*" in pattern)
+    return next((kind for pattern, kind in patterns if fnmatch.fnmatchcase(key, pattern)), None)
 
 
-def extra_type(key: str) -> TypeAdapter | None:
-    """The validator of ``extra[key]``, or ``None`` for an unregistered key (then :func:`check_json` applies)."""
-    if key in _ADAPTERS:
-        return _ADAPTERS[key]
-    return next((adapter for pattern, adapter in _PATTERN_ADAPTERS if pattern.fullmatch(key)), None)
-
-
-def _validate_extra(extra: dict[str, Any], raised: bool) -> None:
+def _validate_extra(extra: dict[str, Any], raised: bool, measures: dict[str, str] | None) -> None:
+    """Each declared key against its declared type; any other key is a JSON value with finite numbers."""
     for key, value in extra.items():
-        adapter = extra_type(key)
-        if adapter is None:
+        kind = declared_type(measures, key) if measures is not None else None
+        if kind is None:
             check_json(value, f".{key}")
             continue
         if value is None and (raised or key in NULLABLE_EXTRA):
             continue
         try:
-            adapter.validate_python(value, strict=True)
+            measure_type(kind).validate_python(value, strict=True)
         except ValidationError as err:
             first = err.errors(include_url=False)[0]
             at = f".{key}" + json_path(first["loc"], absolute=False)
@@ -365,7 +304,7 @@ class ErrorInfo(StrictModel):
 
 
 class Run(StrictModel):
-    """One entry of ``runs`` (the fields of :class:`mpguide.verify.runner.RunResult`)."""
+    """One entry of ``runs`` (the fields of :class:`mpguide.verify.run.runner.RunResult`)."""
 
     id: Name
     mode: Name
@@ -386,6 +325,9 @@ class Run(StrictModel):
     seconds: NonNegative
     error: ErrorInfo | None
     warnings: list[str]
+    #: key -> type name of every ``extra`` key the run's probes and harness declare (:data:`MEASURE_TYPES`);
+    #: absent in a record written before probes declared them (then the caller's fallback declarations apply).
+    measures: dict[str, str] | None = None
     extra: dict[str, Any]
 
     @field_validator("error", mode="before")
@@ -418,7 +360,21 @@ class Run(StrictModel):
     def _extra_typed(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, dict):
             raise PydanticCustomError("mpguide", "'extra' must be an object")
-        _validate_extra(value, raised=info.data.get("error") is not None)
+        measures = info.data.get("measures")
+        if measures is None:
+            measures = (info.context or {}).get("fallback_measures")
+        _validate_extra(value, raised=info.data.get("error") is not None, measures=measures)
+        return value
+
+    @field_validator("measures", mode="after")
+    @classmethod
+    def _known_types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key, kind in (value or {}).items():
+            try:
+                _measure_kind(kind)
+            except ValueError as err:
+                why = {"key": repr(key), "why": str(err)}
+                raise PydanticCustomError("mpguide", "measures[{key}]: {why}", why) from None
         return value
 
 
@@ -439,7 +395,7 @@ CLAIM_FIELDS: dict[str, tuple[int, tuple[str, ...]]] = {
 
 
 class Claim(StrictModel):
-    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.declaration_check.CLAIM_KEYS`), what was
+    """One entry of ``claims``: its defining keys (:data:`mpguide.verify.claims.compare.CLAIM_KEYS`), what was
     judged."""
 
     kind: Name
@@ -666,8 +622,22 @@ def describe(err: ValidationError, record: Any, path: Path | str) -> str:
     return f"{path}: field {at!r} should be {expected_text(first)}, found {found_text(value)}{more}; {fix}"
 
 
-def validate_record(record: Any, path: Path | str = "<record>") -> None:
+def claim_keys(claim: dict[str, Any]) -> list[str]:
+    """The ``extra`` keys a claim reads: its ``key`` (``"a/b"`` reads two) and a ratio's named ``expected``."""
+    keys = str(claim.get("key") or "").split("/") if claim.get("key") else []
+    if claim.get("kind") == "ratio" and isinstance(claim.get("expected"), str):
+        keys.append(claim["expected"])
+    return keys
+
+
+def validate_record(
+    record: Any, path: Path | str = "<record>", fallback_measures: dict[str, str] | None = None
+) -> None:
     """Check a record already parsed from JSON against :class:`Record`.
+
+    Each run's ``extra`` is typed by the run's own ``measures``; a run without them (a record written before
+    probes declared their keys: the committed references, upgraded records) by ``fallback_measures``, the
+    declarations read from the harness and example sources (:func:`mpguide.verify.records.measures.declared`).
 
     Raises:
         RecordError: naming ``path``, the first problem's field (a JSON path) and the fix.
@@ -687,6 +657,6 @@ def validate_record(record: Any, path: Path | str = "<record>") -> None:
             )
         )
     try:
-        Record.model_validate(record)
+        Record.model_validate(record, context={"fallback_measures": fallback_measures})
     except ValidationError as err:
         raise RecordError(describe(err, record, path)) from None

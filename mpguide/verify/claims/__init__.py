@@ -4,13 +4,13 @@ An example declares claims with :func:`~mpguide.verify.claims.match`, :func:`~mp
 :func:`~mpguide.verify.claims.raises` and the other helpers below; they are stored in its results record
 (by tolerance *name*, not by number) and judged by :func:`~mpguide.verify.claims.evaluate_record`, which
 the example itself, the claim gate (:mod:`mpguide.verify.gate`) and the Sphinx extension all call. Because
-thresholds are looked up in :data:`mpguide.verify.tolerances.TOLERANCES` at judgement time, a committed record
+thresholds are looked up in :data:`mpguide.verify.claims.tolerances.TOLERANCES` at judgement time, a committed record
 (a GPU reference, say) is re-judged against today's thresholds.
 
-The parts live in their own modules: the thresholds and their provenance in :mod:`mpguide.verify.tolerances`,
-the curve and rate metrics in :mod:`mpguide.verify.metrics`, the judging of each claim kind in
-:mod:`mpguide.verify.judging`, and the outcome of a claim (:class:`~mpguide.verify.verdicts.Verdict`) in
-:mod:`mpguide.verify.verdicts`. This module re-exports the few of their names that examples use through it
+The parts live in their own modules: the thresholds and their provenance in :mod:`mpguide.verify.claims.tolerances`,
+the curve and rate metrics in :mod:`mpguide.verify.claims.metrics`, the judging of each claim kind in
+:mod:`mpguide.verify.claims.judging`, and the outcome of a claim (:class:`~mpguide.verify.claims.verdicts.Verdict`) in
+:mod:`mpguide.verify.claims.verdicts`. This module re-exports the few of their names that examples use through it
 (``TOLERANCES``, ``INCONCLUSIVE_RULE``, ``decide_paired``, ``relative_gap``).
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .._sections import SECTIONS
+from ..._sections import SECTIONS
 from .judging import evaluate_claim
 from .metrics import decide_paired as decide_paired
 from .metrics import relative_gap as relative_gap
@@ -38,7 +38,7 @@ def match(candidate: str, reference: str, tolerance: str, title: str = "") -> di
     Args:
         candidate: run id judged.
         reference: run id it is compared with (differences are relative to this curve).
-        tolerance: a key of :data:`~mpguide.verify.tolerances.TOLERANCES` with ``bound="max"``.
+        tolerance: a key of :data:`~mpguide.verify.claims.tolerances.TOLERANCES` with ``bound="max"``.
         title: one line for the verdict table, e.g. ``"manual port = automatic (bf16-mixed)"``.
 
     Raises:
@@ -70,7 +70,7 @@ def raises(run: str, exception: str, message: str, title: str = "") -> dict[str,
 def warns(run: str, category: str, message: str, title: str = "") -> dict[str, Any]:
     """Declare that run ``run`` emitted a warning of class ``category`` whose text contains ``message``.
 
-    Warnings are captured per run by :func:`mpguide.verify.runner.train_run` as ``"Category: text"``.
+    Warnings are captured per run by :func:`mpguide.verify.run.runner.train_run` as ``"Category: text"``.
     """
     if not category or not message:
         raise ClaimSpecError("warns() needs a warning class name and a message fragment")
@@ -106,7 +106,7 @@ def ratio(
         expected: a number, or the name of a list in ``candidate``'s ``extra`` giving the expected
             factor per step (a prediction recorded by the run itself). An expected factor of 0
             (a step GradScaler skipped) requires the candidate's value to be exactly 0.
-        tolerance: a key of :data:`~mpguide.verify.tolerances.TOLERANCES` with ``bound="max"``; the metric is the
+        tolerance: a key of :data:`~mpguide.verify.claims.tolerances.TOLERANCES` with ``bound="max"``; the metric is the
             largest ``|actual / expected - 1|`` over steps.
     """
     _check_tolerance(tolerance, "max")
@@ -128,15 +128,16 @@ def rate_ratio(run: str, key: str, tolerance: str, title: str = "") -> dict[str,
 
     Args:
         run: run id whose ``extra`` holds both numbers (rates measured in one interleaved benchmark,
-            so machine noise affects both alike, see :mod:`mpguide.verify.throughput`; or counts).
+            so machine noise affects both alike, see :mod:`mpguide.verify.run.throughput`; or counts).
         key: ``"numerator_key/denominator_key"``, two entries of that run's ``extra``: two numbers
             (the quotient is theirs, compared as a point), or two equally long lists of per-round rates
             of an interleaved benchmark: a paired comparison, one quotient per round (a stretch of machine
             load hitting some rounds moves both rates of a round alike), decided by
-            :func:`~mpguide.verify.metrics.decide_paired`: pass when the 95 % interval of the median quotient
+            :func:`~mpguide.verify.claims.metrics.decide_paired`: pass when the 95 % interval of the median quotient
             lies inside the band, fail when wholly outside, **inconclusive** otherwise
-            (:data:`~mpguide.verify.tolerances.PAIRED_RULE`, :data:`~mpguide.verify.tolerances.INCONCLUSIVE_RULE`).
-        tolerance: a key of :data:`~mpguide.verify.tolerances.TOLERANCES`. A ``"max"`` bound means parity:
+            (:data:`~mpguide.verify.claims.tolerances.PAIRED_RULE`,
+            :data:`~mpguide.verify.claims.tolerances.INCONCLUSIVE_RULE`).
+        tolerance: a key of :data:`~mpguide.verify.claims.tolerances.TOLERANCES`. A ``"max"`` bound means parity:
             ``|numerator / denominator - 1| <= value`` (band ``[1 - value, 1 + value]``); a ``"min"``
             bound means a speed-up: ``numerator / denominator >= value``.
 
@@ -192,8 +193,8 @@ def planned_steps(preset: str) -> int | None:
 
     Returns ``None`` for an unknown preset name, which then fails every run's ``finite`` check.
     """
-    from ..data import steps_per_epoch
-    from .hardware import PRESETS
+    from ...data import steps_per_epoch
+    from ..hardware import PRESETS
 
     size = PRESETS.get(preset)
     return None if size is None else size.epochs * steps_per_epoch(size.batch_size)
@@ -204,11 +205,11 @@ def evaluate_record(
 ) -> list[Verdict]:
     """Judge a record: its example's declared claims, plus the implicit checks on every run.
 
-    With ``declaration`` (a :class:`mpguide.verify.declarations.Declaration`, what the gate and the pages
-    pass), the record is first compared with it (:meth:`mpguide.verify.declarations.Declaration.compare`)
+    With ``declaration`` (a :class:`mpguide.verify.claims.declarations.Declaration`, what the gate and the pages
+    pass), the record is first compared with it (:meth:`mpguide.verify.claims.declarations.Declaration.compare`)
     and the **declared** claims are judged, never the record's own copy: a record cannot loosen a
     tolerance, flip an expected value or drop a claim. Without it (a record just built in memory
-    by :func:`mpguide.verify.runner.run_example` from the same tables) the record's claims are judged.
+    by :func:`mpguide.verify.run.runner.run_example` from the same tables) the record's claims are judged.
 
     ``stale=True`` (a committed reference made from an older version of the example) judges only
     the declared claims the record already held, on runs whose recipe and precision are unchanged;
@@ -225,7 +226,7 @@ def evaluate_record(
         stale: judge as a stale reference (see above).
 
     Returns:
-        One :class:`~mpguide.verify.verdicts.Verdict` per declaration problem, claim and implicit check.
+        One :class:`~mpguide.verify.claims.verdicts.Verdict` per declaration problem, claim and implicit check.
     """
     runs = {run["id"]: run for run in record["runs"]}
     example = record["example"]
