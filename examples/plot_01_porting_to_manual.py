@@ -36,7 +36,7 @@ from torch import nn
 from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_01_porting_to_manual")  # MPGUIDE_* settings, before anything trains or prints
@@ -391,8 +391,9 @@ class SharedTeacher(ReporterStep):
 
 import matplotlib.pyplot as plt
 
-from mpguide.verify import plotting, report, runner
-from mpguide.verify.probes import WeightsDigest
+from mpguide.verify.run import runner
+from mpguide.verify.run.probes import WeightsDigest
+from mpguide.verify.show import plotting, report
 
 recipes = {
     "automatic": TeacherStudent,

@@ -38,7 +38,7 @@ from torch import nn
 from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_02_two_optimizers")  # MPGUIDE_* settings, before anything trains or prints
@@ -329,16 +329,16 @@ class OftenChangingScale:
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# The bug runs in every precision, with Lightning's plugin and with ``ManualMixedPrecision``. Probes (callbacks the
-# modules never see) record whether the generator changed, a weights digest, and the micro-batches of each step.
+# The bug in every precision, stock and with ``ManualMixedPrecision``; probes record generator, weights, micro-batches.
 
 import functools
 
 from lightning.pytorch.callbacks import Callback
 
 from mpguide import steps
-from mpguide.verify import plotting, report, runner
-from mpguide.verify.probes import parameter_digest
+from mpguide.verify.run import runner
+from mpguide.verify.run.probes import parameter_digest
+from mpguide.verify.show import plotting, report
 
 
 class GeneratorAndWeights(Callback):

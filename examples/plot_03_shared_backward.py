@@ -46,7 +46,7 @@ from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
 from mpguide.precision import ManualMixedPrecision
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_03_shared_backward")  # MPGUIDE_* settings, before anything trains or prints
@@ -141,7 +141,8 @@ fixed_growth = functools.partial(with_growth_interval, ManualMixedPrecision)
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import plotting, report, runner
+from mpguide.verify.run import runner
+from mpguide.verify.show import plotting, report
 
 
 class HeadUpdate(Callback):

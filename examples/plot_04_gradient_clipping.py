@@ -41,7 +41,7 @@ from mpguide.data import NUM_FEATURES, digits_loader
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_04_gradient_clipping")  # MPGUIDE_* settings, before anything trains or prints
@@ -199,15 +199,15 @@ GAN_MAX_NORM = 0.05
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# fp32 is the reference for each optimizer. Probes (callbacks) record per step the norm ``clip_gradients`` sees,
-# the applied update (weights as the optimizer starts vs at batch end), two logging hooks' norms, the GAN's hook.
+# fp32 is each optimizer's reference. Probes record the norm ``clip_gradients`` sees, the update, the hooks' norms.
 
 import functools
 import math
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import plotting, report, runner
+from mpguide.verify.run import runner
+from mpguide.verify.show import plotting, report
 
 
 class ClipProbe(Callback):

@@ -43,7 +43,7 @@ from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_05_skipped_steps")  # MPGUIDE_* settings, before anything trains or prints
@@ -148,7 +148,8 @@ class StepInBatchEndHook(DigitsClassifier):
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import plotting, report, runner
+from mpguide.verify.run import runner
+from mpguide.verify.show import plotting, report
 
 
 class AppliedLearningRates(Callback):

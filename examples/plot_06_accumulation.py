@@ -40,7 +40,7 @@ from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_06_accumulation")  # MPGUIDE_* settings, before anything trains or prints
@@ -116,7 +116,8 @@ print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import plotting, report, runner
+from mpguide.verify.run import runner
+from mpguide.verify.show import plotting, report
 
 
 class WindowProbe(Callback):

@@ -30,7 +30,7 @@ import torch
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_07_backward_and_flags")  # MPGUIDE_* settings, before anything trains or prints
@@ -93,7 +93,7 @@ print(
 # probes record which precision the ``Trainer`` really used and whether it had a GradScaler; on a GPU
 # the plain flag gets a real GradScaler, and the claims say so instead.
 
-from mpguide.verify import plotting, report
+from mpguide.verify.show import plotting, report
 
 recipes = {
     "manual_backward": functools.partial(Manual, optimizer="sgd", lr=0.05),

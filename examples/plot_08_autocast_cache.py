@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_08_autocast_cache")  # MPGUIDE_* settings, before anything trains or prints
@@ -115,7 +115,7 @@ print(f"a forward right after opt.step() saw the old weights: {model.stale_after
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import plotting, report
+from mpguide.verify.show import plotting, report
 
 
 class StaleAfterStep(Callback):

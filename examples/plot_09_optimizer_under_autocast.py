@@ -40,7 +40,7 @@ from torch import nn
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_09_optimizer_under_autocast")  # MPGUIDE_* settings, before anything trains or prints
@@ -109,7 +109,7 @@ print(f"largest weight difference, manual port vs automatic: {(final[True] - fin
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import plotting, report
+from mpguide.verify.show import plotting, report
 
 AUTOMATIC = {}  # (precision, plugin class) -> weights after each step of the automatic run
 

@@ -34,7 +34,7 @@ from torch import nn
 from mpguide.data import NUM_FEATURES
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_10_gradient_penalty")  # MPGUIDE_* settings, before anything trains or prints
@@ -132,7 +132,7 @@ print(f"optimizer steps: {trainer.global_step}, loss scale now: {trainer.precisi
 
 import math
 
-from mpguide.verify import plotting, report
+from mpguide.verify.show import plotting, report
 
 recipes = {"naive penalty": R1GAN, "scaled penalty": ScaledR1GAN}
 # fmt: off

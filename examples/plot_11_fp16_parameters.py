@@ -39,7 +39,7 @@ from torch import nn
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_11_fp16_parameters")  # MPGUIDE_* settings, before anything trains or prints
@@ -108,7 +108,7 @@ print(f"adapter weight dtype: {model.adapter.weight.dtype}, optimizer steps: {tr
 # under bf16-mixed without clipping, with ``Trainer(detect_anomaly=True)``; the fp32 adapter in the
 # three precisions with clipping, where it must follow fp32.
 
-from mpguide.verify import plotting, report
+from mpguide.verify.show import plotting, report
 
 recipes = {
     "half adapter": lambda: BodyAndAdapter(half_adapter=True),

@@ -33,7 +33,7 @@ import torch
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_12_nonfinite_guard")  # MPGUIDE_* settings, before anything trains or prints
@@ -121,7 +121,7 @@ class StepAndDetect(SkipIfNotFinite):
 # The habit in fp32, bf16-mixed and 16-mixed, step-and-detect in fp32 and 16-mixed, for the whole preset.
 # The probes record, per batch, whether the parameters changed, and the loss scale at the end.
 
-from mpguide.verify import plotting, report
+from mpguide.verify.show import plotting, report
 
 recipes = {"skip if not finite": SkipIfNotFinite, "step and detect": StepAndDetect}
 # fmt: off

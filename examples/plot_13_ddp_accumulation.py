@@ -35,7 +35,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_13_ddp_accumulation")  # MPGUIDE_* settings, before anything trains or prints
@@ -106,12 +106,13 @@ class AccumulateNeverSync(AccumulateSyncAtWindowEnd):
 # Evidence: the runs and their claims
 # -----------------------------------
 # ``{"strategy": "ddp_fork", "devices": 2}`` works both in a script and inside the docs build (see
-# :mod:`mpguide.verify.distributed` for why not ``"ddp"`` or ``"ddp_spawn"``). The single process sees
+# :mod:`mpguide.verify.run.distributed` for why not ``"ddp"`` or ``"ddp_spawn"``). The single process sees
 # each global batch of 64 whole, each DDP rank 32 samples of it. For 16-mixed, rank 0 alone gets an
 # infinite gradient on the first (unsynchronised) micro-batch of windows 0 and 10.
 
 from mpguide import steps
-from mpguide.verify import distributed, plotting, report, runner
+from mpguide.verify.run import distributed, runner
+from mpguide.verify.show import plotting, report
 
 OVERFLOW_WINDOWS = (0, 10)
 

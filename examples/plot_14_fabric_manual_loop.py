@@ -40,7 +40,7 @@ from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
 from mpguide.fabric import FabricManualMixedPrecision, loss_scale
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_14_fabric_manual_loop")  # MPGUIDE_* settings, before anything trains or prints
@@ -181,13 +181,14 @@ class FabricAutocast32(LibraryFree):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# :func:`mpguide.verify.fabric_runs.train_run` drives the loops; the probes are Fabric callbacks.
+# :func:`mpguide.verify.run.fabric.train_run` drives the loops; the probes are Fabric callbacks.
 # SGD moves the head by ``lr`` x its true gradient x the **update factor** (predicted: backward's scale / step's).
 
 from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
 
 from mpguide import fabric
-from mpguide.verify import fabric_runs, plotting, report
+from mpguide.verify.run import fabric as fabric_runs
+from mpguide.verify.show import plotting, report
 
 
 class HeadUpdate:

@@ -41,7 +41,7 @@ import torch
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_15_throughput")  # MPGUIDE_* settings, before anything trains or prints
@@ -103,7 +103,7 @@ print(f"{trainer.global_step} optimizer steps in {elapsed:.2f} s: {trainer.globa
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# :func:`mpguide.verify.throughput.interleaved` times the rounds until every parity claim of this
+# :func:`mpguide.verify.run.throughput.interleaved` times the rounds until every parity claim of this
 # accelerator is decided (or the cap). Each run then trains ``TimedManual`` in one precision and a
 # probe (a callback) carries that precision's benchmark into its record: medians and per-round rates.
 
@@ -111,7 +111,9 @@ import dataclasses
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import hardware, plotting, report, throughput
+from mpguide.verify import hardware
+from mpguide.verify.run import throughput
+from mpguide.verify.show import plotting, report
 
 accelerator, preset = hardware.select_accelerator(), hardware.select_preset()
 size = throughput.SIZES[(accelerator, preset.name)]

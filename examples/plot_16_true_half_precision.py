@@ -42,7 +42,7 @@ from torch import nn
 from mpguide.data import NUM_CLASSES, NUM_FEATURES
 
 # sphinx_gallery_start_ignore
-from mpguide.verify import runner
+from mpguide.verify.run import runner
 
 runner.quiet_lightning()
 runner.check_settings("plot_16_true_half_precision")  # MPGUIDE_* settings, before anything trains or prints
@@ -126,12 +126,12 @@ class FP32TeacherFromCast(FP32Teacher):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Same weights and batches for every run. :class:`mpguide.verify.probes.LostUpdates` counts the weight
+# Same weights and batches for every run. :class:`mpguide.verify.run.probes.LostUpdates` counts the weight
 # elements with a gradient that did not change; ``WeightsMoved`` (a callback), which weights moved.
 
 from lightning.pytorch.callbacks import Callback
 
-from mpguide.verify import plotting, report
+from mpguide.verify.show import plotting, report
 
 
 class WeightsMoved(Callback):

@@ -51,7 +51,7 @@ class Lesson:
         out = []
         if self.share < MIN_TEACHING_SHARE:
             out.append(
-                f"{self.path.name}: {self.share:.0%} of its {self.teaching + self.verification} counted lines teach "
+                f"{self.path.name}: {self.share:.1%} of its {self.teaching + self.verification} counted lines teach "
                 f"(budget {MIN_TEACHING_SHARE:.0%}); move probes and tables into fewer lines or a cell titled "
                 f"'{EVIDENCE_PREFIX}...' that says less, or teach more"
             )

@@ -366,6 +366,18 @@ class Run(StrictModel):
         _validate_extra(value, raised=info.data.get("error") is not None, measures=measures)
         return value
 
+    @field_validator("measures", mode="before")
+    @classmethod
+    def _measures_object(cls, value: Any) -> Any:
+        # absent: a record from before the declarations (typed by the sources); present, it must be an object
+        if not isinstance(value, dict):
+            raise PydanticCustomError(
+                "mpguide",
+                "'measures' must be an object of key -> type name (what the run's probes declare); leave the "
+                "field out only in a record written before probes declared their keys",
+            )
+        return value
+
     @field_validator("measures", mode="after")
     @classmethod
     def _known_types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
