@@ -45,6 +45,9 @@ from .matrix_summary import (
     write_summary,
 )
 
+#: The cell-by-cell runner of the examples (a file: the column's environment does not import the build code).
+CELLS = Path(__file__).with_name("cells.py")
+
 #: The tests of the plugin run in every environment.
 PLUGIN_TESTS = "tests/test_precision.py"
 
@@ -142,8 +145,9 @@ def run_release(
 ) -> dict[str, Any]:
     """In the current environment: run ``names`` at the test preset, judge them, write the summary.
 
-    Each example runs as ``python examples/<name>.py`` with ``MPGUIDE_PRESET=test`` and
-    ``MPGUIDE_DEVICE=cpu``; a script that fails or times out is recorded, not raised.
+    Each example runs cell by cell (:mod:`mpguide_build.cells`: a cell that raises, such as a call to copy
+    that needs a newer Lightning, is recorded and the Evidence cells after it still run) with
+    ``MPGUIDE_PRESET=test`` and ``MPGUIDE_DEVICE=cpu``; a script that fails or times out is recorded, not raised.
 
     Args:
         version: the release this environment must import, or the branch name of an unreleased
@@ -205,7 +209,7 @@ def run_release(
             )
             try:
                 proc = subprocess.run(
-                    [sys.executable, str(declarations.example_file(name))],
+                    [sys.executable, str(CELLS), str(declarations.example_file(name))],
                     cwd=tmp,
                     env=env,
                     capture_output=True,
