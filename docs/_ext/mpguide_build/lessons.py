@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: The budget: at least this share of an example's counted lines teach.
+#: At least this share of an example's counted lines teach (the budget).
 MIN_TEACHING_SHARE = 0.60
 #: A section title that marks a verification cell.
 EVIDENCE_PREFIX = "Evidence"

@@ -45,7 +45,7 @@ from .matrix_summary import (
     write_summary,
 )
 
-#: The cell-by-cell runner of the examples (a file: the column's environment does not import the build code).
+# the cell-by-cell runner of the examples, run as a file: a column environment has no build code on its path
 CELLS = Path(__file__).with_name("cells.py")
 
 #: The tests of the plugin run in every environment.
