@@ -293,7 +293,8 @@ def footer(section: str, prefix: str = "../") -> str:
     word = "hold" if held == len(judged) else "hold; the build reports the others as failures"
     lines = [
         f"**Verified** in this build: {held} of {len(judged)} checks of "
-        f'<a href="{prefix}auto_examples/{example}.html#verdicts">example {_example_number(example)}</a> {word}.'
+        f'<a href="{prefix}auto_examples/{example}.html#evidence-the-verdicts">'
+        f"example {_example_number(example)}</a> {word}."
     ]
     if claims:
         differs = {"differs": DIFFERS[section]} if section in DIFFERS else {}
