@@ -16,12 +16,10 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_04_gradient_clipping.py
 
-**What you will learn**
-
-* clip in ``on_before_optimizer_step``, which Lightning calls inside ``opt.step()`` after unscaling;
-* why calling the scaler's ``unscale_`` yourself fails, and why fused optimizers cannot be clipped;
-* which optimizer the hook receives when there are two (a GAN), and where a logged norm is real;
-* that :class:`~mpguide.precision.ManualMixedPrecision` makes the clip-before-step habit correct.
+**What you will learn**: clip in ``on_before_optimizer_step``, which Lightning calls inside ``opt.step()``
+after unscaling; why calling the scaler's ``unscale_`` yourself fails and fused optimizers cannot be
+clipped; which optimizer the hook receives in a GAN, and where a logged norm is real; that
+:class:`~mpguide.precision.ManualMixedPrecision` makes the clip-before-step habit correct.
 """
 
 # %%
@@ -384,7 +382,7 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # gradient RMS, which shrinks by the same factor, so its updates keep their size. Curves that lie
 # on top of another (the hook run on fp32, say) carry markers and say so in the legend.
 
-fig, ((sgd_seen, sgd_applied), (adam_seen, adam_applied)) = plotting.figure(2, 2, 12, 9.4)
+fig, ((sgd_seen, sgd_applied), (adam_seen, adam_applied)) = plotting.figure(2, 2, 12, 8.4)
 plotting.describe(
     fig,
     "Clipping between backward and step under 16-mixed sees norms about 65536 times too large; "
@@ -412,7 +410,8 @@ plt.show()
 # -----------
 # The consequence: SGD that clips the scaled gradient does not train at all; clipping in the hook
 # (or with ``ManualMixedPrecision``) trains exactly like fp32. AdamW hides the mistake: its curve
-# stays close to fp32.
+# stays close to fp32, so a loss curve alone is no evidence that a clip between backward and step is
+# harmless; the norms above are.
 
 fig, (left, right) = plotting.figure(1, 2, 12, 5.6)
 plotting.describe(
@@ -437,7 +436,8 @@ plt.show()
 # ``on_before_optimizer_step`` (after unscaling) it is the real one, except with a fused optimizer,
 # which unscales inside its own step: there both hooks see the scaled norm. In the GAN, the hook's
 # optimizer is never ``self.optimizers()[1]`` (a wrapper) and is ``self.optimizers()[1].optimizer``
-# once per batch, so only the fixed version clips its discriminator.
+# once per batch, so only the fixed version clips its discriminator. Last, the errors of the three
+# recipes that cannot work: a second ``unscale_``, a fused AdamW, and ``gradient_clip_val`` in manual mode.
 
 for run_id in ("norms-fp16", "norms-fused-fp16", "gan-trap-fp16", "gan-fixed-fp16"):
     extra = plotting.run_by_id(record, run_id)["extra"]
@@ -451,11 +451,6 @@ for run_id in ("norms-fp16", "norms-fused-fp16", "gan-trap-fp16", "gan-fixed-fp1
             f"{run_id}: {extra['hook_calls']} hook calls, `is optimizers()[1]` true {extra['wrapper_comparison_true']}"
             f" times, `is ...[1].optimizer` true {extra['raw_comparison_true']}; D clipped: {extra['d_clipped']}"
         )
-
-# %%
-# The captured errors
-# -------------------
-
 for run_id in ("unscale-fp16", "fused-bf16", "trainer-flag"):
     error = plotting.run_by_id(record, run_id)["error"]
     # on another Lightning release a run may not raise: the verdicts below say whether one was expected

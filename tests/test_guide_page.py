@@ -212,7 +212,7 @@ def _harness(optimizers: str = "one", reaches: bool = True):
 RUNS = {
     "recipe": ("16-mixed", None),
     "porting": ("bf16-mixed", "sched"),
-    "autocast_cache": ("bf16-mixed", "plot_01"),
+    "autocast_cache": ("bf16-mixed", "plot_17"),
     "optimizer_math": ("16-mixed", "one"),
     "accumulation": ("16-mixed", "one"),
     "clipping": ("16-mixed", "one"),
@@ -229,11 +229,11 @@ def _guide_snippet(key: str) -> Snippet:
     return found[0]
 
 
-def _plot_01() -> dict:
-    """Example 01's namespace up to its ``run_example`` call (its recipes, nothing trained)."""
-    source = (ROOT / "examples" / "plot_01_porting_to_manual.py").read_text()
-    namespace = {"__name__": "guide_snippet_plot_01"}
-    exec(compile(source[: source.index("record = runner.run_example(")], "plot_01", "exec"), namespace)
+def _plot_17() -> dict:
+    """Example 17's namespace up to its ``run_example`` call (its recipes; only its call to copy trains)."""
+    source = (ROOT / "examples" / "plot_17_issue_20970_bf16_drift.py").read_text()
+    namespace = {"__name__": "guide_snippet_plot_17"}
+    exec(compile(source[: source.index("record = runner.run_example(")], "plot_17", "exec"), namespace)
     return namespace
 
 
@@ -248,7 +248,7 @@ def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool = True)
     hooks = {k: v for k, v in namespace.items() if callable(v) and _HOOK.search(f"def {k}(")}
     assert hooks, f"{snippet.where}: no training_step or hook found"
     # the snippet's own helpers (has_gradients, step_skip_aware) stay globals of its functions
-    base = _plot_01()["ReporterStep"] if optimizers == "plot_01" else _harness(optimizers, reaches)
+    base = _plot_17()["ReporterStep"] if optimizers == "plot_17" else _harness(optimizers, reaches)
     return type("Snippet", (base,), hooks)()
 
 
@@ -268,12 +268,12 @@ def test_each_hook_snippet_trains_in_a_real_trainer(key):
     _trainer(precision).fit(module, digits_loader(batch_size=64))
     after = _weights(module)
     changed = [k for k in before if not bool((before[k] == after[k]).all())]
-    trained = ("audio_encoder.", "text_encoder.") if optimizers == "plot_01" else ("net.",)
+    trained = ("audio_encoder.", "text_encoder.") if optimizers == "plot_17" else ("net.",)
     assert any(k.startswith(trained) for k in changed), f"{snippet.where}: the snippet did not train ({changed})"
 
 
 @pytest.mark.slow
-def test_the_20970_snippet_trains_bitwise_like_example_01s_verified_step():
+def test_the_20970_snippet_trains_bitwise_like_example_17s_verified_step():
     import lightning.pytorch as L
 
     from mpguide.data import digits_loader
@@ -285,9 +285,9 @@ def test_the_20970_snippet_trains_bitwise_like_example_01s_verified_step():
         return parameter_digest(module)
 
     L.seed_everything(0)
-    snippet = _module_from(_guide_snippet("autocast_cache"), "plot_01")
+    snippet = _module_from(_guide_snippet("autocast_cache"), "plot_17")
     L.seed_everything(0)
-    verified = _plot_01()["ReporterFixed"]()
+    verified = _plot_17()["ReporterFixed"]()
     assert trained(snippet) == trained(verified)
 
 

@@ -1,4 +1,4 @@
-"""The two reporters' training steps (examples 01 and 02): their measurements and claims can fail.
+"""The two reporters' training steps (examples 17 and 18): their measurements and claims can fail.
 
 Each test trains one-epoch runs of an example's own recipes with a real Trainer (the example's code up
 to its ``run_example`` call is executed, nothing is copied), then judges the example's own claim on
@@ -29,12 +29,12 @@ def example_namespace(example: str) -> dict:
 
 @pytest.fixture(scope="module")
 def two():
-    return example_namespace("plot_02_two_optimizers")
+    return example_namespace("plot_18_issue_20116_alternating_optimizers")
 
 
 @pytest.fixture(scope="module")
 def one():
-    return example_namespace("plot_01_porting_to_manual")
+    return example_namespace("plot_17_issue_20970_bf16_drift")
 
 
 def train(ns: dict, example: str, run_id: str, recipe: str | None = None) -> dict:
@@ -60,36 +60,36 @@ def judge(ns: dict, example: str, title_part: str, runs: dict) -> verdicts.Verdi
 
 
 def test_20116_posted_step_keeps_one_micro_batch_and_the_fix_all_three(two):
-    posted = train(two, "plot_02_two_optimizers", "rep-fp32")
-    fixed = train(two, "plot_02_two_optimizers", "fixed-fp32")
+    posted = train(two, "plot_18_issue_20116_alternating_optimizers", "rep-fp32")
+    fixed = train(two, "plot_18_issue_20116_alternating_optimizers", "fixed-fp32")
     assert posted["error"] is None and fixed["error"] is None
     assert posted["extra"]["micro_batches_kept"] == [1]
     assert fixed["extra"]["micro_batches_kept"] == [3]
     claim = "the fix: each step holds all 3 micro-batches"
-    assert judge(two, "plot_02_two_optimizers", claim, {"fixed-fp32": fixed}).passed
+    assert judge(two, "plot_18_issue_20116_alternating_optimizers", claim, {"fixed-fp32": fixed}).passed
     # the posted step trained under the fix's run id: the claim must fail
-    assert not judge(two, "plot_02_two_optimizers", claim, {"fixed-fp32": posted}).passed
+    assert not judge(two, "plot_18_issue_20116_alternating_optimizers", claim, {"fixed-fp32": posted}).passed
 
 
 def test_20116_assertion_needs_a_loss_that_misses_model_2(two):
-    posted = train(two, "plot_02_two_optimizers", "rep-fp16")
-    unreached = train(two, "plot_02_two_optimizers", "unreached-fp16")
-    guarded = train(two, "plot_02_two_optimizers", "unreached-guard-fp16")
+    posted = train(two, "plot_18_issue_20116_alternating_optimizers", "rep-fp16")
+    unreached = train(two, "plot_18_issue_20116_alternating_optimizers", "unreached-fp16")
+    guarded = train(two, "plot_18_issue_20116_alternating_optimizers", "unreached-guard-fp16")
     claim = "reaches none of its parameters: 16-mixed raises"
-    assert judge(two, "plot_02_two_optimizers", claim, {"unreached-fp16": unreached}).passed
-    assert not judge(two, "plot_02_two_optimizers", claim, {"unreached-fp16": posted}).passed
+    assert judge(two, "plot_18_issue_20116_alternating_optimizers", claim, {"unreached-fp16": unreached}).passed
+    assert not judge(two, "plot_18_issue_20116_alternating_optimizers", claim, {"unreached-fp16": posted}).passed
     assert guarded["error"] is None and guarded["extra"]["generator_changed"] is False
     assert posted["error"] is None and posted["extra"]["generator_changed"] is True
 
 
 def test_20116_fix_shows_the_skip_when_model_2_is_not_reached(two):
-    unreached = train(two, "plot_02_two_optimizers", "fixed-unreached-fp16")
-    reached = train(two, "plot_02_two_optimizers", "fixed-unreached-fp16", recipe="#20116 fixed")
+    unreached = train(two, "plot_18_issue_20116_alternating_optimizers", "fixed-unreached-fp16")
+    reached = train(two, "plot_18_issue_20116_alternating_optimizers", "fixed-unreached-fp16", recipe="#20116 fixed")
     assert unreached["error"] is None and unreached["extra"]["generator_changed"] is False
     assert any("optimizer 1 skipped at batch 5: no gradients" in w for w in unreached["warnings"])
     assert reached["extra"]["generator_changed"] is True
     assert not any("skipped at batch" in w for w in reached["warnings"])
-    ex, claim = "plot_02_two_optimizers", "the skip is visible"
+    ex, claim = "plot_18_issue_20116_alternating_optimizers", "the skip is visible"
     assert judge(two, ex, claim, {"fixed-unreached-fp16": unreached}).passed
     assert not judge(two, ex, claim, {"fixed-unreached-fp16": reached}).passed
     quiet = "the fix on #20116's own step: no skip"
@@ -98,31 +98,31 @@ def test_20116_fix_shows_the_skip_when_model_2_is_not_reached(two):
 
 
 def test_scale_change_inside_a_window_is_detected(two):
-    overlap = train(two, "plot_02_two_optimizers", "overlap-fp16-growth")
-    fixed = train(two, "plot_02_two_optimizers", "fixed-fp16-growth")
+    overlap = train(two, "plot_18_issue_20116_alternating_optimizers", "overlap-fp16-growth")
+    fixed = train(two, "plot_18_issue_20116_alternating_optimizers", "fixed-fp16-growth")
     assert overlap["extra"]["scale_changed_inside_a_window"] is True
     assert overlap["extra"]["windows_with_scale_change"] > 0
     assert fixed["extra"]["scale_changed_inside_a_window"] is False
     claim = "one optimizer per window: the scale never changes"
-    assert judge(two, "plot_02_two_optimizers", claim, {"fixed-fp16-growth": fixed}).passed
-    assert not judge(two, "plot_02_two_optimizers", claim, {"fixed-fp16-growth": overlap}).passed
+    assert judge(two, "plot_18_issue_20116_alternating_optimizers", claim, {"fixed-fp16-growth": fixed}).passed
+    assert not judge(two, "plot_18_issue_20116_alternating_optimizers", claim, {"fixed-fp16-growth": overlap}).passed
 
 
 def test_20970_elements_change_no_weight_and_the_same_claim_can_fail(one):
-    posted = train(one, "plot_01_porting_to_manual", "reporter-bf16")
-    no_autocast = train(one, "plot_01_porting_to_manual", "rep-noautocast-bf16")
-    per_epoch = train(one, "plot_01_porting_to_manual", "rep-noautocast-bf16", recipe="#20970, scheduler per epoch")
+    posted = train(one, "plot_17_issue_20970_bf16_drift", "reporter-bf16")
+    no_autocast = train(one, "plot_17_issue_20970_bf16_drift", "rep-noautocast-bf16")
+    per_epoch = train(one, "plot_17_issue_20970_bf16_drift", "rep-noautocast-bf16", recipe="#20970, scheduler per epoch")
     claim = "the own autocast changes no weight"
     assert judge(
-        one, "plot_01_porting_to_manual", claim, {"rep-noautocast-bf16": no_autocast, "reporter-bf16": posted}
+        one, "plot_17_issue_20970_bf16_drift", claim, {"rep-noautocast-bf16": no_autocast, "reporter-bf16": posted}
     ).passed
     assert not judge(
-        one, "plot_01_porting_to_manual", claim, {"rep-noautocast-bf16": per_epoch, "reporter-bf16": posted}
+        one, "plot_17_issue_20970_bf16_drift", claim, {"rep-noautocast-bf16": per_epoch, "reporter-bf16": posted}
     ).passed
 
 
 def test_20970_the_measured_cause_moves_bf16_only_and_the_posted_step_is_bitwise_automatic(one):
-    ex = "plot_01_porting_to_manual"
+    ex = "plot_17_issue_20970_bf16_drift"
     cached, plain = train(one, ex, "cache2-bf16"), train(one, ex, "plain2-bf16")
     cached32, plain32 = train(one, ex, "cache2-fp32"), train(one, ex, "plain2-fp32")
     drift = "two updates in a caching autocast: bf16-mixed drifts"

@@ -32,8 +32,8 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
         ],
     ),
     "drift_20970": (
-        "plot_01_porting_to_manual",
-        [("plot_01_porting_to_manual", "match(reporter-bf16, towers-auto-bf16)")],
+        "plot_17_issue_20970_bf16_drift",
+        [("plot_17_issue_20970_bf16_drift", "match(reporter-bf16, towers-auto-bf16)")],
     ),
     "autocast_cache": (
         "plot_08_autocast_cache",
@@ -61,7 +61,13 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             ("plot_04_gradient_clipping", "match(sgd-fp16-hook, sgd-fp32)"),
         ],
     ),
-    "no_gradient_step": ("plot_02_two_optimizers", [("plot_02_two_optimizers", "raises(bug-fp16)")]),
+    "no_gradient_step": (
+        "plot_02_two_optimizers",
+        [
+            ("plot_02_two_optimizers", "raises(bug-fp16)"),
+            ("plot_18_issue_20116_alternating_optimizers", "raises(unreached-fp16)"),
+        ],
+    ),
     "scale_changes": (
         "plot_03_shared_backward",
         [("plot_03_shared_backward", "expect(fp16-stock) [predicted_at_overflow]")],
@@ -186,7 +192,7 @@ def numbers() -> dict[str, Any]:
         return _run(recs[name], run_id)["extra"]
 
     judged = [v for e in entries.values() for v in e.verdicts if v.judged and v.kind not in ("finite", "completes")]
-    port = "plot_01_porting_to_manual"
+    port, drift = "plot_01_porting_to_manual", "plot_17_issue_20970_bf16_drift"
     tp = recs["plot_15_throughput"]
 
     def rate(run_id: str, variant: str) -> float:
@@ -196,18 +202,18 @@ def numbers() -> dict[str, Any]:
         e = extra("plot_15_throughput", run_id)
         return statistics.median(x / y for x, y in zip(e[f"{a}_round_steps_per_s"], e[f"{b}_round_steps_per_s"]))
 
-    def column_gap(lightning: str, torch_pin: str | None, claim_id: str) -> float:
-        """A match claim's measured gap (percent) in a committed matrix column (example 01)."""
+    def column_gap(example: str, lightning: str, torch_pin: str | None, claim_id: str) -> float:
+        """A match claim's measured gap (percent) in a committed matrix column."""
         from . import matrix_summary
 
         columns = matrix_summary.load_matrix() + matrix_summary.load_torch_matrix()
         for summary in columns:
             if summary["lightning"] == lightning and summary.get("torch_pin") == torch_pin:
-                for claim in summary["examples"].get(port, {}).get("claims", []):
+                for claim in summary["examples"].get(example, {}).get("claims", []):
                     if claim["id"] == claim_id and str(claim.get("observed", "")).startswith("max "):
                         return 100 * float(claim["observed"].split()[1])
         where = f"Lightning {lightning}" + (f", torch {torch_pin}" if torch_pin else "")
-        raise KeyError(f"the version matrix has no measured {claim_id} of {port} ({where}): run nox -s matrix")
+        raise KeyError(f"the version matrix has no measured {claim_id} of {example} ({where}): run nox -s matrix")
 
     scaler = torch.amp.GradScaler("cpu")
     sk = extra("plot_05_skipped_steps", "fp16-naive")
@@ -220,13 +226,13 @@ def numbers() -> dict[str, Any]:
         "n_checks": len(judged),
         "port_gap": max(gap(port, f"manual-{p}", f"auto-{p}") for p in ("fp32", "bf16", "fp16")),
         "bf16_gap": gap(port, "auto-bf16", "auto-fp32"),
-        "rep_bf16_gap": gap(port, "reporter-bf16", "reporter-fp32"),
-        "rep_cache_gap": gap(port, "cache2-bf16", "plain2-bf16"),
-        "rep_seed_gap": gap(port, "reporter-bf16-seed1", "reporter-bf16"),
+        "rep_bf16_gap": gap(drift, "reporter-bf16", "reporter-fp32"),
+        "rep_cache_gap": gap(drift, "cache2-bf16", "plain2-bf16"),
+        "rep_seed_gap": gap(drift, "reporter-bf16-seed1", "reporter-bf16"),
         # Lightning 2.5.4's own autocast caches: two updates drift without any own autocast (torch 2.13)
-        "old_cache_gap": column_gap("2.5.4", None, "match(plain2-bf16, plain2-fp32)"),
+        "old_cache_gap": column_gap(drift, "2.5.4", None, "match(plain2-bf16, plain2-fp32)"),
         # torch 2.10 with Lightning 2.5.4: the predictor shared by the no_grad teacher loses its gradient
-        "old_torch_shared_gap": column_gap("2.5.4", "2.10.0", "match(auto-bf16, auto-fp32)"),
+        "old_torch_shared_gap": column_gap(port, "2.5.4", "2.10.0", "match(auto-bf16, auto-fp32)"),
         "fp16_gap": gap(port, "auto-fp16", "auto-fp32"),
         "sched_final": _run(recs[port], "sched-fp32")["loss"][-1],
         "teacher_final": _run(recs[port], "teacher-fp32")["loss"][-1],
