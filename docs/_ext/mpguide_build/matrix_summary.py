@@ -91,9 +91,9 @@ TORCH_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 #: The Lightning release whose older-torch columns are compared with the site's own torch (2.13.0).
 TORCH_LIGHTNING = "2.6.6"
-#: The examples the older-torch columns run: those whose claims concern autocast caching (plot_08; plot_01,
-#: whose predictor serves a no_grad teacher and the student; plot_17, the #20970 reporter's step) and the
-#: two reporters' cases with their GANs (plot_02, plot_18).
+#: Examples run by the older-torch columns, those whose claims concern autocast caching (plot_08; plot_01,
+#: whose predictor serves a no_grad teacher and the student; plot_17, the #20970 reporter's step), and the
+#: two-optimizer cases (plot_02 and the #20116 reporter's, plot_18).
 TORCH_EXAMPLES: tuple[str, ...] = (
     "plot_01_porting_to_manual",
     "plot_02_two_optimizers",
