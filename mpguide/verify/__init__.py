@@ -3,7 +3,8 @@
 This layer depends on the reader API (:mod:`mpguide.precision`, :mod:`mpguide.fabric`, :mod:`mpguide.steps`,
 :mod:`mpguide.models`, :mod:`mpguide.data`), on torch and Lightning, never on Sphinx. Modules, one concern
 each: :mod:`~mpguide.verify.hardware` (device, precision, presets), :mod:`~mpguide.verify.claims.declarations`
-(the RUNS/CLAIMS tables of an example), :mod:`~mpguide.verify.run.runner` (real Trainer runs),
+(the RUNS/CLAIMS tables of an example), :mod:`~mpguide.verify.run.runner` (an example's runs),
+:mod:`~mpguide.verify.run.strategy` (one run, in one Trainer),
 :mod:`~mpguide.verify.run.probes` (callbacks that measure), :mod:`~mpguide.verify.run.fabric` and
 :mod:`~mpguide.verify.run.distributed` (Fabric and DDP runs), :mod:`~mpguide.verify.run.throughput` (timing),
 :mod:`~mpguide.verify.records` (results records), :mod:`~mpguide.verify.claims` (claims and thresholds),

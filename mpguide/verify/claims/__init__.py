@@ -70,7 +70,7 @@ def raises(run: str, exception: str, message: str, title: str = "") -> dict[str,
 def warns(run: str, category: str, message: str, title: str = "") -> dict[str, Any]:
     """Declare that run ``run`` emitted a warning of class ``category`` whose text contains ``message``.
 
-    Warnings are captured per run by :func:`mpguide.verify.run.runner.train_run` as ``"Category: text"``.
+    Warnings are captured per run by :meth:`mpguide.verify.run.strategy.RunStrategy.train` as ``"Category: text"``.
     """
     if not category or not message:
         raise ClaimSpecError("warns() needs a warning class name and a message fragment")

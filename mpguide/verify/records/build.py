@@ -53,7 +53,7 @@ def build_record(
 
     Args:
         example: the example's file stem.
-        results: the finished runs, :class:`mpguide.verify.run.runner.RunResult` (each stored as its fields).
+        results: the finished runs, :class:`mpguide.verify.run.strategy.RunResult` (each stored as its fields).
         declaration: the example's declared runs and claims.
         accelerator: ``"cpu"`` or ``"cuda"``; preset: the size the runs trained at.
         swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply.

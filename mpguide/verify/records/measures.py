@@ -2,7 +2,7 @@
 
 A probe (a Lightning or Fabric callback with ``record_extra()``) declares what it measures as a class attribute,
 ``measures = {"updates_applied": "count", "final_weights": "name"}``; the harness's own writers declare theirs as a
-module-level ``MEASURES`` literal (:mod:`mpguide.verify.run.runner`, :mod:`mpguide.verify.run.distributed`,
+module-level ``MEASURES`` literal (:mod:`mpguide.verify.run.strategy`, :mod:`mpguide.verify.run.distributed`,
 :mod:`mpguide.verify.run.throughput`). Type names are those of :data:`mpguide.verify.records.schema.MEASURE_TYPES`.
 
 The runner writes each run's declarations into its record (``runs[].measures``), so the gate, which reads JSON

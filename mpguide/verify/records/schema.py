@@ -10,7 +10,7 @@ refused with one :class:`RecordError` naming the file, the field as a JSON path 
 exit status 2, the docs build into one build error.
 
 Why pydantic (v2) rather than jsonschema: the records are made and read by Python only, and the
-models state the types next to the code that writes them (:class:`mpguide.verify.run.runner.RunResult`);
+models state the types next to the code that writes them (:class:`mpguide.verify.run.strategy.RunResult`);
 each error carries a location tuple (``("runs", 3, "extra", ...)``) that becomes the JSON path of
 the message; strict mode refuses the silent coercions a hand check forgets (a bool is an int in
 Python); ``allow_inf_nan=False`` says per field where NaN and Infinity are malformed input and
@@ -304,7 +304,7 @@ class ErrorInfo(StrictModel):
 
 
 class Run(StrictModel):
-    """One entry of ``runs`` (the fields of :class:`mpguide.verify.run.runner.RunResult`)."""
+    """One entry of ``runs`` (the fields of :class:`mpguide.verify.run.strategy.RunResult`)."""
 
     id: Name
     mode: Name

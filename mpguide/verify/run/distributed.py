@@ -16,7 +16,7 @@ always train on CPU with the gloo backend, on ``127.0.0.1`` and a free port; the
 semantics shown (when DDP all-reduces, what the ranks then agree on) are the same with NCCL on GPUs.
 
 Each rank records its own steps with :class:`RankRecorder` and writes them to a file; the parent
-process merges the ranks into one :class:`mpguide.verify.run.runner.RunResult` (the loss of the global batch
+process merges the ranks into one :class:`mpguide.verify.run.strategy.RunResult` (the loss of the global batch
 is the mean of the ranks' losses, since every rank's batch has the same size). Counting all-reduces:
 Lightning registers ``DDPStrategy(ddp_comm_hook=...)`` only on CUDA (``_register_ddp_hooks`` in
 ``strategies/ddp.py``) and silently ignores it on CPU, so :class:`RankRecorder` registers a counting
@@ -29,9 +29,8 @@ import json
 import os
 import socket
 import tempfile
-import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,8 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, T
 from ...data import digits_tensors
 from .. import hardware
 from ..records.measures import measures_of
-from .runner import RunResult, StepRecorder, captured_warnings, error_record, parameter_digest, quiet_lightning
-from .runner import train_run as single_train_run
+from .probes import parameter_digest
+from .strategy import RunResult, StepRecorder, TrainerRun, captured_warnings
 
 #: Number of processes of every DDP run.
 WORLD_SIZE = 2
@@ -159,7 +158,7 @@ def counting_allreduce_hook(state, bucket):  # no annotations: DDP's register_co
 
 
 class RankRecorder(StepRecorder):
-    """:class:`mpguide.verify.run.runner.StepRecorder` for one DDP rank: also counts all-reduces and writes a file.
+    """:class:`mpguide.verify.run.strategy.StepRecorder` for one DDP rank: also counts all-reduces and writes a file.
 
     In every rank (a forked child) it captures warnings from ``setup`` on, registers
     :func:`counting_allreduce_hook` when the model is a ``DistributedDataParallel``, and at the end
@@ -224,21 +223,15 @@ def is_ddp(spec: Any) -> bool:
     return int(spec.trainer_kwargs.get("devices", 1)) > 1
 
 
-def train_run(
-    spec: Any,
-    module_factory: Callable[[], Any],
-    accelerator: str,
-    preset: hardware.Preset,
-    plugin_factory: Callable[..., Any] | None = None,
-    probes: Sequence[Callable[[], Any]] = (),
-) -> RunResult:
-    """Train one declared run: DDP when its ``trainer`` options ask for ``devices`` > 1, else one process.
+class DDPRun(TrainerRun):
+    """:class:`mpguide.verify.run.strategy.TrainerRun` in :data:`WORLD_SIZE` forked CPU ranks over gloo, merged.
 
-    Pass it to :func:`mpguide.verify.run.runner.run_example` as ``train=``. A run declared with
-    ``{"trainer": {"strategy": "ddp_fork", "devices": 2}}`` trains in :data:`WORLD_SIZE` forked CPU
-    processes over gloo (see the module docstring for why fork, and why CPU); any other run goes to
-    :func:`mpguide.verify.run.runner.train_run` unchanged. Both read the data in the same order: one process
-    sees each global batch of ``preset.batch_size`` samples whole, each DDP rank sees its share.
+    A run declared with ``{"trainer": {"strategy": "ddp_fork", "devices": 2}}`` trains in forked processes
+    (see the module docstring for why fork, and why CPU, whatever accelerator was asked for) on
+    :func:`sharded_digits_loader`: each rank sees its share of every global batch of ``preset.batch_size``
+    samples, in the order one process would see them whole. Each rank measures with a :class:`RankRecorder`
+    and the example's probes; the probes' ``record_extra()`` is called there, from :class:`RankRecorder`'s
+    ``on_train_end`` (before theirs: a probe measures in earlier hooks or in ``record_extra`` itself).
 
     The result has the fields of a single-process run, merged over the ranks: ``loss`` is the mean
     of the ranks' losses per step (the loss of the global batch for a mean-reduced loss), ``lr`` and
@@ -249,134 +242,103 @@ def train_run(
     0's ``global_step``, i.e. by the optimizer steps of a one-optimizer module),
     ``skipped_batches_per_rank`` (batch indices after which each rank's loss scale went down, i.e.
     GradScaler skipped a step), ``skip_decisions_agree``, ``global_step`` and ``batches``, plus rank
-    0's probe measurements and ``record_extra_per_rank`` (each rank's).
+    0's probe measurements and ``record_extra_per_rank`` (each rank's). An exception in any rank is stored
+    in ``error`` (type and message) and leaves the per-step lists empty.
+    """
 
-    Args:
-        spec: the declared run (:class:`mpguide.verify.claims.declarations.RunDecl`).
-        module_factory: builds the LightningModule (called once, after seeding, in this process).
-        accelerator: ``"cpu"`` or ``"cuda"``; DDP runs use ``"cpu"`` whatever it says.
-        preset: size (epochs, global batch size).
-        plugin_factory: precision plugin factory ``(precision, accelerator) -> plugin`` or ``None``.
-        probes: the example's measuring callbacks for this recipe (zero-argument factories); in a DDP
-            run every rank records its own and reports their ``record_extra()``, called from
-            :class:`RankRecorder`'s ``on_train_end`` (before theirs: a probe measures in earlier hooks or
-            in ``record_extra`` itself).
+    precisions = hardware.PRECISIONS
+    unbuilt = "?"
 
-    Returns:
-        The merged :class:`mpguide.verify.run.runner.RunResult`. An exception in any rank is stored in
-        ``error`` (type and message) and leaves the per-step lists empty.
+    @property
+    def device(self) -> str:
+        """Always ``"cpu"``, since Lightning refuses to fork once CUDA is initialised."""
+        return "cpu"
+
+    def check(self, spec: Any) -> None:
+        """Refuse a DDP run declared with another number of devices than :data:`WORLD_SIZE`, or a strategy other
+        than ``"ddp_fork"``, then an unknown precision (``hardware.ConfigurationError``)."""
+        kwargs = dict(spec.trainer_kwargs)
+        if kwargs.get("devices") != WORLD_SIZE or kwargs.get("strategy") != "ddp_fork":
+            raise hardware.ConfigurationError(
+                f"run {spec.id!r}: DDP runs are declared with {{'strategy': 'ddp_fork', 'devices': {WORLD_SIZE}}} "
+                f"(fork works both in scripts and inside sphinx-gallery); found {kwargs}"
+            )
+        super().check(spec)
+
+    def make_loader(self, batch_size: int, seed: int) -> DataLoader:
+        """:func:`sharded_digits_loader`: the global batches of one process, split among the ranks."""
+        return sharded_digits_loader(batch_size, seed=seed)
+
+    def fit(self) -> None:
+        self.ranks: list[dict[str, Any]] = []
+        saved_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # nothing leaves this host
+        with tempfile.TemporaryDirectory(prefix="mpguide-ddp-") as out_dir:
+            try:
+                trainer = self.build_trainer(
+                    "cpu",
+                    [RankRecorder(out_dir), *self.probes],
+                    hardware.trainer_precision_kwargs(self.spec.precision, "cpu", self.plugin_factory),
+                    use_distributed_sampler=False,
+                    **self.spec.trainer_kwargs,
+                )
+                self.start_clock()
+                trainer.fit(self.module, self.loader)
+            finally:
+                for key, value in saved_env.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+                self.ranks = [
+                    json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(out_dir).glob("rank*.json"))
+                ]
+
+    def collect(self) -> None:
+        result, ranks = self.result, self.ranks
+        if result.error is None and len(ranks) != WORLD_SIZE:
+            result.error = {"type": "RuntimeError", "message": f"{len(ranks)} of {WORLD_SIZE} ranks wrote their record"}
+        result.warnings = sorted({*result.warnings, *(w for rank in ranks for w in rank["warnings"])})
+        if result.error is not None:
+            return
+        first = ranks[0]
+        result.loss = [sum(values) / len(values) for values in zip(*(r["loss"] for r in ranks))]
+        result.lr = first["lr"]
+        result.loss_scale = first["scale"] or None
+        result.skipped_steps = sum(first["skipped"])
+        skipped = [[i for i, flag in enumerate(r["skipped"]) if flag] for r in ranks]
+        result.extra.update(first["extra"])
+        result.measures.update(first.get("measures") or {})
+        result.extra.update(
+            ranks=len(ranks),
+            global_step=first["global_step"],
+            batches=len(result.loss),
+            allreduce_calls=first["allreduce_calls"],
+            allreduce_bytes=first["allreduce_bytes"],
+            allreduce_counts_agree=len({(r["allreduce_calls"], r["allreduce_bytes"]) for r in ranks}) == 1,
+            weights_agree_across_ranks=len({r["weights"] for r in ranks}) == 1,
+            skipped_batches_per_rank=skipped,
+            skip_decisions_agree=all(s == skipped[0] for s in skipped),
+            record_extra_per_rank=[r["extra"] for r in ranks],
+        )
+        if first["global_step"]:
+            result.extra.update(
+                allreduces_per_optimizer_step=first["allreduce_calls"] / first["global_step"],
+                allreduce_bytes_per_optimizer_step=first["allreduce_bytes"] / first["global_step"],
+            )
+
+
+def train_run(spec: Any, *args: Any, **kwargs: Any) -> RunResult:
+    """Train one declared run: with :class:`DDPRun` when its ``trainer`` options ask for ``devices`` > 1
+    (:func:`is_ddp`), else with :class:`mpguide.verify.run.strategy.TrainerRun` in one process.
+
+    Arguments ``(spec, module_factory, accelerator, preset, plugin_factory=None, probes=())``, result and errors
+    as :meth:`mpguide.verify.run.strategy.RunStrategy.train`; :func:`mpguide.verify.run.runner.run_example` makes
+    the same choice by itself.
 
     Raises:
-        hardware.ConfigurationError: a DDP run asking for another number of devices than
-            :data:`WORLD_SIZE`, or a strategy other than ``"ddp_fork"``.
+        hardware.ConfigurationError: a DDP run not declared as :meth:`DDPRun.check` requires, or an unknown
+            precision.
     """
-    if not is_ddp(spec):
-        return single_train_run(spec, module_factory, accelerator, preset, plugin_factory, probes=probes)
-    kwargs = dict(spec.trainer_kwargs)
-    if kwargs.get("devices") != WORLD_SIZE or kwargs.get("strategy") != "ddp_fork":
-        raise hardware.ConfigurationError(
-            f"run {spec.id!r}: DDP runs are declared with {{'strategy': 'ddp_fork', 'devices': {WORLD_SIZE}}} "
-            f"(fork works both in scripts and inside sphinx-gallery); found {kwargs}"
-        )
-    return _train_ddp(spec, module_factory, preset, plugin_factory, kwargs, probes)
-
-
-def _train_ddp(
-    spec: Any,
-    module_factory: Callable[[], Any],
-    preset: hardware.Preset,
-    plugin_factory: Callable[..., Any] | None,
-    trainer_kwargs: dict[str, Any],
-    probes: Sequence[Callable[[], Any]] = (),
-) -> RunResult:
-    import lightning.pytorch as pl
-
-    hardware.check_precision(spec.precision)
-    quiet_lightning()
-    pl.seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it
-    module = module_factory()
-    loader = sharded_digits_loader(preset.batch_size, seed=spec.seed)
-    saved_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # nothing leaves this host
-    error, plugin_name, start = None, "?", None
-    with tempfile.TemporaryDirectory(prefix="mpguide-ddp-") as out_dir, warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            trainer = pl.Trainer(
-                accelerator="cpu",
-                max_epochs=preset.epochs,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
-                use_distributed_sampler=False,
-                callbacks=[RankRecorder(out_dir), *(factory() for factory in probes)],
-                **hardware.trainer_precision_kwargs(spec.precision, "cpu", plugin_factory),
-                **trainer_kwargs,
-            )
-            plugin_name = type(trainer.precision_plugin).__name__
-            start = time.perf_counter()
-            trainer.fit(module, loader)
-        except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
-            error = error_record(err)
-        finally:
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-        seconds = 0.0 if start is None else round(time.perf_counter() - start, 3)
-        ranks = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(out_dir).glob("rank*.json"))]
-    if error is None and len(ranks) != WORLD_SIZE:
-        error = {"type": "RuntimeError", "message": f"{len(ranks)} of {WORLD_SIZE} ranks wrote their record"}
-    result = RunResult(
-        id=spec.id,
-        mode="automatic" if module.automatic_optimization else "manual",
-        precision=spec.precision,
-        precision_plugin=plugin_name,
-        recipe=spec.recipe,
-        seed=spec.seed,
-        steps=preset.epochs * len(loader),
-        plugin=spec.plugin,
-        trainer_kwargs=dict(spec.trainer_kwargs),
-        plain_flag=spec.plain_flag,
-        label=spec.label or spec.id,
-        seconds=seconds,
-        error=error,
-    )
-    messages = {f"{w.category.__name__}: {w.message}" for w in caught}
-    for rank in ranks:
-        messages.update(rank["warnings"])
-    result.warnings = sorted(messages)
-    if error is None:
-        _merge_ranks(result, ranks)
-    return result
-
-
-def _merge_ranks(result: RunResult, ranks: list[dict[str, Any]]) -> None:
-    first = ranks[0]
-    result.loss = [sum(values) / len(values) for values in zip(*(r["loss"] for r in ranks))]
-    result.lr = first["lr"]
-    result.loss_scale = first["scale"] or None
-    result.skipped_steps = sum(first["skipped"])
-    skipped = [[i for i, flag in enumerate(r["skipped"]) if flag] for r in ranks]
-    result.extra.update(first["extra"])
-    result.measures.update(first.get("measures") or {})
-    result.extra.update(
-        ranks=len(ranks),
-        global_step=first["global_step"],
-        batches=len(result.loss),
-        allreduce_calls=first["allreduce_calls"],
-        allreduce_bytes=first["allreduce_bytes"],
-        allreduce_counts_agree=len({(r["allreduce_calls"], r["allreduce_bytes"]) for r in ranks}) == 1,
-        weights_agree_across_ranks=len({r["weights"] for r in ranks}) == 1,
-        skipped_batches_per_rank=skipped,
-        skip_decisions_agree=all(s == skipped[0] for s in skipped),
-        record_extra_per_rank=[r["extra"] for r in ranks],
-    )
-    if first["global_step"]:
-        result.extra.update(
-            allreduces_per_optimizer_step=first["allreduce_calls"] / first["global_step"],
-            allreduce_bytes_per_optimizer_step=first["allreduce_bytes"] / first["global_step"],
-        )
+    strategy = DDPRun() if is_ddp(spec) else TrainerRun()
+    return strategy.train(spec, *args, **kwargs)

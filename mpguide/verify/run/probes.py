@@ -1,7 +1,7 @@
 """Measure a run from outside the LightningModule: callbacks the runner attaches to every fit.
 
 A recipe (the LightningModule a reader copies) should contain only training code. What the page
-needs beyond the per-step loss, learning rate and loss scale of :class:`mpguide.verify.run.runner.StepRecorder`
+needs beyond the per-step loss, learning rate and loss scale of :class:`mpguide.verify.run.strategy.StepRecorder`
 comes from these callbacks, and :func:`~mpguide.verify.run.probes.collect` turns them into the ``extra`` fields
 of a run:
 

@@ -4,11 +4,12 @@ An example names its recipes (LightningModule factories) and declares its runs a
 literal ``RUNS`` and ``CLAIMS`` tables (:mod:`mpguide.verify.claims.declarations`), then calls
 :func:`~mpguide.verify.run.runner.run_example`. Every run trains on the same data in the same order from the
 same initial weights; the per-step loss, learning rate and loss scale, the wall time, warnings and
-any exception are captured into the record. Measurements beyond those reach a run's ``extra`` through
-Lightning callbacks only, never through methods of the recipe: the shared probes of
-:mod:`mpguide.verify.run.probes` on every run, and an example's own probes on the runs of the recipes it
-names (``run_example(..., probes={recipe: [ProbeClass, ...]})``), so the LightningModule a reader copies
-holds training code only.
+any exception are captured into the record (:class:`mpguide.verify.run.strategy.RunStrategy`;
+:func:`strategy_for` picks one Trainer, two DDP ranks or a Fabric loop for each run). Measurements beyond
+those reach a run's ``extra`` through Lightning callbacks only, never through methods of the recipe: the
+shared probes of :mod:`mpguide.verify.run.probes` on every run, and an example's own probes on the runs of
+the recipes it names (``run_example(..., probes={recipe: [ProbeClass, ...]})``), so the LightningModule a
+reader copies holds training code only.
 
 Environment variables (besides those of :mod:`mpguide.verify.hardware`):
 
@@ -20,78 +21,33 @@ Environment variables (besides those of :mod:`mpguide.verify.hardware`):
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
-import time
-import traceback
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from lightning.pytorch.callbacks import Callback
-
-from ...data import digits_loader
-from ...steps import loss_scale
 from .. import hardware, records
 from ..claims import declarations
 from ..claims.declarations import SWAP_ENV, RunDecl, parse_swaps
 from ..records import build as record_build
-from ..records.measures import measures_of
-from . import probes as probes_mod
+from . import distributed, fabric
 from .probes import (
     parameter_digest,  # noqa: F401 - examples call runner.parameter_digest
     print_findings,  # noqa: F401 - examples call runner.print_findings
     with_checks,  # noqa: F401 - examples call runner.with_checks
 )
-
-#: The ``extra`` keys every Trainer run records (type names: :data:`mpguide.verify.records.schema.MEASURE_TYPES`).
-MEASURES = {"global_step": "count", "batches": "count", "skipped_per_step": "list[bool]"}
-
-
-@dataclass
-class RunResult:
-    """What one run produced (the ``runs`` entry of a record, as a dataclass)."""
-
-    id: str
-    mode: str
-    precision: str
-    precision_plugin: str
-    recipe: str
-    seed: int
-    steps: int
-    plugin: str | None = None
-    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
-    plain_flag: bool = False
-    swapped_from: str | None = None
-    label: str = ""
-    loss: list[float] = field(default_factory=list)
-    lr: list[float] = field(default_factory=list)
-    loss_scale: list[float] | None = None
-    skipped_steps: int = 0
-    seconds: float = 0.0
-    error: dict[str, str] | None = None
-    warnings: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: key -> type name, what the run's probes declare (``measures``); the record adds the harness's own keys
-    measures: dict[str, str] = field(default_factory=dict)
-
-
-def quiet_lightning() -> None:
-    """Silence Lightning's banners and info logs (GPU available, model summary, ...).
-
-    They carry absolute paths and machine details that do not belong on a rendered page; warnings
-    raised during a run are still captured into the record by :func:`~mpguide.verify.run.runner.train_run`.
-    Also hides torch's ``LeafSpec`` FutureWarning (torch 2.13, raised inside Lightning's
-    ``utilities/_pytree.py``), which prints the path of the installed Lightning under the fits an
-    example shows outside :func:`~mpguide.verify.run.runner.run_example`.
-    """
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", ".*LeafSpec", FutureWarning)
+from .strategy import (  # noqa: F401 - examples and tests reach these through the runner
+    RunResult,
+    RunStrategy,
+    StepRecorder,
+    TrainerRun,
+    captured_warnings,
+    error_record,
+    quiet_lightning,
+    record_extra,
+    train_run,
+)
 
 
 def check_settings(example: str) -> None:
@@ -122,180 +78,23 @@ def check_settings(example: str) -> None:
             )
 
 
-class StepRecorder(Callback):
-    """Lightning callback recording, per training batch, loss, learning rate and loss scale.
+def strategy_for(spec: RunDecl, module_factory: Callable[[], Any]) -> RunStrategy:
+    """The strategy that trains ``spec``: DDP, Fabric or one Trainer.
 
-    * ``lr``: learning rate of the first optimizer's first param group at batch start (the rate
-      the batch's optimizer step uses, before any per-batch scheduler step).
-    * ``scale``: the GradScaler's loss scale at batch start (what the backward multiplies the loss
-      by); stays empty when the precision plugin has no scaler (fp32, bf16-mixed).
-    * ``loss``: the value ``training_step`` returned (a tensor or ``{"loss": tensor}``), as float.
-    * ``skipped_per_step``: whether the scale went down after each batch (GradScaler halves
-      it when it finds inf/NaN gradients and skips that optimizer step; ``torch/amp/grad_scaler.py``).
+    A recipe given as a class that is not a :class:`lightning.pytorch.LightningModule` (a
+    :class:`mpguide.verify.run.fabric.FabricRecipe` or a class of the same shape, with ``setup(fabric)`` and
+    ``training_step``) trains in a Fabric loop (:class:`~mpguide.verify.run.fabric.FabricRun`); a run whose
+    ``trainer`` options ask for ``devices`` > 1 in forked ranks (:class:`~mpguide.verify.run.distributed.DDPRun`);
+    any other run, a recipe built by a function included, in one :class:`lightning.pytorch.Trainer`
+    (:class:`~mpguide.verify.run.strategy.TrainerRun`).
     """
+    from lightning.pytorch import LightningModule
 
-    def __init__(self) -> None:
-        self.loss: list[float] = []
-        self.lr: list[float] = []
-        self.scale: list[float] = []
-        self.skipped_per_step: list[bool] = []
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.lr.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
-        scale = loss_scale(trainer)
-        if scale is not None:
-            self.scale.append(scale)
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is None:
-            raise RuntimeError("training_step returned None; return the loss so that it can be recorded")
-        if pl_module.automatic_optimization:
-            # automatic optimization hands on the loss already divided by accumulate_grad_batches
-            # (ClosureResult in lightning/pytorch/loops/optimization/automatic.py); record the batch loss
-            loss = loss * trainer.accumulate_grad_batches
-        self.loss.append(float(loss))
-        scale = loss_scale(trainer)
-        if scale is not None and self.scale:
-            self.skipped_per_step.append(scale < self.scale[-1])
-
-
-def train_run(
-    spec: RunDecl,
-    module_factory: Callable[[], Any],
-    accelerator: str,
-    preset: hardware.Preset,
-    plugin_factory: Callable[..., Any] | None = None,
-    probes: Sequence[Callable[[], Callback]] = (),
-) -> RunResult:
-    """Fit one LightningModule with a real :class:`lightning.pytorch.Trainer` and record it.
-
-    Weights are created after :func:`lightning.pytorch.seed_everything` with ``spec.seed``, and the
-    data order comes from :func:`mpguide.data.digits_loader` with the same seed, so two runs that
-    share a seed start identical. An exception inside ``fit`` is caught and stored (type, message,
-    the last frames of the traceback) instead of propagating: whether it was expected is for the
-    claims to judge.
-
-    Args:
-        spec: the declared run.
-        module_factory: builds the LightningModule (called once, after seeding).
-        accelerator: ``"cpu"`` or ``"cuda"``.
-        preset: size (epochs, batch size).
-        plugin_factory: the precision plugin named by ``spec.plugin``, called as
-            ``plugin_factory(precision, accelerator)``; ``None`` for Lightning's own handling.
-        probes: the example's own measuring callbacks for this recipe (zero-argument factories, e.g.
-            the classes); each instance joins the ``Trainer``'s callbacks and its ``record_extra()``
-            goes into ``extra`` (see :func:`~mpguide.verify.run.runner.record_extra`).
-
-    Returns:
-        The :class:`~mpguide.verify.run.runner.RunResult`; ``steps`` is the number of training batches the run was
-        meant to
-        see (epochs x batches per epoch).
-    """
-    import lightning.pytorch as pl
-
-    hardware.check_precision(spec.precision, hardware.RUN_PRECISIONS)
-    quiet_lightning()
-    pl.seed_everything(spec.seed)  # no verbose=: Lightning < 2.4 lacks it; quiet_lightning() mutes the line
-    module = module_factory()
-    loader = digits_loader(preset.batch_size, seed=spec.seed)
-    recorder = StepRecorder()
-    shared = probes_mod.callbacks()
-    own = [factory() for factory in probes]
-    # warnings are captured from Trainer construction on (Lightning warns about precision there)
-    result = RunResult(
-        id=spec.id,
-        mode="automatic" if module.automatic_optimization else "manual",
-        precision=spec.precision,
-        precision_plugin="(not created)",
-        recipe=spec.recipe,
-        seed=spec.seed,
-        steps=preset.epochs * len(loader),
-        plugin=spec.plugin,
-        trainer_kwargs=dict(spec.trainer_kwargs),
-        plain_flag=spec.plain_flag,
-        label=spec.label or spec.id,
-    )
-    trainer = None
-    # warnings are captured from Trainer construction on (Lightning warns about precision there), and
-    # an error there (a plugin refusing this Lightning version, say) is this run's result too
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        start = time.perf_counter()
-        try:
-            trainer = pl.Trainer(
-                accelerator=accelerator,
-                devices=1,
-                max_epochs=preset.epochs,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
-                callbacks=[recorder, *shared, *own],
-                **(
-                    {"precision": spec.precision}
-                    if spec.plain_flag
-                    else hardware.trainer_precision_kwargs(spec.precision, accelerator, plugin_factory)
-                ),
-                **spec.trainer_kwargs,
-            )
-            result.precision_plugin = type(trainer.precision_plugin).__name__
-            trainer.fit(module, loader)
-        except Exception as err:  # noqa: BLE001 - the record keeps it, claims judge it
-            result.error = error_record(err)
-    if accelerator == "cuda":
-        torch.cuda.synchronize()
-    result.seconds = round(time.perf_counter() - start, 3)
-    result.loss, result.lr, result.skipped_steps = recorder.loss, recorder.lr, sum(recorder.skipped_per_step)
-    result.loss_scale = recorder.scale or None
-    result.extra["batches"] = len(result.loss)
-    if recorder.skipped_per_step:
-        result.extra["skipped_per_step"] = recorder.skipped_per_step
-    result.warnings = captured_warnings(caught)
-    if trainer is None:  # the Trainer could not be built: nothing ran, nothing more to measure
-        return result
-    result.extra["global_step"] = trainer.global_step
-    for probe in shared:
-        result.extra.update(probe.record_extra())
-        result.measures.update(measures_of(probe))
-    for probe in own:
-        record_extra(result, probe.record_extra)
-    return result
-
-
-def record_extra(result: RunResult, measure: Callable[[], dict[str, Any]]) -> None:
-    """Add ``measure()`` (an example's own probe's measurements) to ``result.extra``.
-
-    A measurement that fails after a run that already raised is dropped (the run's error is what
-    counts); one that fails after a run that trained becomes the run's error, so the gate fails it.
-    """
-    result.measures.update(measures_of(getattr(measure, "__self__", None)))
-    try:
-        result.extra.update(measure())
-    except Exception as err:  # noqa: BLE001 - recorded, judged by the claims
-        if result.error is None:
-            result.error = error_record(err, prefix="record_extra() failed: ")
-
-
-def captured_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
-    """A record's ``warnings``: ``"Category: message"`` of each distinct warning, sorted, machine paths cut
-    (:func:`mpguide.verify.records.short_paths`; a warning such as ``detect_anomaly``'s carries a traceback)."""
-    return sorted({records.short_paths(f"{w.category.__name__}: {w.message}") for w in caught})
-
-
-def error_record(err: BaseException, prefix: str = "") -> dict[str, str]:
-    """The ``error`` field of a run: exception type, message, first and last four traceback entries.
-
-    Machine paths are shortened (:func:`mpguide.verify.records.short_paths`), so records and pages show
-    ``torch/amp/grad_scaler.py`` or ``examples/plot_02_two_optimizers.py``, never a home folder.
-    """
-    frames = traceback.format_exception(type(err), err, err.__traceback__)
-    return {
-        "type": type(err).__name__,
-        "message": records.short_paths(f"{prefix}{err}".strip()),
-        "traceback": records.short_paths("".join(frames[:1] + frames[-4:])),
-    }
+    if isinstance(module_factory, type) and not issubclass(module_factory, LightningModule):
+        return fabric.FabricRun()
+    if distributed.is_ddp(spec):
+        return distributed.DDPRun()
+    return TrainerRun()
 
 
 def run_example(
@@ -328,9 +127,10 @@ def run_example(
             swapped to another recipe by ``MPGUIDE_SWAP_RECIPE`` is measured like that recipe.
         results_dir: folder for the record (default :func:`mpguide.verify.records.results_dir`).
         progress: called with each progress line.
-        train: trains one run, with the arguments and result of :func:`~mpguide.verify.run.runner.train_run` (the
-            default); e.g. :func:`mpguide.verify.run.distributed.train_run` (DDP) or
-            :func:`mpguide.verify.run.fabric.train_run`.
+        train: trains one run, with the arguments and result of
+            :meth:`mpguide.verify.run.strategy.RunStrategy.train`; by default the ``train`` of the strategy
+            :func:`strategy_for` picks for the run and the recipe it trains (e.g.
+            :func:`mpguide.verify.run.distributed.train_run` makes the same choice).
 
     Raises:
         mpguide.verify.claims.declarations.DeclarationError: the tables are malformed, or differ from what the
@@ -382,7 +182,7 @@ def run_example(
             progress(f"  note: {SWAP_ENV} trains run {spec.id!r} with recipe {recipe!r}")
         run_spec = dataclasses.replace(spec, recipe=recipe)
         with hardware.device_lock(accelerator):  # shared; the throughput benchmark takes the GPU alone
-            res = (train or train_run)(
+            res = (train or strategy_for(run_spec, recipes[recipe]).train)(
                 run_spec,
                 recipes[recipe],
                 accelerator,
