@@ -111,7 +111,9 @@ def test_scale_change_inside_a_window_is_detected(two):
 def test_20970_elements_change_no_weight_and_the_same_claim_can_fail(one):
     posted = train(one, "plot_17_issue_20970_bf16_drift", "reporter-bf16")
     no_autocast = train(one, "plot_17_issue_20970_bf16_drift", "rep-noautocast-bf16")
-    per_epoch = train(one, "plot_17_issue_20970_bf16_drift", "rep-noautocast-bf16", recipe="#20970, scheduler per epoch")
+    per_epoch = train(
+        one, "plot_17_issue_20970_bf16_drift", "rep-noautocast-bf16", recipe="#20970, scheduler per epoch"
+    )
     claim = "the own autocast changes no weight"
     assert judge(
         one, "plot_17_issue_20970_bf16_drift", claim, {"rep-noautocast-bf16": no_autocast, "reporter-bf16": posted}
