@@ -77,9 +77,11 @@ class TwoModels(pl.LightningModule):
 # %%
 # The fix to paste, and the ``Trainer`` call to copy
 # --------------------------------------------------
-# Three lines change: ``zero_grad`` once per window (so the window accumulates), the loss divided by the
+# Three things change: ``zero_grad`` once per window (so the window accumulates), the loss divided by the
 # window length, and a guard that steps only an optimizer holding gradients. The guard stops the crash,
 # not the bug: a model whose loss reaches none of its parameters still does not train, so it warns.
+# Under ``toggle_model`` such a loss often reaches nothing trainable at all, and ``manual_backward`` would
+# raise ``RuntimeError: element 0 of tensors does not require grad``: the fix skips that backward too.
 # On a CPU ``precision="16-mixed"`` silently becomes bf16-mixed, so the plugin is passed explicitly.
 
 
@@ -103,7 +105,8 @@ class ReporterFixed(TwoModels):
             opt.zero_grad()  # once per window, not every batch
         with opt.toggle_model():
             loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
-            self.manual_backward(loss / n)
+            if loss.requires_grad:  # a loss cut off from every trainable weight cannot be backwarded
+                self.manual_backward(loss / n)
             if (batch_idx + 1) % n == 0:
                 if has_gradients(opt):
                     opt.step()
@@ -174,7 +177,9 @@ def variant(**changes):
 # %%
 # A model cut off from its loss, and a scale that changes every step
 # ------------------------------------------------------------------
-# ``FixedUnreached`` computes model 2's loss from a detached batch: the fix warns at each of its windows.
+# ``FixedUnreached``: model 2's loss reaches only a loss weight that no optimizer holds, so backward runs
+# and the fix warns at each of model 2's windows; with ``detach_for_model_2`` the loss reaches nothing
+# trainable, the fix skips its backward and warns the same way (run ``fixed-detached-fp16`` below).
 # ``OverlappingWindows`` is example 02's other pattern with ``toggle_model``: the discriminator steps every
 # batch, inside the generator's window of two. ``OftenChangingScale`` makes the loss scale change at
 # every step, so any window that another optimizer's step falls inside sees a scale change.
@@ -306,6 +311,7 @@ recipes = {
     "#20116, model 2 loss detached, guard": variant(toggle=False, detach_for_model_2=True, guard=True),
     "#20116 fixed": ReporterFixed,
     "#20116 fixed, model 2's loss reaches none of it": FixedUnreached,
+    "#20116 fixed, model 2 loss detached": type("FixedDetached", (ReporterFixed,), {"detach_for_model_2": True}),
     "#20116 fixed, growth_interval=1": type("FixedGrowth", (OftenChangingScale, ReporterFixed), {}),
     "overlapping windows, growth_interval=1": type("OverlapGrowth", (OftenChangingScale, OverlappingWindows), {}),
 }
@@ -325,6 +331,7 @@ RUNS = [
     ("fixed-fp32", "#20116 fixed", "32-true", {"label": "#20116 fixed, 32-true"}),
     ("fixed-fp16", "#20116 fixed", "16-mixed", {"label": "#20116 fixed, 16-mixed"}),
     ("fixed-unreached-fp16", "#20116 fixed, model 2's loss reaches none of it", "16-mixed", {"label": "#20116 fixed, model 2's loss misses it, 16-mixed"}),  # noqa: E501
+    ("fixed-detached-fp16", "#20116 fixed, model 2 loss detached", "16-mixed", {"label": "#20116 fixed, model 2's loss detached, 16-mixed"}),  # noqa: E501
     ("fixed-fp16-growth", "#20116 fixed, growth_interval=1", "16-mixed", {"label": "#20116 fixed, scale changes every step, 16-mixed"}),  # noqa: E501
     ("overlap-fp16-growth", "overlapping windows, growth_interval=1", "16-mixed", {"label": "D inside G's window, scale changes every step, 16-mixed"}),  # noqa: E501
 ]
@@ -342,6 +349,8 @@ CLAIMS = [
     ("expect", "unreached-guard-fp16", "generator_changed", False, "has_gradients guard: the empty step is skipped"),
     ("warns", "fixed-unreached-fp16", "UserWarning", "optimizer 1 skipped at batch 5", "the fix, model 2's loss missing it: the skip is visible (a warning naming optimizer and batch)"),  # noqa: E501
     ("expect", "fixed-unreached-fp16", "generator_changed", False, "the fix, model 2's loss missing it: G frozen"),
+    ("warns", "fixed-detached-fp16", "UserWarning", "optimizer 1 skipped at batch 5", "the fix, model 2's loss detached: no RuntimeError, the skip is visible"),  # noqa: E501
+    ("expect", "fixed-detached-fp16", "generator_changed", False, "the fix, model 2's loss detached: G frozen"),
     ("no_warning", "fixed-fp16", "skipped at batch", "the fix on #20116's own step: no skip, no warning"),
     ("warns", "unreached-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient", "plugin: the same code completes under 16-mixed and warns"),  # noqa: E501
     ("match", "unreached-fp16-plugin", "unreached-fp32", "mixed-vs-fp32", "plugin: 16-mixed = fp32"),
@@ -365,6 +374,7 @@ CLAIMS = [
     ("flags", "unreached-toggle-fp16", "accumulation", "PitfallChecks flags unreached-toggle-fp16: accumulation"),
     ("flags", "unreached-guard-fp16", "accumulation", "PitfallChecks flags unreached-guard-fp16: accumulation"),
     ("flags", "fixed-unreached-fp16", "no-gradient-step", "PitfallChecks flags fixed-unreached-fp16: the guard skipped every step of model 2"),  # noqa: E501
+    ("flags", "fixed-detached-fp16", "no-gradient-step", "PitfallChecks flags fixed-detached-fp16: the guard skipped every step of model 2"),  # noqa: E501
 ]
 # fmt: on
 
@@ -393,6 +403,8 @@ for run_id in (
     "unreached-fp16-plugin",
     "fixed-fp32",
     "fixed-fp16",
+    "fixed-unreached-fp16",
+    "fixed-detached-fp16",
     "fixed-fp16-growth",
     "overlap-fp16-growth",
 ):

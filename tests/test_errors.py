@@ -28,6 +28,7 @@ def _run_example(script, tmp_path, **settings):
         ("MPGUIDE_DEVICE", "tpu", "error: unknown device 'tpu' (from MPGUIDE_DEVICE); use auto, cpu or cuda"),
         (SWAP, "plot_11_fp16_parameters", f"error: {SWAP} entry 'plot_11_fp16_parameters'"),
         (SWAP, "plot_11_fp16_parameters:no-such-run=x", f"error: {SWAP} names run(s) ['no-such-run'] that"),
+        (SWAP, "plot_11_fp16_parameters:half-fp16=nonsense", f"error: {SWAP} names recipe(s) ['nonsense'] that"),
     ],
 )
 def test_a_bad_environment_variable_stops_the_script_in_one_line_before_it_prints(tmp_path, variable, value, message):
@@ -95,3 +96,22 @@ def test_a_same_named_class_outside_mpguide_is_not_an_input_error():
     from mpguide.verify.records import RecordError
 
     assert errors.is_input_error(RecordError)
+
+
+def test_a_swap_recipe_is_checked_against_the_literal_table_only():
+    """The early check reads the ``recipes = {...}`` keys with ``ast``; a table built otherwise is left to
+    run_example, whose message then names the setting."""
+    from mpguide.verify.run import runner
+
+    assert "fp32 adapter" in runner._recipe_names(ROOT / "examples" / "plot_11_fp16_parameters.py")
+    built = "recipes = dict(a=1)\nrecipes_too = {'b': 2}\n"
+    assert runner._recipe_names(_write(built)) is None
+
+
+def _write(text):
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "plot_99_x.py"
+    path.write_text(text)
+    return path

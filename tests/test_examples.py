@@ -66,8 +66,10 @@ def test_unknown_recipe_in_swap_is_a_clear_error(tmp_path):
     proc = run_example(
         "plot_01_porting_to_manual.py", tmp_path, MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=nonsense"
     )
-    assert proc.returncode != 0
-    assert "run 'manual-bf16' names unknown recipe 'nonsense'" in proc.stderr
+    assert proc.returncode != 0 and proc.stdout == "", "refused before the example trains or prints"
+    assert (
+        "MPGUIDE_SWAP_RECIPE names recipe(s) ['nonsense'] that plot_01_porting_to_manual does not have" in proc.stderr
+    )
     assert not (tmp_path / "plot_01_porting_to_manual.json").exists()
 
 

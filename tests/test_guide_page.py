@@ -143,7 +143,7 @@ def _trainer(precision: str):
     )
 
 
-def _harness(optimizers: str = "one", reaches: bool = True):
+def _harness(optimizers: str = "one", reaches: bool | str = True):
     """A LightningModule providing what the snippets call: compute_loss, critic_loss, generator_loss,
     teacher, distill, update_teacher, and the optimizers (and scheduler) of ``optimizers``."""
     import lightning.pytorch as L
@@ -182,8 +182,10 @@ def _harness(optimizers: str = "one", reaches: bool = True):
 
         def generator_loss(self, batch):
             x, y = batch
-            if reaches:
+            if reaches is True:
                 return F.cross_entropy(self.other(x), y)
+            if reaches == "nothing":  # cut off from every trainable tensor: backward would raise
+                return F.cross_entropy(self.other(x).detach(), y)
             return self.unused * F.cross_entropy(self.other(x).detach(), y)  # never reaches opt_g's weights
 
         def distill(self, x, target):
@@ -237,7 +239,7 @@ def _plot_17() -> dict:
     return namespace
 
 
-def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool = True):
+def _module_from(snippet: Snippet, optimizers: str | None, reaches: bool | str = True):
     import lightning.pytorch as L
     import torch
 
@@ -324,6 +326,28 @@ def test_the_guard_snippet_is_what_keeps_16_mixed_alive():
     assert unguarded.code != snippet.code
     with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
         _trainer("16-mixed").fit(_module_from(unguarded, "two", reaches=False), digits_loader(batch_size=64))
+
+
+@pytest.mark.slow
+def test_the_guard_snippet_warns_on_a_loss_cut_off_from_every_weight():
+    """Under toggle_model a detached loss reaches nothing trainable: the snippet skips its backward and warns
+    (the reader's own #20116 mistake); without the ``loss.requires_grad`` line backward raises."""
+    from mpguide.data import digits_loader
+
+    snippet = _guide_snippet("no_gradient_step")
+    module = _module_from(snippet, "two", reaches="nothing")
+    before = _weights(module)
+    with pytest.warns(UserWarning, match=r"optimizer 0 skipped at batch 1"):
+        _trainer("16-mixed").fit(module, digits_loader(batch_size=64))
+    assert bool((before["other.weight"] == _weights(module)["other.weight"]).all())
+    assert not bool((before["net.weight"] == _weights(module)["net.weight"]).all())  # the critic trained
+    always = snippet.code.replace(
+        "if loss.requires_grad:\n            self.manual_backward", "if True:\n            self.manual_backward"
+    )
+    assert always != snippet.code
+    unchecked = Snippet(snippet.key, always, snippet.line, snippet.path)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _trainer("16-mixed").fit(_module_from(unchecked, "two", reaches="nothing"), digits_loader(batch_size=64))
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ def check_settings(example: str) -> None:
 
     Raises:
         hardware.ConfigurationError: an unknown preset or device, CUDA asked for without one, or a swap naming a
-            run ``example`` does not declare.
+            run ``example`` does not declare or a recipe its literal ``recipes`` table does not have.
         declarations.DeclarationError: ``MPGUIDE_SWAP_RECIPE`` is malformed.
     """
     hardware.select_preset()
@@ -76,6 +76,25 @@ def check_settings(example: str) -> None:
             raise hardware.ConfigurationError(
                 f"{SWAP_ENV} names run(s) {unknown} that {example} does not have; its runs: {declared}"
             )
+        known = _recipe_names(source)
+        wrong = sorted({name for name in swaps.values() if known is not None and name not in known})
+        if wrong:
+            raise hardware.ConfigurationError(
+                f"{SWAP_ENV} names recipe(s) {wrong} that {example} does not have; its recipes: {sorted(known)}"
+            )
+
+
+def _recipe_names(source: Path) -> set[str] | None:
+    """The string keys of the module-level ``recipes = {...}`` table of ``source``, or ``None`` when the file
+    has no such literal table (then :func:`run_example` checks the names against the real table)."""
+    import ast
+
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "recipes" for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Dict) and all(isinstance(k, ast.Constant) for k in value.keys):
+                return {k.value for k in value.keys}
+    return None
 
 
 def strategy_for(spec: RunDecl, module_factory: Callable[[], Any]) -> RunStrategy:
@@ -165,8 +184,9 @@ def run_example(
     for spec in declaration.runs:
         name = swaps.get(spec.id, spec.recipe)
         if name not in recipes:
+            where = f" (through {SWAP_ENV})" if spec.id in swaps else ""
             raise hardware.ConfigurationError(
-                f"{example}: run {spec.id!r} names unknown recipe {name!r}; known: {sorted(recipes)}"
+                f"{example}: run {spec.id!r} names unknown recipe {name!r}{where}; known: {sorted(recipes)}"
             )
         if spec.plugin is not None and spec.plugin not in plugins:
             raise hardware.ConfigurationError(
