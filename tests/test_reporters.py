@@ -89,12 +89,23 @@ def test_20116_fix_shows_the_skip_when_model_2_is_not_reached(two):
     assert any("optimizer 1 skipped at batch 5: no gradients" in w for w in unreached["warnings"])
     assert reached["extra"]["generator_changed"] is True
     assert not any("skipped at batch" in w for w in reached["warnings"])
-    ex, claim = "plot_18_issue_20116_alternating_optimizers", "the skip is visible"
+    ex, claim = "plot_18_issue_20116_alternating_optimizers", "model 2's loss missing it: the skip is visible"
     assert judge(two, ex, claim, {"fixed-unreached-fp16": unreached}).passed
     assert not judge(two, ex, claim, {"fixed-unreached-fp16": reached}).passed
     quiet = "the fix on #20116's own step: no skip"
     assert judge(two, ex, quiet, {"fixed-fp16": reached}).passed
     assert not judge(two, ex, quiet, {"fixed-fp16": unreached}).passed
+
+
+def test_20116_fix_warns_instead_of_raising_when_model_2s_loss_is_detached(two):
+    ex = "plot_18_issue_20116_alternating_optimizers"
+    fixed = train(two, ex, "fixed-detached-fp16")
+    posted = train(two, ex, "fixed-detached-fp16", recipe="#20116, model 2 loss detached, toggle_model")
+    assert fixed["error"] is None and fixed["extra"]["generator_changed"] is False
+    assert posted["error"]["type"] == "RuntimeError"  # the posted step with toggle_model stops in backward
+    claim = "model 2's loss detached: no RuntimeError, the skip is visible"
+    assert judge(two, ex, claim, {"fixed-detached-fp16": fixed}).passed
+    assert not judge(two, ex, claim, {"fixed-detached-fp16": posted}).passed
 
 
 def test_scale_change_inside_a_window_is_detected(two):
