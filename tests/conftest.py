@@ -91,8 +91,8 @@ def make_record(runs: list[dict], declared: list[dict], example: str = "plot_99_
             "platform": "x",
         },
         "source": {
-            "example_sha256": records.file_digest(declarations.example_file(example)),
-            "library_sha256": records.library_digest(),
+            "example_code": records.example_code_digest(declarations.example_file(example)),
+            "library_code": records.library_code_digest(),
             "declaration_sha256": declarations.digest_of(runs, declared),
             "commit": None,
             "dirty": None,

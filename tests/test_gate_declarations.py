@@ -100,10 +100,10 @@ def test_record_of_an_example_that_no_longer_exists(tmp_path, good_record, fake_
 
 def test_build_record_of_an_edited_example_is_stale_and_fails(tmp_path, good_record, fake_examples, capsys):
     write(tmp_path, good_record)
-    (fake_examples / "plot_99_fake.py").write_text(FAKE_EXAMPLE + "# a later edit\n")
+    (fake_examples / "plot_99_fake.py").write_text(FAKE_EXAMPLE + "LATER_EDIT = 1  # a later edit of the code\n")
     status, out = gate_run(tmp_path, capsys)
     assert status == 1
-    assert "examples/plot_99_fake.py changed since the record was made" in out and "rerun the example" in out
+    assert "the code of examples/plot_99_fake.py changed since the record was made" in out and "rerun the example" in out
 
 
 def test_stale_reference_is_labelled_and_still_judged(tmp_path, good_record, fake_examples, capsys):
@@ -113,7 +113,7 @@ def test_stale_reference_is_labelled_and_still_judged(tmp_path, good_record, fak
     good_record["claims"] = good_record["claims"][:3]  # made before the expect claim existed ...
     reseal(good_record)  # ... so it was written with the digest of these three claims
     write(ref, good_record)
-    (fake_examples / "plot_99_fake.py").write_text(FAKE_EXAMPLE + "# a later edit\n")
+    (fake_examples / "plot_99_fake.py").write_text(FAKE_EXAMPLE + "LATER_EDIT = 1  # a later edit of the code\n")
     status, out = gate_run(tmp_path, capsys, "--reference", tmp_path / "reference")
     assert status == 0, out
     assert "stale reference" in out and "changed since the record was made at commit 4008df8" in out

@@ -41,7 +41,7 @@ def stale_gpu_reference(tmp_path, good_record, fake_examples):
     good_record["env"].update(accelerator="cuda", device="NVIDIA H200", cuda="13.0")
     good_record["source"]["run_env"] = {"MPGUIDE_PRESET": "test", "MPGUIDE_DEVICE": "cuda", "swaps": {}}
     good_record["source"]["commit"] = "4008df8" + "0" * 33
-    (fake_examples / "plot_99_fake.py").write_text(FAKE_EXAMPLE + "# a later edit\n")
+    (fake_examples / "plot_99_fake.py").write_text(FAKE_EXAMPLE + "LATER_EDIT = 1  # a later edit of the code\n")
     return tmp_path / "reference" / "nvidia-h200", good_record
 
 

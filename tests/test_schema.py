@@ -43,7 +43,10 @@ REFERENCES = ROOT / "results" / "reference" / "nvidia-h200"
 
 #: Paths (runs[] and claims[] generalised) where the writers store null on purpose.
 NULLABLE = {
+    "source.example_code",
+    "source.library_code",
     "source.example_sha256",
+    "source.library_sha256",
     "source.declaration_sha256",
     "source.commit",
     "source.dirty",
@@ -66,7 +69,7 @@ NULLABLE = {
 NAN_OK = re.compile(r"runs\[\]\.loss\[\]|runs\[\]\.extra\.logged\..*|claims\[\]\.value")
 #: Keys the writers may leave out (schema-1 upgrades lack the run options; a claim holds its kind's keys).
 OPTIONAL = re.compile(
-    r"source\.(commit|dirty|upgraded_from_schema)|source\.run_env\..*|runs\[\]\.(plugin|"
+    r"source\.(commit|dirty|upgraded_from_schema|example_sha256|library_sha256)|source\.run_env\..*|runs\[\]\.(plugin|"
     r"trainer_kwargs|plain_flag|swapped_from)|runs\[\]\.trainer_kwargs\..*|runs\[\]\.error\."
     r"traceback|runs\[\]\.extra\..*|runs\[\]\.measures(\..*)?|claims\[\]\.(?!kind$|runs$).*"
 )
@@ -146,7 +149,7 @@ def apply(record, path: str, how: str, new):
 
 
 def judge_file(path: Path, reference: bool) -> tuple[int, str]:
-    """``python -m mpguide.gate`` on one file, in this process: (exit status, stderr). Exceptions propagate."""
+    """``python -m mpguide.verify.gate`` on one file, in this process: (exit status, stderr). Exceptions propagate."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = gate.main(["--reference", str(path)] if reference else [str(path)])

@@ -65,11 +65,11 @@ def test_changed_inputs_rerun_what_they_affect(tmp_path, monkeypatch, change):
             n: "run_env changed" for n in ("plot_01_a", "plot_02_b")
         }
     elif change == "library":
-        monkeypatch.setattr(records, "library_digest", lambda: "an older library")
+        monkeypatch.setattr(records, "library_code_digest", lambda: "an older library")
         assert set(sphinx_ext.examples_to_rerun(examples, results)) == {"plot_01_a", "plot_02_b"}
     else:
-        (examples / "plot_01_a.py").write_text("# edited\n")
-        assert sphinx_ext.examples_to_rerun(examples, results) == {"plot_01_a": "example_sha256 changed"}
+        (examples / "plot_01_a.py").write_text("EDITED = 1\n")
+        assert sphinx_ext.examples_to_rerun(examples, results) == {"plot_01_a": "example_code changed"}
 
 
 def test_deleted_example_leftovers_are_removed(tmp_path, monkeypatch):

@@ -146,7 +146,7 @@ def _run(record: dict[str, Any], run_id: str) -> dict[str, Any]:
     if run is None:
         raise KeyError(
             f"{record['example']}: the guide reads run {run_id!r}, which the record does not have; "
-            f"update mpguide/guide.py or the example"
+            f"update docs/_ext/mpguide_build/guide.py (numbers) or the example"
         )
     return run
 
@@ -156,7 +156,7 @@ def check_quoted() -> None:
 
     Raises:
         ValueError: from :func:`mpguide_build.pages.check_quoted_messages`, one line per missing message.
-        mpguide.records.RecordError: a record is missing.
+        mpguide.verify.records.RecordError: a record is missing.
     """
     from .pages import check_quoted_messages
 
@@ -170,7 +170,7 @@ def numbers() -> dict[str, Any]:
     """The measured numbers the guide quotes, by glue key (this build's records; see the page).
 
     Raises:
-        mpguide.records.RecordError: a record is missing or unreadable.
+        mpguide.verify.records.RecordError: a record is missing or unreadable.
         KeyError: a record lacks a run or value the guide reads (the message names them).
     """
     import torch
@@ -284,7 +284,7 @@ def footer(section: str, prefix: str = "../") -> str:
 
     Raises:
         KeyError: unknown section (the message lists the known ones).
-        mpguide.records.RecordError: the example's record is missing.
+        mpguide.verify.records.RecordError: the example's record is missing.
         mpguide_build.matrix_summary.MatrixError: a claim of the section is missing from the matrix.
     """
     from . import matrix_page, matrix_summary

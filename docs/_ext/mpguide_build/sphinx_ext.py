@@ -86,17 +86,18 @@ def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
 
     Inputs are what a record's ``source`` stores (:data:`mpguide.verify.records.INPUT_FIELDS`, built by
     :func:`mpguide.verify.records.source_inputs`, the function the examples write them with): the example
-    file's digest, the library's digest, and the preset, device and recipe swaps that apply to that
+    file's code digest, the library's code digest (:mod:`mpguide.verify.records.codedigest`: a docstring or
+    comment edit reruns nothing), and the preset, device and recipe swaps that apply to that
     example. An example is rerun when its record is missing or unreadable or when any input
     differs, so a recipe swap for one example reruns that one only.
 
     Returns:
         example name -> reason, in name order.
     """
-    from mpguide.verify.records import library_digest, source_inputs
+    from mpguide.verify.records import library_code_digest, source_inputs
 
     swaps = parse_swaps(os.environ.get(SWAP_ENV))
-    library = library_digest()
+    library = library_code_digest()
     rerun: dict[str, str] = {}
     for name in example_names(examples_dir):
         try:

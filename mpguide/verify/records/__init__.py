@@ -9,8 +9,9 @@ claim gate. Layout (``schema_version`` 2)::
       "created": "2026-11-29T20:00:00Z",        # UTC, ISO 8601
       "preset": "quick",                        # size preset, see mpguide.verify.hardware
       "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"},
-      "source": {"example_sha256", "library_sha256", "declaration_sha256", "commit", "dirty",
-                 "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"}, "upgraded_from_schema"?},
+      "source": {"example_code", "library_code", "declaration_sha256", "commit", "dirty",
+                 "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"},
+                 "example_sha256"?, "library_sha256"?, "upgraded_from_schema"?},
       "runs": [{"id", "mode", "precision", "precision_plugin", "recipe", "seed", "steps",
                 "plugin", "trainer_kwargs", "plain_flag", "swapped_from"?, "label",
                 "loss": [float] * steps, "lr": [float] * steps, "loss_scale": [float] * steps | null,
@@ -32,15 +33,23 @@ naming the file, the field's JSON path and the fix. A run's ``extra`` is the one
 each recipe records its own measurements there, typed by what its probes declare (``runs[].measures``,
 :mod:`mpguide.verify.records.measures`).
 
-``source`` says what the record was produced from: SHA-256 digests of the example file, of the
-helper library's sources (:func:`~mpguide.verify.records.library_digest`) and of the runs and claims the
+``source`` says what the record was produced from: the **code digests** of the example file and of the
+helper library's sources (``example_code``, ``library_code``: :func:`~mpguide.verify.records.example_code_digest`,
+:func:`~mpguide.verify.records.library_code_digest`; a docstring or comment edit changes neither, see
+:mod:`mpguide.verify.records.codedigest`), the SHA-256 of the runs and claims the
 example declared for this record (:func:`mpguide.verify.claims.declarations.digest_of`; the claims of the
 record's accelerator only), the git commit when known (``dirty`` when the example or library
 differed from it), and the environment variables that steer a run. The claim gate compares the
 record with the example's declaration (:mod:`mpguide.verify.claims.declarations`), calls a record **stale**
-when the example file changed since it was written, and checks that the runs and claims the
+when the example's code changed since it was written (or the record has no ``example_code``), and checks that the runs and claims the
 record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
 is noticed even in a stale reference, which is not compared with today's declaration).
+
+Records written before code digests carry the byte digests ``example_sha256`` and ``library_sha256``
+instead (SHA-256 of the file's bytes; :func:`~mpguide.verify.records.file_digest`,
+:func:`~mpguide.verify.records.library_digest`): such a record reads as stale until it is rerun, or until
+``python -m mpguide_build.matrix migrate`` adds the code digests after checking that the byte digests it
+holds are those of the sources it migrates from (committed GPU references).
 
 Non-finite losses are stored as JSON's ``NaN``/``Infinity`` tokens (Python's :mod:`json` reads them
 back), so a NaN curve stays visible to the gate instead of being dropped.
@@ -49,6 +58,7 @@ back), so a NaN curve stays visible to the gate instead of being dropped.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -56,12 +66,15 @@ import platform
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 # The schema (types, validation, RecordError) lives in mpguide.verify.records.schema; these names stay importable from
 # here.
 from .. import hints
+from .codedigest import ALGORITHM, code_digest
+from .codedigest import CodeDigestError as CodeDigestError
 from .schema import SCHEMA_FIELDS as SCHEMA_FIELDS
 from .schema import SCHEMA_VERSION, RecordError, validate_record
 
@@ -125,7 +138,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2]
 
 
 def file_digest(path: Path) -> str | None:
-    """SHA-256 (hex) of a file's bytes, or ``None`` when it does not exist."""
+    """SHA-256 (hex) of a file's bytes, or ``None`` when it does not exist.
+
+    The digest records carried before code digests (``source.example_sha256``): kept to read them and to
+    migrate results made under it (:func:`mpguide_build.matrix_migrate.migrate`); freshness is decided by
+    :func:`example_code_digest`.
+    """
     path = Path(path)
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
@@ -138,19 +156,67 @@ PRESENTATION_MODULES = frozenset(
 )
 
 
+def package_files(exclude: frozenset[str] = frozenset()) -> list[tuple[str, Path]]:
+    """``(path relative to the package, file)`` of every ``mpguide/**/*.py`` but ``exclude``, in path order."""
+    out = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        name = path.relative_to(PACKAGE_DIR).as_posix()
+        if "__pycache__" not in path.parts and name not in exclude:
+            out.append((name, path))
+    return out
+
+
+def bytes_digest_of(files: Iterable[tuple[str, bytes]]) -> str:
+    """The byte digest of a library given as ``(relative path, bytes)`` pairs: SHA-256 over each path and its
+    bytes, in path order (the algorithm of ``source.library_sha256`` and of the matrix's ``library_sha256``)."""
+    digest = hashlib.sha256()
+    for name, data in sorted(files, key=lambda pair: pair[0]):
+        digest.update(name.encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def library_digest(exclude: frozenset[str] = frozenset()) -> str:
     """SHA-256 (hex) over the relative paths and bytes of the package sources examples run, in path order.
 
-    Every ``mpguide/**/*.py`` except ``exclude`` (paths relative to the package, e.g.
-    :data:`~mpguide.verify.records.PRESENTATION_MODULES` for a digest of what verdicts depend on).
+    The byte digest of results made before code digests (``source.library_sha256``), kept to read them
+    and to migrate them; freshness is decided by :func:`library_code_digest`. Every ``mpguide/**/*.py``
+    except ``exclude`` (paths relative to the package).
     """
-    digest = hashlib.sha256()
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        name = path.relative_to(PACKAGE_DIR).as_posix()
-        if "__pycache__" in path.parts or name in exclude:
-            continue
-        digest.update(name.encode())
-        digest.update(path.read_bytes())
+    return bytes_digest_of((name, path.read_bytes()) for name, path in package_files(exclude))
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_digest_cached(path: str, mtime_ns: int, size: int) -> str:
+    return code_digest(Path(path))
+
+
+def example_code_digest(path: Path) -> str | None:
+    """:func:`~mpguide.verify.records.codedigest.code_digest` of a file (an example), ``None`` when it does not exist.
+
+    Cached by the file's modification time and size, so the pages may ask once per matrix cell.
+
+    Raises:
+        CodeDigestError: the file does not parse (the message names it and the line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _code_digest_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def library_code_digest(exclude: frozenset[str] = frozenset()) -> str:
+    """The code digest of the package sources examples run: each relative path with its code digest
+    (:mod:`mpguide.verify.records.codedigest`; docstrings and comments do not count), in path order.
+
+    Every ``mpguide/**/*.py`` except ``exclude`` (paths relative to the package, e.g.
+    :data:`~mpguide.verify.records.PRESENTATION_MODULES` for the library verdicts depend on). A file added,
+    removed or renamed changes it.
+    """
+    digest = hashlib.sha256(ALGORITHM.encode())
+    for name, path in package_files(exclude):
+        digest.update(b"\n" + name.encode() + b"\0" + str(example_code_digest(path)).encode())
     return digest.hexdigest()
 
 
@@ -210,7 +276,7 @@ def run_env(swaps: dict[str, str]) -> dict[str, Any]:
 
 #: The fields of ``source`` that name a record's inputs: the docs build reruns an example whose record
 #: holds other values than :func:`~mpguide.verify.records.source_inputs` gives now.
-INPUT_FIELDS = ("example_sha256", "library_sha256", "run_env")
+INPUT_FIELDS = ("example_code", "library_code", "run_env")
 
 
 def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None = None) -> dict[str, Any]:
@@ -218,19 +284,20 @@ def source_inputs(example_path: Path, swaps: dict[str, str], library: str | None
 
     The one place these fields are built: :func:`mpguide.verify.records.build.source_info` writes them into every
     record, and :func:`mpguide_build.sphinx_ext.examples_to_rerun` compares a record's with them. Reads
-    files only (no torch, no git).
+    files only (no torch, no git). Both digests are code digests (:mod:`mpguide.verify.records.codedigest`):
+    a docstring or comment edit reruns nothing.
 
     Args:
-        example_path: the example file (its SHA-256 becomes ``example_sha256``; ``None`` when absent).
+        example_path: the example file (its code digest becomes ``example_code``; ``None`` when absent).
         swaps: run id -> recipe of the ``MPGUIDE_SWAP_RECIPE`` entries that apply to this example.
-        library: :func:`~mpguide.verify.records.library_digest`, when the caller already computed it.
+        library: :func:`~mpguide.verify.records.library_code_digest`, when the caller already computed it.
 
     Returns:
-        ``{"example_sha256": hex | None, "library_sha256": hex, "run_env": {...}}``.
+        ``{"example_code": hex | None, "library_code": hex, "run_env": {...}}``.
     """
     return {
-        "example_sha256": file_digest(example_path),
-        "library_sha256": library or library_digest(),
+        "example_code": example_code_digest(example_path),
+        "library_code": library or library_code_digest(),
         "run_env": run_env(swaps),
     }
 

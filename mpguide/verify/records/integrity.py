@@ -12,13 +12,17 @@ from typing import Any
 
 from .. import hints
 from ..claims import declarations
-from . import file_digest, library_digest
+from . import example_code_digest, library_code_digest
 from .measures import declared
 from .schema import claim_keys, declared_type
 
 
 def staleness(record: dict[str, Any], examples: Path | None = None, include_library: bool = False) -> str:
     """Why ``record`` no longer describes the current sources, or ``""`` when it does.
+
+    Compares the record's code digests (``source.example_code``, ``source.library_code``) with today's
+    (:mod:`mpguide.verify.records.codedigest`): a docstring or comment edit keeps a record fresh; a record
+    without code digests (written before them, or a reference the migration could not verify) is stale.
 
     Args:
         record: a schema-2 record.
@@ -28,15 +32,19 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
     """
     source = record.get("source") or {}
     reasons = []
-    current = file_digest(declarations.example_file(record["example"], examples))
-    if source.get("example_sha256") != current:
+    at = f" at commit {source['commit'][:7]}" if source.get("commit") else ""
+    if not source.get("example_code"):
         reasons.append(
-            f"examples/{record['example']}.py changed since the record was made"
-            + (f" at commit {source['commit'][:7]}" if source.get("commit") else "")
-            + " (or the record's source digest was edited)"
+            f"the record has no code digest of examples/{record['example']}.py (source.example_code): it was made"
+            f"{at} before records carried code digests, or its sources could not be verified"
         )
-    if include_library and source.get("library_sha256") != library_digest():
-        reasons.append("the mpguide library changed since the record was made")
+    elif source["example_code"] != example_code_digest(declarations.example_file(record["example"], examples)):
+        reasons.append(
+            f"the code of examples/{record['example']}.py changed since the record was made{at}"
+            " (or the record's source digest was edited)"
+        )
+    if include_library and source.get("library_code") != library_code_digest():
+        reasons.append("the code of the mpguide library changed since the record was made")
     return "; ".join(reasons)
 
 

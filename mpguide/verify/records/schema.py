@@ -286,8 +286,13 @@ class RunEnv(StrictModel):
 class Source(StrictModel):
     """``source``: what the record was produced from (digests, commit, run environment)."""
 
-    example_sha256: str | None
-    library_sha256: Name
+    # code digests (mpguide.verify.records.codedigest): what freshness is decided on; absent in records written
+    # before them, which read as stale; null in a migrated reference whose sources could not be verified
+    example_code: str | None = None
+    library_code: str | None = None
+    # byte digests of records written before code digests (kept as written; nothing compares them any more)
+    example_sha256: str | None = None
+    library_sha256: Name | None = None
     declaration_sha256: str | None  # the gate's integrity check explains a missing one
     commit: str | None = None
     dirty: bool | None = None
