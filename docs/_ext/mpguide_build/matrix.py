@@ -35,13 +35,15 @@ from .matrix_summary import (
     TORCH_EXAMPLES,
     TORCH_LIGHTNING,
     MatrixError,
-    check_current,
+    check_matrix,
     column_label,
     is_unreleased,
     load,
     load_matrix,
     load_torch_matrix,
+    stale_cells,
     summary_file,
+    summary_path,
     write_summary,
 )
 
@@ -241,28 +243,31 @@ def run_release(
 
 
 def merge_into_previous(summary: dict[str, Any], directory: Path | None = None) -> dict[str, Any]:
-    """``summary`` with the examples it did not run taken from the release's previous summary.
+    """``summary`` with the cells it did not run taken from the column's previous summary.
 
-    Lets ``MPGUIDE_MATRIX_EXAMPLES`` rerun only the examples that changed. Entries are taken over
-    only from a previous summary of the same library digest and status ``"ran"``; each keeps its
-    own ``example_sha256``, so :func:`~mpguide_build.matrix_summary.staleness` still names every entry that
-    describes an older example.
+    Lets ``MPGUIDE_MATRIX_EXAMPLES`` (or ``--stale-only``) rerun only some examples. Per cell: every cell of
+    the previous summary the new run did not produce is taken over with its own keys, so
+    :func:`~mpguide_build.matrix_summary.cell_staleness` still judges each by what it was produced with (a
+    cell made under older code or another torch reads stale, never current). Nothing is taken over from a
+    column that could not run, from another commit of the unreleased branch, or for an example that no
+    longer exists.
     """
     path = summary_file(summary, directory)
     try:
         previous = load(path)
     except MatrixError:
         return summary
-    if previous.get("library_sha256") != summary["library_sha256"] or previous.get("status") != "ran":
+    if previous.get("status") != "ran" or summary.get("status") != "ran":
         return summary
     if previous.get("source") != summary.get("source"):  # another commit of the branch: nothing carries over
         return summary
+    existing = {p.stem for p in declarations.examples_dir().glob("plot_*.py")}
+    carried = {k: v for k, v in previous["examples"].items() if k not in summary["examples"] and k in existing}
     merged = dict(
         summary,
-        examples={**previous["examples"], **summary["examples"]},
+        examples=dict(sorted({**carried, **summary["examples"]}.items())),
         plugin_tests=summary.get("plugin_tests") or previous.get("plugin_tests"),
     )
-    merged["examples"] = dict(sorted(merged["examples"].items()))
     return merged
 
 
@@ -271,6 +276,49 @@ def _last_error(stderr: str, lines: int = 3) -> str:
     text = [line for line in stderr.strip().splitlines() if line.strip()]
     tail = "\n".join(text[-lines:])
     return re.sub(r"/[^\s\"']*/(site-packages|examples|mpguide)/", r"\1/", tail)
+
+
+def check_command(directory: Path | None = None, max_stale: int | None = None, **columns: Any) -> int:
+    """``python -m mpguide_build.matrix check``: one line per stale cell, then exactly ``stale cells: N of M``.
+
+    Exit 0 when the only findings are stale cells (the pages show them as "not re-run"); 1 with one line per
+    problem (:func:`~mpguide_build.matrix_summary.check_matrix`: file, field, fix) for a missing column, an
+    unreadable or malformed summary or a cell without keys, or when more than ``max_stale`` cells are stale.
+    ``columns``: the ``releases``/``main``/``torch_columns`` of :func:`check_matrix` (tests pass fewer).
+    """
+    stale, problems, cells = check_matrix(directory, **columns)
+    for line in stale:
+        print(f"stale: {line}")
+    for line in problems:
+        print(f"problem: {line}")
+    print(f"stale cells: {len(stale)} of {cells}")
+    if max_stale is not None and len(stale) > max_stale:
+        print(
+            f"problem: {len(stale)} stale cells, more than --max-stale {max_stale}; rerun them: "
+            f"nox -s matrix -- --stale-only (and matrix_torch, matrix_main)"
+        )
+        return 1
+    return 1 if problems else 0
+
+
+def stale_command(lightning: str, torch_pin: str | None, directory: Path | None = None) -> int:
+    """``python -m mpguide_build.matrix stale``: the stale examples of one column, one per line on stdout (every
+    example of the column when it has no summary yet or that summary cannot be read), a count on stderr."""
+    every = sorted(p.stem for p in declarations.examples_dir().glob("plot_*.py"))
+    scope = list(TORCH_EXAMPLES) if torch_pin else None
+    path = summary_path(lightning, directory, torch_pin)
+    try:
+        summary = load(path)
+        names = [n for n in stale_cells(summary) if (scope is None or n in scope) and n in every]
+        if summary.get("status") != "ran":
+            names = [n for n in every if scope is None or n in scope]
+    except MatrixError:
+        names = [n for n in every if scope is None or n in scope]
+    print("\n".join(names))
+    print(
+        f"{len(names)} stale examples" + (", nothing to run" if not names else "") + f" ({path.name})", file=sys.stderr
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,7 +359,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     what = err.add_mutually_exclusive_group(required=True)
     what.add_argument("--message-file", type=Path, help="a log whose last error lines say why")
     what.add_argument("--message", help="why, in words")
-    sub.add_parser("check", help="exit 1 when the committed matrix is stale")
+    check = sub.add_parser(
+        "check",
+        help="one line per stale cell, then 'stale cells: N of M'; exit 1 on a missing column, an unreadable "
+        "summary or a cell without keys (one line each), or with more stale cells than --max-stale",
+    )
+    check.add_argument("--dir", type=Path, default=MATRIX_DIR)
+    check.add_argument("--max-stale", type=int, default=None, help="exit 1 when more cells than this are stale")
+    stale = sub.add_parser("stale", help="print the stale examples of one column, one per line (for --stale-only)")
+    stale.add_argument("--lightning", required=True)
+    stale.add_argument("--torch", default=None)
+    stale.add_argument("--dir", type=Path, default=MATRIX_DIR)
+    migrate = sub.add_parser(
+        "migrate",
+        help="add per-cell code keys to summaries (and code digests to GPU references) made before them, "
+        "only where their byte digests equal those of the sources at --from-commit",
+    )
+    migrate.add_argument("--from-commit", required=True)
+    migrate.add_argument("--dir", type=Path, default=MATRIX_DIR)
+    migrate.add_argument("--references", type=Path, default=records.REPO_ROOT / "results" / "reference")
     table = sub.add_parser("table", help="print the Markdown table")
     table.add_argument("--dir", type=Path, default=MATRIX_DIR)
     table.add_argument("--torch", action="store_true", help="the older-torch columns and the site's TORCH_LIGHTNING")
@@ -364,13 +430,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(probe_autocast_cache()))
         return 0
     if args.command == "check":
-        try:
-            check_current()
-        except MatrixError as error:
-            print(error, file=sys.stderr)
-            return 1
-        print("the committed version matrix is current")
-        return 0
+        return check_command(args.dir, args.max_stale)
+    if args.command == "stale":
+        return stale_command(args.lightning, args.torch, args.dir)
+    if args.command == "migrate":
+        from .matrix_migrate import migrate_cli
+
+        return migrate_cli(args.from_commit, args.dir, args.references)
     if args.torch:
         site = [s for s in load_matrix(args.dir) if s["lightning"] == TORCH_LIGHTNING and not is_unreleased(s)]
         print(render_table(load_torch_matrix(args.dir) + site, examples=TORCH_EXAMPLES))

@@ -11,7 +11,7 @@ from typing import Any
 
 from mpguide.verify.claims import declarations
 
-from .matrix_summary import RUNS_ROW, column_label, column_order
+from .matrix_summary import RUNS_ROW, cell_staleness, column_label, column_order, not_rerun_since
 
 #: Outcome "holds", the claim held on that release.
 HOLDS = "holds"
@@ -29,8 +29,21 @@ NOT_JUDGED = "not judged"
 INCONCLUSIVE = "inconclusive"
 #: Outcome "not run", the column does not run that example (an older-torch column runs a few).
 NOT_RUN = "not run"
+#: Outcome "not re-run", the cell was produced from other code (or versions) than today's: it shows no verdict
+#: (:func:`mpguide_build.matrix_summary.cell_staleness`), only since when it was not re-run.
+NOT_RERUN = "not re-run"
 #: Every outcome class of a cell (:func:`~mpguide_build.matrix_outcomes.outcome`), in the legend's order.
-OUTCOMES = (HOLDS, DOES_NOT_HOLD, CANNOT_RUN, PLUGIN_REFUSES, CPU_ARTIFACT, INCONCLUSIVE, NOT_JUDGED, NOT_RUN)
+OUTCOMES = (
+    HOLDS,
+    DOES_NOT_HOLD,
+    CANNOT_RUN,
+    PLUGIN_REFUSES,
+    CPU_ARTIFACT,
+    INCONCLUSIVE,
+    NOT_JUDGED,
+    NOT_RUN,
+    NOT_RERUN,
+)
 #: What each outcome means, for the legend above the table.
 OUTCOME_MEANING = {
     HOLDS: "the claim held on that release",
@@ -44,6 +57,8 @@ OUTCOME_MEANING = {
     INCONCLUSIVE: "a throughput claim whose rounds could not decide it (never counted as holding)",
     NOT_JUDGED: "the record could not judge the claim",
     NOT_RUN: "that column does not run this example (the older-torch columns run only the torch-dependent ones)",
+    NOT_RERUN: "the example or the library code changed since this cell ran (docstrings and comments do not "
+    "count): it shows no verdict until it is re-run (nox -s matrix -- --stale-only)",
 }
 #: Verdict words of a table cell (the outcome classes), kept under the old name.
 CELL_WORDS = {o: o for o in OUTCOMES}
@@ -75,7 +90,9 @@ def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
 
     ``verdict`` is ``"pass"``, ``"fail"``, ``"inconclusive"`` (a throughput claim the data could not decide,
     never a pass), ``"not judged"``, ``"not run"`` (the column does not run that example) or
-    ``"could not run"`` (the release or the example could not run, or the claim is absent from its record).
+    ``"could not run"`` (the release or the example could not run, or the claim is absent from its record),
+    or ``"not re-run"`` for a stale cell (:func:`~mpguide_build.matrix_summary.cell_staleness`), whose
+    message is ``"not re-run since <date>, commit <id>: <why>"``: a stale cell never shows its old verdict.
     :func:`~mpguide_build.matrix_outcomes.outcome` tells a reader what a non-passing verdict means.
     """
     entry = summary["examples"].get(example)
@@ -88,6 +105,9 @@ def cell(summary: dict[str, Any], example: str, cid: str) -> tuple[str, str]:
     if summary["status"] != "ran":
         err = summary.get("error") or {}
         return "could not run", f"Lightning {label} could not be {err.get('stage', 'run')}ed: {err.get('message', '')}"
+    stale = cell_staleness(summary, example)
+    if stale:
+        return "not re-run", f"{example} on Lightning {label}: {not_rerun_since(summary, example)}: {stale}"
     if entry is None or entry["status"] != "ran":
         return (
             "could not run",
@@ -189,6 +209,8 @@ def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | No
         return INCONCLUSIVE, message
     if verdict == "not run":
         return NOT_RUN, message
+    if verdict == "not re-run":
+        return NOT_RERUN, message
     if verdict == "could not run":
         if _refused_non_finite_on_disabled_scaler(summary, example, message, examples):
             return CPU_ARTIFACT, (

@@ -17,6 +17,7 @@ from .matrix_outcomes import (
     HOLDS,
     INCONCLUSIVE,
     NOT_JUDGED,
+    NOT_RERUN,
     NOT_RUN,
     OUTCOME_MEANING,
     OUTCOMES,
@@ -148,6 +149,7 @@ def release_outcomes(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
         INCONCLUSIVE: 4,
         NOT_JUDGED: 5,
         NOT_RUN: 6,
+        NOT_RERUN: 7,
     }
     out: dict[str, list[str]] = {}
     for s in sorted(summaries, key=lambda s: version_key(s["lightning"])):
@@ -202,6 +204,8 @@ def applies_sentence(
         parts.append(
             f"Holds on Lightning {_releases(groups[HOLDS])}" + (" (every release tested)." if len(groups) == 1 else ".")
         )
+    elif set(groups) == {NOT_RERUN}:
+        parts.append("No release re-run since the code changed.")
     else:
         parts.append(
             f"Holds on none of the Lightning releases tested ({_releases([s['lightning'] for s in ordered])})."
@@ -237,6 +241,10 @@ def applies_sentence(
         parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
     if INCONCLUSIVE in groups:
         parts.append(f"Inconclusive on {_releases(groups[INCONCLUSIVE])} (the timing rounds could not decide).")
+    if NOT_RERUN in groups:
+        parts.append(
+            f"Not re-run on {_releases(groups[NOT_RERUN])} since the code changed (the releases page says since when)."
+        )
     return " ".join(parts) + unreleased_clause(every, claims, differs)
 
 
@@ -266,6 +274,8 @@ def unreleased_clause(
     if words == {"pass"}:
         return where + " it holds."
     classes = {outcome(branch[-1], ex, cid)[0] for ex, cid in claims} - {HOLDS}
+    if NOT_RERUN in classes:
+        return where + " it is not re-run since the code changed."
     if classes == {DOES_NOT_HOLD}:
         return where + f" it does not hold: {differs}."
     return where + f" it does not hold ({', '.join(sorted(classes))})."
@@ -290,16 +300,19 @@ def torch_sentence(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[s
     """
     _require_claims(summaries, claims, "torch_sentence", "column")
     ordered = sorted(summaries, key=lambda s: version_key(str(s.get("torch"))))
-    ok, bad = [], []
+    ok, bad, stale = [], [], []
     for s in ordered:
         words = {cell(s, ex, cid)[0] for ex, cid in claims}
         if words == {"pass"}:
             ok.append(str(s.get("torch")))
+        elif "not re-run" in words:
+            stale.append(str(s.get("torch")))
         elif words != {"not run"}:
             bad.append(f"{s.get('torch')} ({' / '.join(sorted(words - {'pass'}))})")
     lightning_versions = ", ".join(sorted({s["lightning"] for s in ordered}))
     held = f"this holds on torch {', '.join(ok)}" if ok else "this holds on none of the torch releases tested"
-    return f"With Lightning {lightning_versions} {held}" + (f"; not on torch {', '.join(bad)}." if bad else ".")
+    out = f"With Lightning {lightning_versions} {held}" + (f"; not on torch {', '.join(bad)}" if bad else "")
+    return out + (f"; not re-run on torch {', '.join(stale)} since the code changed." if stale else ".")
 
 
 def cache_bug_sentence(summaries: Sequence[dict[str, Any]]) -> str:

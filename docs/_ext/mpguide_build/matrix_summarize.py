@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from mpguide.verify import records
-from mpguide.verify.claims import declarations
 from mpguide.verify.show.report import allowed_text, measured_text, result_text
 
-from .matrix_summary import RUNS_ROW, SCHEMA, summary_path, verdict_library_digest
+from .matrix_summary import RUNS_ROW, SCHEMA, cell_keys, summary_path
 
 
 def claim_id(claim: dict[str, Any]) -> str:
@@ -67,7 +66,7 @@ def summarize_example(
     from mpguide.verify.gate import judge
 
     entry: dict[str, Any] = {
-        "example_sha256": records.file_digest(declarations.example_file(example, examples)),
+        "keys": cell_keys(example, examples),
         "status": "ran",
         "error": script_error or None,
         "seconds": seconds,
@@ -179,7 +178,6 @@ def new_summary(
         "created": records.utc_now(),
         "status": status,
         "error": error,
-        "library_sha256": verdict_library_digest(),
         "examples": {},
         "plugin_tests": None,
         "torch_threads": _torch_threads(),
@@ -191,7 +189,7 @@ def new_summary(
     }
     for example in examples:
         out["examples"][example] = {
-            "example_sha256": records.file_digest(declarations.example_file(example, examples_dir)),
+            "keys": cell_keys(example, examples_dir),
             "status": "could not run",
             "error": (error or {}).get("message"),
             "seconds": None,

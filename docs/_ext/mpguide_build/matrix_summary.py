@@ -13,13 +13,17 @@ written by ``python -m mpguide_build.matrix run`` (:mod:`mpguide_build.matrix`),
     ``"ran"``, or ``"could not run"`` with ``error`` = ``{"stage": "install" | "import", "message"}``
     when the release could not be installed or imported (a result, not a crash).
 ``library_sha256``
-    :func:`mpguide.verify.records.library_digest` of the library the matrix was produced with, without the
-    modules that only draw (:data:`mpguide.verify.records.PRESENTATION_MODULES`): no verdict depends on them.
+    only in summaries written before per-cell keys: the byte digest of the library then (kept as written;
+    nothing compares it any more).
 ``examples``
-    example -> ``{"example_sha256", "status" ("ran" or "could not run"), "error", "seconds",
+    example -> ``{"keys", "status" ("ran" or "could not run"), "error", "seconds",
     "claims": [{"id", "kind", "runs", "title", "verdict" ("pass" | "fail" | "inconclusive" | "not judged"),
     "observed", "message"}]}``. Besides the declared claims, one row ``id = "runs complete"`` per
     example stands for the gate's implicit checks (every run trains to the end with a finite loss).
+    ``keys`` (:class:`mpguide_build.summary_schema.CellKeys`) are what the cell was produced with: the
+    example's code digest, the library's code digest without the modules that only draw
+    (:data:`mpguide.verify.records.PRESENTATION_MODULES`: no verdict depends on them), the Python, torch and
+    Lightning versions, the date and the commit. Cells written before keys hold ``example_sha256`` (bytes).
 ``plugin_tests``
     outcome of the :class:`mpguide.precision.ManualMixedPrecision` tests in that environment:
     ``{"status" ("pass" | "fail" | "refused" | "could not run"), "passed", "failed", "message"}``.
@@ -41,9 +45,13 @@ written by ``python -m mpguide_build.matrix run`` (:mod:`mpguide_build.matrix`),
 
 Summaries without the last four fields (written before they existed) read as releases on the site's torch.
 
-A summary is **stale** when an example or the library changed since it was produced
-(:func:`~mpguide_build.matrix_summary.staleness`); the test suite fails then, and the message says to run
-``nox -s matrix``.
+A **cell** (one example in one column) is **stale** when the code it was produced with differs from
+today's, or it ran under another torch or Lightning than its column now names
+(:func:`~mpguide_build.matrix_summary.cell_staleness`): keyed per cell, so a partial rerun never mixes cells
+of two libraries under one column digest. A stale cell shows no verdict (the pages say "not re-run since
+<date>, <commit>", :mod:`mpguide_build.matrix_outcomes`) and fails no test; ``python -m mpguide_build.matrix
+check`` counts them, and ``nox -s matrix -- --stale-only`` reruns them. Docstrings and comments are not code
+(:mod:`mpguide.verify.records.codedigest`): editing them stales nothing.
 """
 
 from __future__ import annotations
@@ -189,7 +197,7 @@ def validate(summary: Any, where: str | Path) -> dict[str, Any]:
     if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
         got = summary.get("schema") if isinstance(summary, dict) else type(summary).__name__
         raise MatrixError(f"{where}: not a matrix summary of schema {SCHEMA!r} (found {got!r}); {fix}")
-    for key, kind in (("lightning", str), ("status", str), ("library_sha256", str), ("examples", dict)):
+    for key, kind in (("lightning", str), ("status", str), ("examples", dict)):
         if not isinstance(summary.get(key), kind):
             raise MatrixError(f"{where}: field {key!r} missing or not a {kind.__name__}; {fix}")
     source = summary.get("source")
@@ -254,72 +262,162 @@ def load_torch_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
     return sorted((load(p) for p in sorted(directory.glob("torch-*.json"))), key=column_order)
 
 
-def verdict_library_digest() -> str:
-    """Digest of the library code verdicts depend on (figures and tables left out), for staleness."""
-    return records.library_digest(exclude=records.PRESENTATION_MODULES)
+def verdict_library_code() -> str:
+    """Code digest of the library verdicts depend on (figures and tables left out), for a cell's keys."""
+    return records.library_code_digest(exclude=records.PRESENTATION_MODULES)
+
+
+def cell_keys(example: str, examples: Path | None = None, library: str | None = None) -> dict[str, Any]:
+    """The keys of a cell produced now in this environment (:class:`mpguide_build.summary_schema.CellKeys`)."""
+    import platform
+
+    versions: dict[str, str | None] = {}
+    for module in ("torch", "lightning"):
+        try:
+            versions[module] = __import__(module).__version__
+        except Exception:  # noqa: BLE001 - an environment that cannot import it is a result too
+            versions[module] = None
+    commit, dirty = records.git_state([records.PACKAGE_DIR, declarations.examples_dir()])
+    return {
+        "example_code": records.example_code_digest(declarations.example_file(example, examples)),
+        "library_code": library or verdict_library_code(),
+        "python": platform.python_version(),
+        "torch": versions["torch"],
+        "lightning": versions["lightning"],
+        "created": records.utc_now(),
+        "commit": (commit + ("+dirty" if dirty else "")) if commit else None,
+    }
+
+
+def _minor(version: str | None) -> str:
+    return ".".join(str(version or "").split(".")[:2])
+
+
+def cell_staleness(
+    summary: dict[str, Any], example: str, examples: Path | None = None, library: str | None = None
+) -> str:
+    """Why the cell of ``example`` in ``summary`` is stale, or ``""`` when it is fresh (or nothing ran there).
+
+    Stale: the cell has no keys, or a code key the migration could not verify (``null``); the example's or the
+    library's code digest differs from today's (:func:`verdict_library_code`); or the cell ran under another
+    torch or Lightning than the column names (``torch``, ``lightning_version``) or another Python minor. A
+    column that could not run, a cell of an example outside the column's ``scope`` and a missing cell are not
+    stale (they show "could not run" / "not run").
+    """
+    entry = summary["examples"].get(example)
+    if summary.get("status") != "ran" or entry is None:
+        return ""
+    if summary.get("scope") is not None and example not in summary["scope"]:
+        return ""
+    keys = entry.get("keys")
+    if not isinstance(keys, dict):
+        return "the cell has no keys (made before cells recorded them)"
+    if not keys.get("example_code"):
+        return f"the code examples/{example}.py ran with was not verified when the cell was migrated"
+    if not keys.get("library_code"):
+        return "the library code the cell ran with was not verified when the cell was migrated"
+    current = records.example_code_digest(declarations.example_file(example, examples))
+    if current is None:
+        return f"examples/{example}.py no longer exists"
+    if keys["example_code"] != current:
+        return f"the code of examples/{example}.py changed since"
+    if keys["library_code"] != (library or verdict_library_code()):
+        return "the code of the mpguide library changed since"
+    for key, column in (("torch", summary.get("torch")), ("lightning", summary.get("lightning_version"))):
+        if column and keys.get(key) != column:
+            return f"it ran under {key} {keys.get(key)}, the column now runs {column}"
+    if _minor(keys.get("python")) != _minor(summary.get("python")):
+        return f"it ran under Python {keys.get('python')}, the column now runs {summary.get('python')}"
+    return ""
+
+
+def not_rerun_since(summary: dict[str, Any], example: str) -> str:
+    """``"not re-run since <date>, <commit>"`` of a cell (its keys; the summary's date for a cell without keys)."""
+    keys = (summary["examples"].get(example) or {}).get("keys") or {}
+    date = str(keys.get("created") or summary.get("created") or "")[:10] or "an unknown date"
+    commit = keys.get("commit") or keys.get("migrated_from")
+    return f"not re-run since {date}, " + (f"commit {str(commit)[:7]}" if commit else "an unknown commit")
+
+
+def stale_cells(summary: dict[str, Any], examples: Path | None = None, library: str | None = None) -> dict[str, str]:
+    """Example -> why, for every stale cell of one column: stale entries (:func:`cell_staleness`), examples of
+    the column's scope it has no cell for, and cells of examples that no longer exist."""
+    if summary.get("status") != "ran":
+        return {}
+    folder = Path(examples or declarations.examples_dir())
+    current = sorted(p.stem for p in folder.glob("plot_*.py"))
+    scope = summary.get("scope")
+    wanted = [name for name in current if scope is None or name in scope]
+    library = library or verdict_library_code()
+    out = {
+        name: "examples/" + name + ".py is not in the column yet" for name in wanted if name not in summary["examples"]
+    }
+    for name in summary["examples"]:
+        if name not in current:
+            out[name] = f"examples/{name}.py no longer exists"
+        elif why := cell_staleness(summary, name, folder, library):
+            out[name] = why
+    return dict(sorted(out.items()))
 
 
 def staleness(summary: dict[str, Any], examples: Path | None = None) -> list[str]:
-    """Why ``summary`` no longer describes the current sources (empty list when it does).
-
-    Compares the recorded digests with today's: every ``examples/plot_*.py`` must be in the summary
-    with the same SHA-256, no example may have been removed, and the library digest
-    (:func:`~mpguide_build.matrix_summary.verdict_library_digest`) must be the same.
-    """
-    folder = Path(examples or declarations.examples_dir())
-    current = {p.stem: records.file_digest(p) for p in sorted(folder.glob("plot_*.py"))}
-    scope = summary.get("scope")
-    if scope is not None:  # a column that runs some examples only: the others are not expected there
-        current = {name: digest for name, digest in current.items() if name in scope}
-    recorded = summary["examples"]
+    """One line per stale cell of ``summary`` (empty list when every cell is fresh): the column, the example, why."""
     where = f"Lightning {column_label(summary)}"
-    reasons = [
-        f"{where}: examples/{name}.py changed since the matrix was produced"
-        for name in sorted(current)
-        if name in recorded and recorded[name].get("example_sha256") != current[name]
-    ]
-    added, removed = sorted(set(current) - set(recorded)), sorted(set(recorded) - set(current))
-    reasons += [f"{where}: examples/{name}.py is not in the matrix" for name in added]
-    reasons += [f"{where}: the matrix holds {name}, which no longer exists" for name in removed]
-    if summary["library_sha256"] != verdict_library_digest():
-        reasons.append(f"{where}: the mpguide library changed since the matrix was produced")
-    return reasons
+    return [f"{where}: {name}: {why}" for name, why in stale_cells(summary, examples).items()]
 
 
-def check_current(
+def check_matrix(
     directory: Path | None = None,
     examples: Path | None = None,
     releases: Sequence[str] = RELEASES,
     main: str | None = MAIN_BRANCH,
     torch_columns: Sequence[tuple[str, str]] = TORCH_COLUMNS,
-) -> None:
-    """Raise when the committed matrix is missing a column or was produced from other sources.
+) -> tuple[list[str], list[str], int]:
+    """The committed matrix checked: ``(stale lines, problems, number of cells)``.
 
-    The columns: every release of ``releases``, the unreleased ``main`` branch (``None``: none) and
-    one older-torch column per ``(torch, Lightning)`` pair of ``torch_columns``.
-
-    Raises:
-        MatrixError: one line per problem, ending with the command that refreshes each stale column.
+    Stale cells (:func:`staleness`, one line each) are findings, not failures: the pages show them as "not
+    re-run". Problems are what no rerun of stale cells repairs by itself, one line each naming the file, the
+    field and the fix: a column of ``releases``, of the unreleased ``main`` branch (``None``: none) or of
+    ``torch_columns`` without a summary, a summary that cannot be read or does not follow the schema, a cell
+    without keys (written before cells recorded them). Cells: every example entry of every column that ran.
     """
-    summaries = load_matrix(directory)
-    pinned = load_torch_matrix(directory)
-    have = {s["lightning"] for s in summaries}
-    problems = [f"Lightning {v}: no summary" for v in releases if v not in have]
-    if main and not any(s["lightning"] == main and is_unreleased(s) for s in summaries):
-        problems.append(f"Lightning {main} (unreleased): no summary")
+    directory = Path(directory or MATRIX_DIR)
+    problems: list[str] = []
+    summaries: list[tuple[Path, dict[str, Any]]] = []
+    for path in sorted(list(directory.glob("lightning-*.json")) + list(directory.glob("torch-*.json"))):
+        try:
+            summaries.append((path, load(path)))
+        except MatrixError as err:
+            problems.append(str(err))
+    columns = {(s.get("torch_pin"), s["lightning"], is_unreleased(s)) for _, s in summaries}
+    refresh = "write it with nox -s matrix (matrix_torch, matrix_main for those columns)"
     problems += [
-        f"Lightning {lightning}, torch {torch}: no summary"
-        for torch, lightning in torch_columns
-        if (torch, lightning) not in {(s.get("torch_pin"), s["lightning"]) for s in pinned}
+        f"{summary_path(v, directory)}: missing (field 'lightning' = {v!r}); {refresh}"
+        for v in releases
+        if (None, v, False) not in columns
     ]
-    for summary in summaries + pinned:
-        problems += staleness(summary, examples)
-    if problems:
-        raise MatrixError(
-            "the committed version matrix (results/matrix) is stale:\n  - "
-            + "\n  - ".join(problems)
-            + "\nrun `nox -s matrix` (the releases, about 20 min on 2 cores), "
-            "`MPGUIDE_LIGHTNING_GIT=<copy of Lightning's git repository> nox -s matrix_main` (the "
-            "unreleased column) and `nox -s matrix_torch` (the older-torch columns, downloads of "
-            "2.5-3 GB each), then commit results/matrix/"
-        )
+    if main and (None, main, True) not in columns:
+        problems.append(f"{summary_path(main, directory)}: missing (unreleased {main!r}); {refresh}")
+    problems += [
+        f"{summary_path(lightning, directory, torch)}: missing (field 'torch_pin' = {torch!r}); {refresh}"
+        for torch, lightning in torch_columns
+        if (torch, lightning, False) not in columns
+    ]
+    stale: list[str] = []
+    cells = 0
+    library = verdict_library_code()
+    for path, summary in summaries:
+        if summary.get("status") != "ran":
+            continue
+        found = stale_cells(summary, examples, library)
+        cells += len(summary["examples"]) + sum(name not in summary["examples"] for name in found)
+        for name, entry in summary["examples"].items():
+            if entry.get("keys") is None:
+                problems.append(
+                    f"{path}: field 'examples.{name}.keys' missing (a cell made before cells recorded their keys); "
+                    f"migrate it (python -m mpguide_build.matrix migrate --from-commit <commit>) or rerun it "
+                    f"(nox -s matrix -- --stale-only)"
+                )
+        where = f"Lightning {column_label(summary)}"
+        stale += [f"{where}: {name}: {why}" for name, why in found.items()]
+    return stale, problems, cells

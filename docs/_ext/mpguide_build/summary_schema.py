@@ -37,10 +37,31 @@ class MatrixRun(StrictModel):
     error: str | None = None
 
 
-class MatrixExample(StrictModel):
-    """``examples[name]`` of a summary (``runs`` only in summaries written since 2026-12-01)."""
+class CellKeys(StrictModel):
+    """``examples[name].keys``: what one cell was produced with (:func:`mpguide_build.matrix_summary.cell_staleness`).
 
-    example_sha256: str | None
+    ``example_code`` and ``library_code`` are code digests (:mod:`mpguide.verify.records.codedigest`; the library
+    without :data:`mpguide.verify.records.PRESENTATION_MODULES`), ``null`` when a migration could not verify them
+    (the cell is then stale); ``commit`` is the repository commit the cell ran at, or for a migrated cell
+    ``migrated_from``, the commit whose sources the migration checked the cell's byte digests against.
+    """
+
+    example_code: str | None
+    library_code: str | None
+    python: str | None
+    torch: str | None
+    lightning: str | None
+    created: str
+    commit: str | None
+    migrated_from: str | None = None
+
+
+class MatrixExample(StrictModel):
+    """``examples[name]`` of a summary (``runs`` only in summaries written since 2026-12-01; ``keys`` since
+    code digests: a cell without them is a problem for ``python -m mpguide_build.matrix check``)."""
+
+    keys: CellKeys | None = None
+    example_sha256: str | None = None  # the byte digest of cells written before keys (kept as written)
     status: Literal["ran", "could not run"]
     error: str | None
     seconds: NonNegative | None
@@ -94,7 +115,7 @@ class MatrixSummary(StrictModel):
     created: str
     status: Literal["ran", "could not run"]
     error: ReleaseError | None
-    library_sha256: Name
+    library_sha256: Name | None = None  # byte digest of summaries written before per-cell keys (kept as written)
     examples: dict[str, MatrixExample]
     plugin_tests: PluginTests | None
     # written since the older-torch and unreleased columns (absent in older summaries)

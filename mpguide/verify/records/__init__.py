@@ -73,8 +73,8 @@ from typing import Any
 # The schema (types, validation, RecordError) lives in mpguide.verify.records.schema; these names stay importable from
 # here.
 from .. import hints
-from .codedigest import ALGORITHM, code_digest
 from .codedigest import CodeDigestError as CodeDigestError
+from .codedigest import code_digest, combine
 from .schema import SCHEMA_FIELDS as SCHEMA_FIELDS
 from .schema import SCHEMA_VERSION, RecordError, validate_record
 
@@ -214,10 +214,7 @@ def library_code_digest(exclude: frozenset[str] = frozenset()) -> str:
     :data:`~mpguide.verify.records.PRESENTATION_MODULES` for the library verdicts depend on). A file added,
     removed or renamed changes it.
     """
-    digest = hashlib.sha256(ALGORITHM.encode())
-    for name, path in package_files(exclude):
-        digest.update(b"\n" + name.encode() + b"\0" + str(example_code_digest(path)).encode())
-    return digest.hexdigest()
+    return combine((name, str(example_code_digest(path))) for name, path in package_files(exclude))
 
 
 def short_paths(text: str) -> str:

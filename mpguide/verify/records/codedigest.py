@@ -44,9 +44,7 @@ class CodeDigestError(ValueError):
 
 
 def _is_bare_string(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-    )
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
 def _fstring_parts(values: list) -> list:
@@ -159,7 +157,12 @@ def tree_code_digest(files: Iterable[tuple[str, str | bytes]]) -> str:
 
     A file added, removed or renamed changes it; a docstring or comment edit in any of them does not.
     """
+    return combine((name, _digest(source, name)) for name, source in files)
+
+
+def combine(digests: Iterable[tuple[str, str]]) -> str:
+    """SHA-256 (hex) over ``(relative path, code digest)`` pairs in path order (:func:`tree_code_digest`'s last step)."""
     digest = hashlib.sha256(ALGORITHM.encode())
-    for name, source in sorted(files, key=lambda pair: pair[0]):
-        digest.update(b"\n" + name.encode() + b"\0" + _digest(source, name).encode())
+    for name, code in sorted(digests, key=lambda pair: pair[0]):
+        digest.update(b"\n" + name.encode() + b"\0" + code.encode())
     return digest.hexdigest()
