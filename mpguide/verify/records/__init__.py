@@ -41,8 +41,8 @@ example declared for this record (:func:`mpguide.verify.claims.declarations.dige
 record's accelerator only), the git commit when known (``dirty`` when the example or library
 differed from it), and the environment variables that steer a run. The claim gate compares the
 record with the example's declaration (:mod:`mpguide.verify.claims.declarations`), calls a record **stale**
-when the example's code changed since it was written (or the record has no ``example_code``), and checks that the runs and claims the
-record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
+when the example's code changed since it was written (or the record has no ``example_code``), and
+checks that the runs and claims the record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
 is noticed even in a stale reference, which is not compared with today's declaration).
 
 Records written before code digests carry the byte digests ``example_sha256`` and ``library_sha256``
