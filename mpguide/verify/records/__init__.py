@@ -42,8 +42,8 @@ record's accelerator only), the git commit when known (``dirty`` when the exampl
 differed from it), and the environment variables that steer a run. The claim gate compares the
 record with the example's declaration (:mod:`mpguide.verify.claims.declarations`), calls a record **stale**
 when the example's code changed since it was written (or the record has no ``example_code``), and
-checks that the runs and claims the record holds still hash to its ``declaration_sha256`` (so a run or claim deleted or edited later
-is noticed even in a stale reference, which is not compared with today's declaration).
+checks that the runs and claims the record holds still hash to its ``declaration_sha256`` (so a run or
+claim deleted or edited later is noticed even in a stale reference, which is not compared with today's declaration).
 
 Records written before code digests carry the byte digests ``example_sha256`` and ``library_sha256``
 instead (SHA-256 of the file's bytes; :func:`~mpguide.verify.records.file_digest`,

@@ -7,17 +7,18 @@ reach the tree, and neither do blank lines, indentation style, quotes or parenth
 them keeps the digest; editing a statement, a default value, a name, or a string the code uses (a warning
 text, a claim's message, an f-string) changes it.
 
-The text is written by this module's own walker, not :func:`ast.dump`, so that Python 3.11, 3.12 and 3.13
-give the same digest for the same file (the CPU build runs 3.11, the GPU machine 3.12): ``ast.dump``'s
-output differs between them (3.12 added ``type_params`` to functions and classes; 3.13 prints fewer empty
-fields), and 3.12.1 writes an empty string part into a nested f-string format spec, which the walker
-drops (it joins adjacent string parts of an f-string too). The walker writes each node's type name and
-its fields in the order the node class lists them, leaving out every field whose value is ``None`` or an empty list (the field name is written with each value
-kept, so nothing becomes ambiguous; a ``None`` inside a list, such as the key of ``{**d}``, is kept) and
-every line and column attribute. A node type that only exists on a newer Python (``TypeAlias``, type
-parameters) only appears in a file that needs that Python to parse at all. A statement list emptied by the
-removal is left out like any empty list, the same whether the docstring was its only statement or the list
-was empty to begin with (``def f(): """Doc."""`` reads as a function with no body; the digest runs nothing).
+The text is written by this module's own walker, not :func:`ast.dump`, so that Python 3.11, 3.12 and 3.13 give
+the same digest for the same file (the CPU build runs 3.11, the GPU machine 3.12): ``ast.dump``'s output
+differs between them (3.12 added ``type_params`` to functions and classes; 3.13 prints fewer empty fields),
+and 3.12.1 writes an empty string part into a nested f-string format spec, which the walker drops (it joins
+adjacent string parts of an f-string too). The walker writes each node's type name and its fields in the order
+the node class lists them, leaving out every field whose value is ``None`` or an empty list (the field name is
+written with each value kept, so nothing becomes ambiguous; a ``None`` inside a list, such as the key of
+``{**d}``, is kept) and every line and column attribute. A node type that only exists on a newer Python
+(``TypeAlias``, type parameters) only appears in a file that needs that Python to parse at all. A statement
+list emptied by the removal is left out like any empty list, the same whether the docstring was its only
+statement or the list was empty to begin with (a function whose body is only its docstring reads as one with
+no body; the digest runs nothing).
 
 Limits, stated: the digest says nothing about what a program reads at run time, so freshness code never
 reads ``__doc__``, :func:`inspect.getdoc` or :func:`inspect.getsource` (``tests/test_code_digest.py`` scans
