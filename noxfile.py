@@ -145,8 +145,24 @@ def lint(session: nox.Session) -> None:
 
 
 def _matrix_column(session: nox.Session, column: list[str], packages: list[str], **install: object) -> None:
-    """Install ``packages`` (torch and the base pins first), then run one column; a failed install is its outcome."""
+    """Install ``packages`` (torch and the base pins first), then run one column; a failed install is its outcome.
+
+    ``-- --stale-only``: only the column's stale cells (``python -m mpguide_build.matrix stale``, run before any
+    install: nothing is installed when none is stale); the other cells are kept with their own keys, and the plugin
+    tests rerun unless only examples changed."""
     examples = os.environ.get("MPGUIDE_MATRIX_EXAMPLES", "").split()
+    run_only: list[str] = []  # arguments of `matrix run` alone
+    if "--stale-only" in session.posargs:
+        listed = session.run(
+            sys.executable, "-m", "mpguide_build.matrix", "stale", *column, env=BUILD_CODE, silent=True, external=True
+        )
+        lines = [line.strip() for line in str(listed).splitlines()]
+        examples = [line for line in lines if line.startswith("plot_")]
+        run_only += [] if "plugin-tests" in lines else ["--no-plugin-tests"]
+        if not examples:
+            session.log(f"0 stale examples, nothing to run ({' '.join(column)})")
+            return
+        session.log(f"{len(examples)} stale examples: {' '.join(examples)}")
     column += ["--examples", *examples] if examples else []
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
     try:
@@ -158,7 +174,7 @@ def _matrix_column(session: nox.Session, column: list[str], packages: list[str],
         why = ["--stage", "install", "--message", f"pip install {' '.join(packages)} failed (see the nox log)"]
         session.run("python", "-m", "mpguide_build.matrix", "error", *column, *why, env=env)
         return
-    session.run("python", "-m", "mpguide_build.matrix", "run", *column, env=env)
+    session.run("python", "-m", "mpguide_build.matrix", "run", *column, *run_only, env=env)
 
 
 @nox.session
@@ -167,7 +183,8 @@ def matrix(session: nox.Session, lightning: str) -> None:
     """Every example at the test preset on one Lightning release; writes results/matrix/lightning-X.json.
 
     ``nox -s matrix`` runs every release, ``nox -s matrix -k 2.6.6`` one; MPGUIDE_MATRIX_EXAMPLES="plot_02_..."
-    restricts the examples; MPGUIDE_MATRIX_TIMEOUT sets the seconds per example (600). A release that cannot be
+    restricts the examples, ``nox -s matrix -- --stale-only`` reruns only the stale cells (same for matrix_torch and
+    matrix_main); MPGUIDE_MATRIX_TIMEOUT sets the seconds per example (600). A release that cannot be
     installed is recorded as "could not run". CI runs one job per release (.github/workflows/matrix.yml)."""
     _matrix_column(session, ["--lightning", lightning], [f"lightning=={lightning}"])
 
@@ -192,7 +209,8 @@ def matrix_main(session: nox.Session) -> None:
     path after ``--``): ``mpguide_build.gitsource`` exports HEAD's installable files, installed with
     ``PACKAGE_NAME=lightning``. Writes results/matrix/lightning-master.json with the commit and its date; skips
     without a repository copy (CI has none)."""
-    git_dir = (session.posargs or [os.environ.get("MPGUIDE_LIGHTNING_GIT", "")])[0]
+    paths = [arg for arg in session.posargs if not arg.startswith("--")]
+    git_dir = (paths or [os.environ.get("MPGUIDE_LIGHTNING_GIT", "")])[0]
     if not git_dir:
         session.skip("no copy of Lightning's git repository: MPGUIDE_LIGHTNING_GIT=/path/to/pytorch-lightning")
     src = str(Path(session.create_tmp()) / "lightning-src")

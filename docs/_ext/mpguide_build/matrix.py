@@ -301,20 +301,29 @@ def check_command(directory: Path | None = None, max_stale: int | None = None, *
     return 1 if problems else 0
 
 
-def stale_command(lightning: str, torch_pin: str | None, directory: Path | None = None) -> int:
+def stale_command(
+    lightning: str, torch_pin: str | None, directory: Path | None = None, git_commit: str | None = None
+) -> int:
     """``python -m mpguide_build.matrix stale``: the stale examples of one column, one per line on stdout (every
-    example of the column when it has no summary yet or that summary cannot be read), a count on stderr."""
+    example of the column when it has no summary yet, that summary cannot be read, or for the unreleased column
+    another ``git_commit`` than the summary's), a count on stderr. A last line ``plugin-tests`` when a cell is
+    stale for another reason than its own example's code (the library, the versions, no keys, no summary): the
+    plugin's tests depend on those too and rerun with the cells; after example edits alone they are kept."""
     every = sorted(p.stem for p in declarations.examples_dir().glob("plot_*.py"))
     scope = list(TORCH_EXAMPLES) if torch_pin else None
     path = summary_path(lightning, directory, torch_pin)
+    plugin = True
     try:
         summary = load(path)
-        names = [n for n in stale_cells(summary) if (scope is None or n in scope) and n in every]
-        if summary.get("status") != "ran":
-            names = [n for n in every if scope is None or n in scope]
+        found = stale_cells(summary)
+        names = [n for n in found if (scope is None or n in scope) and n in every]
+        plugin = any("examples/" not in why for n, why in found.items() if n in names)
+        other_commit = git_commit and (summary.get("source") or {}).get("commit") != git_commit
+        if summary.get("status") != "ran" or other_commit:
+            names, plugin = [n for n in every if scope is None or n in scope], True
     except MatrixError:
         names = [n for n in every if scope is None or n in scope]
-    print("\n".join(names))
+    print("\n".join(names + (["plugin-tests"] if names and plugin else [])))
     print(
         f"{len(names)} stale examples" + (", nothing to run" if not names else "") + f" ({path.name})", file=sys.stderr
     )
@@ -369,6 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stale = sub.add_parser("stale", help="print the stale examples of one column, one per line (for --stale-only)")
     stale.add_argument("--lightning", required=True)
     stale.add_argument("--torch", default=None)
+    stale.add_argument("--git-commit", default=None, help="the unreleased column's commit: another one stales all")
+    stale.add_argument("--git-date", default=None, help="ignored (the nox session passes the column's arguments)")
     stale.add_argument("--dir", type=Path, default=MATRIX_DIR)
     migrate = sub.add_parser(
         "migrate",
@@ -432,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check":
         return check_command(args.dir, args.max_stale)
     if args.command == "stale":
-        return stale_command(args.lightning, args.torch, args.dir)
+        return stale_command(args.lightning, args.torch, args.dir, args.git_commit)
     if args.command == "migrate":
         from .matrix_migrate import migrate_cli
 
