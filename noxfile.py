@@ -144,7 +144,9 @@ def lint(session: nox.Session) -> None:
     session.run(*linter, env={"ACTIONLINT_PREFIX": prefix}, external=True)
 
 
-def _matrix_column(session: nox.Session, column: list[str], packages: list[str], **install: object) -> None:
+def _matrix_column(
+    session: nox.Session, column: list[str], packages: list[str], torch: list[str] | None = None, **install: object
+) -> None:
     """Install ``packages`` (torch and the base pins first), then run one column; a failed install is its outcome.
 
     ``-- --stale-only``: only the column's stale cells (``python -m mpguide_build.matrix stale``, run before any
@@ -166,8 +168,8 @@ def _matrix_column(session: nox.Session, column: list[str], packages: list[str],
     column += ["--examples", *examples] if examples else []
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), BUILD_CODE["PYTHONPATH"]])}
     try:
-        if TORCH and not any(p.startswith("torch==") for p in packages):
-            session.install(*TORCH)
+        if torch or TORCH:
+            session.install(*(torch or TORCH))  # the column's torch first: Lightning's install keeps it
         session.install(*MATRIX_BASE)
         session.install(*packages, "setuptools<81", **install)  # Lightning < 2.4 imports pkg_resources
     except nox.command.CommandFailed:
@@ -195,10 +197,14 @@ def matrix_torch(session: nox.Session, torch: str, lightning: str) -> None:
     """The examples whose claims depend on torch, on another torch release with a given Lightning release.
 
     One column per pair of matrix_summary.TORCH_COLUMNS; writes results/matrix/torch-X+lightning-Y.json
-    (matrix_summary.TORCH_EXAMPLES, the plugin tests and the minimal autocast-cache reproduction). Not in CI:
-    torch X is a PyPI CUDA build (2.5-3 GB), run on the CPU. ``nox -s matrix_torch -k 2.10.0`` runs one torch."""
+    (matrix_summary.TORCH_EXAMPLES, the plugin tests and the minimal autocast-cache reproduction). torch X is the
+    registry's build (on PyPI a CUDA build of 2.5-3 GB, run on the CPU), or the build of the index
+    MPGUIDE_TORCH_INDEX names (the matrix workflow's CPU wheels); the summary records which (the build tag of
+    its torch version). ``nox -s matrix_torch -k 2.10.0`` runs one torch."""
     column = ["--lightning", lightning, "--torch", torch]
-    _matrix_column(session, column, [f"torch=={torch}", f"lightning=={lightning}"])
+    index = os.environ.get("MPGUIDE_TORCH_INDEX")
+    wheel = [f"torch=={torch}"] + (["--index-url", index] if index else [])
+    _matrix_column(session, column, [f"lightning=={lightning}"], torch=wheel)
 
 
 @nox.session(name="matrix_main")

@@ -750,3 +750,79 @@ def test_a_record_refused_for_a_nan_on_a_disabled_cpu_scaler_is_a_cpu_artifact(v
     if expected == "cannot run":  # the release was installed: the sentence does not say it was not
         sentence = matrix_page.applies_sentence([out, summary("2.6.6", {"c": "pass"})], [("plot_99_fake", "c")])
         assert "it stopped before its checks" in sentence and "could not be installed" not in sentence
+
+
+# ------------------------------------------------------------------------- the workflow and the migration
+
+
+def test_the_workflow_refreshes_stale_cells_of_every_column():
+    """The matrix workflow: --stale-only on every job, one torch job per TORCH_COLUMNS pair, master pinned at the
+    commit of the committed master summary (moving it reruns every cell of that column)."""
+    import yaml
+
+    workflow = yaml.safe_load((records.REPO_ROOT / ".github" / "workflows" / "matrix.yml").read_text())
+    jobs = workflow["jobs"]
+    pins = [(p["torch"], p["lightning"]) for p in jobs["torch-column"]["strategy"]["matrix"]["pin"]]
+    assert pins == list(matrix_summary.TORCH_COLUMNS)
+    for job in jobs.values():
+        assert "--stale-only" in job["env"]["STALE_ONLY"] and any(
+            "${{ env.STALE_ONLY }}" in step.get("run", "") for step in job["steps"]
+        )
+    master = json.loads(matrix_summary.summary_path(matrix_summary.MAIN_BRANCH).read_text())
+    assert jobs["main-column"]["env"]["LIGHTNING_COMMIT"] == master["source"]["commit"]
+
+
+def _git(root, *args):
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_migration_writes_code_keys_only_where_the_old_byte_digests_match(tmp_path, capsys):
+    """The one-off migration (python -m mpguide_build.matrix migrate): per cell, the code digests of the sources
+    at the commit when the recorded byte digests are theirs; ``null`` (stale) otherwise, never today's digest."""
+    import hashlib
+
+    from mpguide_build import matrix_migrate
+
+    repo = tmp_path / "repo"
+    (repo / "mpguide" / "verify" / "show").mkdir(parents=True)
+    (repo / "examples").mkdir()
+    (repo / "mpguide" / "core.py").write_text('"""Old docstring."""\nX = 1\n')
+    (repo / "mpguide" / "verify" / "show" / "plotting.py").write_text("DRAW = 1\n")
+    (repo / "examples" / "plot_99_fake.py").write_text("A = 1\n")
+    (repo / "examples" / "plot_98_other.py").write_text("B = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "old")
+    commit = _git(repo, "rev-parse", "HEAD")
+    sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+    verdict_library = records.bytes_digest_of([("core.py", b'"""Old docstring."""\nX = 1\n')])  # no show/ module
+    old = summary("2.6.6", {"c": "pass"})
+    old["library_sha256"] = verdict_library
+    for name, data in (("plot_99_fake", b"A = 1\n"), ("plot_98_other", b"B = 2\n")):  # plot_98: another version
+        entry = json.loads(json.dumps(old["examples"]["plot_99_fake"]))
+        entry.pop("keys", None)
+        entry["example_sha256"] = sha(data)
+        old["examples"][name] = entry
+    matrix_dir = tmp_path / "matrix"
+    matrix_summary.write_summary(old, matrix_dir)
+    totals = matrix_migrate.migrate(commit, matrix_dir, None, root=repo)
+    assert (totals["cells_migrated"], totals["cells_stale"]) == (1, 1)
+    cells = json.loads((matrix_dir / "lightning-2.6.6.json").read_text())["examples"]
+    assert cells["plot_99_fake"]["keys"]["example_code"] == records.code_digest("A = 1\n")
+    assert cells["plot_99_fake"]["keys"]["library_code"] == records.codedigest.tree_code_digest(
+        [("core.py", "X = 1\n")]  # the same code without its docstring
+    )
+    assert cells["plot_99_fake"]["keys"]["migrated_from"] == commit
+    assert cells["plot_98_other"]["keys"]["example_code"] is None  # bytes of another version: left stale
+    assert "not verified" in matrix_summary.cell_staleness(
+        matrix_summary.load(matrix_dir / "lightning-2.6.6.json"), "plot_98_other"
+    )
+    # a column whose library bytes are not those of the commit keeps no library key: every cell stale
+    old["library_sha256"] = "0" * 64
+    matrix_summary.write_summary(old, matrix_dir)
+    totals = matrix_migrate.migrate(commit, matrix_dir, None, root=repo)
+    assert (totals["cells_migrated"], totals["cells_stale"]) == (0, 2)
+    assert matrix.main(["migrate", "--from-commit", "no-such-commit", "--dir", str(matrix_dir)]) == 1
+    assert capsys.readouterr().out.startswith("problem: git rev-parse")

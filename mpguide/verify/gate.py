@@ -6,10 +6,15 @@ are judged, never the record's own copy (:func:`mpguide.verify.claims.evaluate_r
 records:
 
 * **this build's records** (``_build/results`` by default) must be current: produced from the
-  example and library sources as they are now, with exactly the declared runs and claims;
+  example's and the library's code as it is now (code digests, :mod:`mpguide.verify.records.codedigest`:
+  a docstring or comment edit keeps a record current), with exactly the declared runs and claims; a
+  stale record of this build fails the gate;
 * **committed references** (``results/reference/<device>/``, from a GPU) may be **stale**: made
-  from an older version of the example. A stale reference is labelled as such, and only the
-  declared claims it already held, on unchanged runs, are judged; the others are "not judged".
+  from older example code. A stale reference is labelled as such (STALE on the pages), and only the
+  declared claims it already held, on unchanged runs, are judged; the others are "not judged". This
+  rule for references is kept as it was, and differs on purpose from the version matrix's stale cells,
+  which show no verdict at all (:mod:`mpguide_build.matrix_summary`): a reference's claims are
+  compared one by one with today's declaration, a matrix cell's verdicts are not.
 
 Every record is also checked in itself (:func:`mpguide.verify.records.integrity.integrity_problems`): its runs and
 claims must still hash to the ``source.declaration_sha256`` it was written with (so a claim deleted

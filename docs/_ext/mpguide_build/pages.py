@@ -46,7 +46,7 @@ class PageRecord:
         text = f"{where}: {hardware_label(rec['env'])}, preset {rec['preset']}, {rec['created'][:10]}"
         if self.source != "this build" and commit:
             text += f", recorded at {commit[:7]}"
-        return text + (" (STALE: the example changed since)" if self.stale else "")
+        return text + (" (STALE: the example's code changed since)" if self.stale else "")
 
 
 def page_entries(example: str) -> list[PageRecord]:
