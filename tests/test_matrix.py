@@ -826,3 +826,11 @@ def test_migration_writes_code_keys_only_where_the_old_byte_digests_match(tmp_pa
     assert (totals["cells_migrated"], totals["cells_stale"]) == (0, 2)
     assert matrix.main(["migrate", "--from-commit", "no-such-commit", "--dir", str(matrix_dir)]) == 1
     assert capsys.readouterr().out.startswith("problem: git rev-parse")
+
+
+def test_the_releases_page_warns_above_its_prose_when_cells_are_stale(fake_examples):
+    column = summary("2.6.6", {"c": "pass"})
+    assert matrix_page.stale_note([column]) == ""
+    column["examples"]["plot_99_fake"]["keys"]["library_code"] = "an older library"
+    note = matrix_page.stale_note([column, summary("2.5.5", {"c": "pass"})])
+    assert note.startswith("**1 of 2 cells are not re-run since the code changed** (Lightning 2.6.6)")

@@ -339,3 +339,31 @@ def cache_bug_sentence(summaries: Sequence[dict[str, Any]]) -> str:
         [f"torch {', '.join(kept)} do{'es' if len(kept) == 1 else ''} not"] if kept else []
     )
     return "Measured: " + "; ".join(parts) + "."
+
+
+def stale_note(summaries: Sequence[dict[str, Any]]) -> str:
+    """A warning for the hand-written lines above the tables when some cells are stale, else ``""``.
+
+    Prose such as "every section" was written from the matrix as it last ran; a stale cell
+    (:func:`~mpguide_build.matrix_summary.cell_staleness`) must not be read as still holding, so the page
+    says how many cells are not re-run and in which columns (the tables mark each one *not re-run*).
+    """
+    from .matrix_summary import stale_cells
+
+    cells = stale = 0
+    columns = []
+    for summary in sorted(summaries, key=column_order):
+        if summary.get("status") != "ran":
+            continue
+        found = stale_cells(summary)
+        cells += len(summary["examples"]) + sum(name not in summary["examples"] for name in found)
+        stale += len(found)
+        if found:
+            columns.append(column_label(summary))
+    if not stale:
+        return ""
+    return (
+        f"**{stale} of {cells} cells are not re-run since the code changed** (Lightning {_releases(columns)}): "
+        "the lines above describe the matrix as it last ran, not today's code; the tables below show each such "
+        "cell as *not re-run*, with the date and commit of its last run."
+    )
