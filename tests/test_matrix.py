@@ -517,6 +517,7 @@ def test_no_rendered_page_shows_a_stale_cell_as_a_verdict(monkeypatch):
         )
         assert column["lightning"] in groups.get(matrix_outcomes.NOT_RERUN, []) or matrix_summary.is_unreleased(column)
         assert f"Holds on Lightning {column['lightning']}" not in sentence
+        assert matrix_summary.is_unreleased(column) or "Not re-run on Lightning" in sentence
         break
 
 
@@ -580,7 +581,7 @@ def test_stale_command_lists_a_columns_stale_examples(fake_examples, tmp_path, c
     matrix_summary.write_summary(column, tmp_path)
     assert matrix.main(["stale", "--lightning", "2.4.0", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr()
-    assert out.out.split() == ["plot_98_other"] and "1 stale examples" in out.err
+    assert out.out.split() == ["plot_98_other"] and "1 stale examples" in out.err  # an example alone: no plugin tests
     column["examples"]["plot_98_other"] = fresh(summary("2.4.0", {}))["examples"]["plot_99_fake"]
     column["examples"]["plot_98_other"]["keys"]["example_code"] = matrix_summary.cell_keys("plot_98_other")[
         "example_code"
@@ -590,7 +591,7 @@ def test_stale_command_lists_a_columns_stale_examples(fake_examples, tmp_path, c
     out = capsys.readouterr()
     assert out.out.split() == [] and "0 stale examples, nothing to run" in out.err
     assert matrix.main(["stale", "--lightning", "2.5.0", "--dir", str(tmp_path)]) == 0  # no summary yet: all
-    assert capsys.readouterr().out.split() == ["plot_98_other", "plot_99_fake"]
+    assert capsys.readouterr().out.split() == ["plot_98_other", "plot_99_fake", "plugin-tests"]  # tests rerun too
 
 
 # --------------------------------------------------- the unreleased branch column and the older-torch columns

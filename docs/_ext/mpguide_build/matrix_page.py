@@ -205,7 +205,7 @@ def applies_sentence(
             f"Holds on Lightning {_releases(groups[HOLDS])}" + (" (every release tested)." if len(groups) == 1 else ".")
         )
     elif set(groups) == {NOT_RERUN}:
-        parts.append("No release re-run since the code changed.")
+        pass  # the "Not re-run on ..." sentence below is all there is to say
     else:
         parts.append(
             f"Holds on none of the Lightning releases tested ({_releases([s['lightning'] for s in ordered])})."
@@ -243,7 +243,8 @@ def applies_sentence(
         parts.append(f"Inconclusive on {_releases(groups[INCONCLUSIVE])} (the timing rounds could not decide).")
     if NOT_RERUN in groups:
         parts.append(
-            f"Not re-run on {_releases(groups[NOT_RERUN])} since the code changed (the releases page says since when)."
+            f"Not re-run on Lightning {_releases(groups[NOT_RERUN])} since the code changed (the releases page "
+            "says since when)."
         )
     return " ".join(parts) + unreleased_clause(every, claims, differs)
 
