@@ -225,3 +225,28 @@ def test_the_scan_fails_on_a_planted_docstring_read(tmp_path, planted):
     assert [line.split(": ", 1)[0].rsplit(":", 1)[0] for line in doc_reads(tmp_path)] == [
         str(tmp_path / "records" / "planted.py")
     ]
+
+
+def test_a_plugin_docstring_edit_stales_nothing_and_a_statement_edit_stales_the_library(tmp_path, monkeypatch):
+    """The issue's case on a copy of the package: one docstring line of mpguide/precision.py edited keeps the
+    library's code digest (no example reruns, no matrix cell goes stale); one statement of
+    ``ManualMixedPrecision.optimizer_step`` edited changes it."""
+    copy = tmp_path / "mpguide"
+    shutil.copytree(ROOT / "mpguide", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(records, "PACKAGE_DIR", copy)
+    before = records.library_code_digest(records.PRESENTATION_MODULES)
+    precision = copy / "precision.py"
+    source = precision.read_text()
+    first_line = source.splitlines()[0]
+    assert first_line.startswith('"""')
+    precision.write_text(source.replace(first_line, first_line + " (one edited docstring line)", 1))
+    assert records.library_code_digest(records.PRESENTATION_MODULES) == before
+    tree = ast.parse(source)
+    plugin = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ManualMixedPrecision")
+    step = next(n for n in plugin.body if isinstance(n, ast.FunctionDef) and n.name == "optimizer_step")
+    lines = source.splitlines(keepends=True)
+    statement = step.body[-1]  # its last statement (a return): add one statement before it
+    indent = " " * statement.col_offset
+    lines.insert(statement.lineno - 1, f"{indent}_edited = True\n")
+    precision.write_text("".join(lines))
+    assert records.library_code_digest(records.PRESENTATION_MODULES) != before
