@@ -203,3 +203,21 @@ def test_without_any_examples_folder_the_records_own_claims_are_judged_and_said_
     write(tmp_path, good_record)
     status, out = gate_run(tmp_path, capsys)
     assert status == 1 and "match(manual, auto) FAILED [port]" in out
+
+
+def test_a_build_record_without_code_digests_is_stale_and_fails(tmp_path, good_record, fake_examples, capsys):
+    """A record made before code digests (byte digests only) is stale in a build: it fails and names the fix."""
+    good_record["source"]["example_sha256"] = good_record["source"].pop("example_code")
+    write(tmp_path, good_record)
+    status, out = gate_run(tmp_path, capsys)
+    assert status == 1
+    assert "the record has no code digest of examples/plot_99_fake.py (source.example_code)" in out
+    assert "rerun the example" in out
+
+
+def test_a_docstring_or_comment_edit_keeps_a_build_record_current(tmp_path, good_record, fake_examples, capsys):
+    write(tmp_path, good_record)
+    source = (fake_examples / "plot_99_fake.py").read_text()
+    (fake_examples / "plot_99_fake.py").write_text('"""An edited docstring."""\n# a comment\n' + source)
+    status, out = gate_run(tmp_path, capsys)
+    assert status == 0, out
