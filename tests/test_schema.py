@@ -421,7 +421,10 @@ def test_the_docs_build_refuses_a_malformed_record_before_any_page_runs(fresh_re
         (lambda s: s["examples"][next(iter(s["examples"]))].update(seconds="7"), "seconds' should be"),
         (lambda s: s["examples"][next(iter(s["examples"]))]["claims"][0].update(verdict=None), "verdict' should be"),
         (lambda s: s["examples"][next(iter(s["examples"]))]["keys"].update(example_code=7), "example_code' should be"),
-        (lambda s: s["examples"][next(iter(s["examples"]))]["keys"].pop("created"), "keys.created' missing"),
+        (
+            lambda s: s["examples"][next(iter(s["examples"]))]["keys"].pop("created"),
+            "missing field 'examples.plot_01_porting_to_manual.keys.created'",
+        ),
         (
             lambda s: s.update(plugin_tests={"status": "pass", "passed": -1, "failed": 0, "message": ""}),
             "field 'plugin_tests.passed' should be a number >= 0",
