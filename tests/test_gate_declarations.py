@@ -221,3 +221,13 @@ def test_a_docstring_or_comment_edit_keeps_a_build_record_current(tmp_path, good
     (fake_examples / "plot_99_fake.py").write_text('"""An edited docstring."""\n# a comment\n' + source)
     status, out = gate_run(tmp_path, capsys)
     assert status == 0, out
+
+
+def test_an_example_that_does_not_parse_fails_the_gate_without_a_traceback(
+    tmp_path, good_record, fake_examples, capsys
+):
+    write(tmp_path, good_record)
+    (fake_examples / "plot_99_fake.py").write_text("def broken(:\n")
+    status, out = gate_run(tmp_path, capsys)
+    assert status != 0 and "Traceback" not in out
+    assert "plot_99_fake.py" in out

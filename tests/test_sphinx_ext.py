@@ -158,3 +158,13 @@ def test_the_extension_imports_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_an_example_that_does_not_parse_reruns_with_the_reason(tmp_path, monkeypatch):
+    examples, gallery, results = layout(tmp_path, monkeypatch)
+    current_record(results, "plot_01_a")
+    current_record(results, "plot_02_b")
+    (examples / "plot_02_b.py").write_text("def broken(:\n")
+    reasons = sphinx_ext.examples_to_rerun(examples, results)
+    assert list(reasons) == ["plot_02_b"]
+    assert "plot_02_b.py: not valid Python (line 1" in reasons["plot_02_b"]

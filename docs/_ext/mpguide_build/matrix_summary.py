@@ -316,12 +316,16 @@ def cell_staleness(
         return f"the code examples/{example}.py ran with was not verified when the cell was migrated"
     if not keys.get("library_code"):
         return "the library code the cell ran with was not verified when the cell was migrated"
-    current = records.example_code_digest(declarations.example_file(example, examples))
+    try:
+        current = records.example_code_digest(declarations.example_file(example, examples))
+        library = library or verdict_library_code()
+    except records.CodeDigestError as err:  # a file that does not parse: the cell cannot be current
+        return str(err)
     if current is None:
         return f"examples/{example}.py no longer exists"
     if keys["example_code"] != current:
         return f"the code of examples/{example}.py changed since"
-    if keys["library_code"] != (library or verdict_library_code()):
+    if keys["library_code"] != library:
         return "the code of the mpguide library changed since"
     for key, column in (("torch", summary.get("torch")), ("lightning", summary.get("lightning_version"))):
         if column and keys.get(key) != column:
@@ -348,7 +352,10 @@ def stale_cells(summary: dict[str, Any], examples: Path | None = None, library: 
     current = sorted(p.stem for p in folder.glob("plot_*.py"))
     scope = summary.get("scope")
     wanted = [name for name in current if scope is None or name in scope]
-    library = library or verdict_library_code()
+    try:
+        library = library or verdict_library_code()
+    except records.CodeDigestError:
+        library = ""  # each cell then names the file that does not parse (cell_staleness)
     out = {
         name: "examples/" + name + ".py is not in the column yet" for name in wanted if name not in summary["examples"]
     }
@@ -405,7 +412,11 @@ def check_matrix(
     ]
     stale: list[str] = []
     cells = 0
-    library = verdict_library_code()
+    try:
+        library = verdict_library_code()
+    except records.CodeDigestError as err:
+        problems.append(f"{err} (the library's code digest needs every module to parse)")
+        library = ""
     for path, summary in summaries:
         if summary.get("status") != "ran":
             continue

@@ -94,10 +94,13 @@ def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
     Returns:
         example name -> reason, in name order.
     """
-    from mpguide.verify.records import library_code_digest, source_inputs
+    from mpguide.verify.records import CodeDigestError, library_code_digest, source_inputs
 
     swaps = parse_swaps(os.environ.get(SWAP_ENV))
-    library = library_code_digest()
+    try:
+        library = library_code_digest()
+    except CodeDigestError as err:  # the library does not parse: every example reruns and fails, naming it
+        return {name: str(err) for name in example_names(examples_dir)}
     rerun: dict[str, str] = {}
     for name in example_names(examples_dir):
         try:
@@ -105,7 +108,11 @@ def examples_to_rerun(examples_dir: Path, results_dir: Path) -> dict[str, str]:
         except RecordError:
             rerun[name] = "no readable record"
             continue
-        current = source_inputs(example_file(name, examples_dir), example_swaps(name, swaps), library)
+        try:
+            current = source_inputs(example_file(name, examples_dir), example_swaps(name, swaps), library)
+        except CodeDigestError as err:  # running it shows the SyntaxError where the reader sees it
+            rerun[name] = str(err)
+            continue
         changed = [key for key, value in current.items() if source.get(key) != value]
         if changed:
             rerun[name] = ", ".join(changed) + " changed"

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import hints
 from ..claims import declarations
-from . import example_code_digest, library_code_digest
+from . import CodeDigestError, example_code_digest, library_code_digest
 from .measures import declared
 from .schema import claim_keys, declared_type
 
@@ -30,6 +30,13 @@ def staleness(record: dict[str, Any], examples: Path | None = None, include_libr
         include_library: also call it stale when the helper library changed (this build's records
             must come from the current library; a GPU reference only from the current example).
     """
+    try:
+        return _staleness(record, examples, include_library)
+    except CodeDigestError as err:  # an example or library file that does not parse: it cannot be current
+        return str(err)
+
+
+def _staleness(record: dict[str, Any], examples: Path | None, include_library: bool) -> str:
     source = record.get("source") or {}
     reasons = []
     at = f" at commit {source['commit'][:7]}" if source.get("commit") else ""
