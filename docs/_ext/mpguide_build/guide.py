@@ -203,7 +203,12 @@ def numbers() -> dict[str, Any]:
         return statistics.median(x / y for x, y in zip(e[f"{a}_round_steps_per_s"], e[f"{b}_round_steps_per_s"]))
 
     def column_gap(example: str, lightning: str, torch_pin: str | None, claim_id: str) -> float:
-        """A match claim's measured gap (percent) in a committed matrix column."""
+        """A match claim's measured gap (percent) in a committed matrix column.
+
+        A measurement quoted as the cell last ran, not a verdict: it is quoted even when that cell is stale
+        (:func:`mpguide_build.matrix_summary.cell_staleness`), where the releases page marks the cell
+        "not re-run since <date>, <commit>"; the section's status line never shows a stale cell's verdict.
+        """
         from . import matrix_summary
 
         columns = matrix_summary.load_matrix() + matrix_summary.load_torch_matrix()
