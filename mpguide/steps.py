@@ -1,5 +1,6 @@
-"""Optimizer-step helpers for manual optimization: know whether a 16-mixed step was skipped, and
-take gradients inside ``training_step`` (gradient penalties) with the trainer's loss scale.
+"""Optimizer-step helpers for manual optimization: know whether a 16-mixed step was skipped, take
+gradients inside ``training_step`` (gradient penalties) with the trainer's loss scale, and cut
+accumulation windows where Lightning's automatic accumulation cuts them.
 
 Under 16-mixed, ``GradScaler.step`` skips the optimizer step when the unscaled gradients contain
 inf/NaN, and ``GradScaler.update`` then lowers the loss scale (``torch/amp/grad_scaler.py``).
@@ -21,6 +22,7 @@ How a skip is detected depends on the precision plugin:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,3 +150,69 @@ def scaled_input_grad(
     grads = torch.autograd.grad(scaler.scale(total), inputs, create_graph=create_graph, retain_graph=retain_graph)
     inv_scale = 1.0 / scaler.get_scale()
     return tuple((g.float() if g.dtype in (torch.float16, torch.bfloat16) else g) * inv_scale for g in grads)
+
+
+def window_ends(trainer: Any, batch_idx: int, n: int) -> bool:
+    """Whether the micro-batch ``batch_idx`` closes an accumulation window of ``n`` micro-batches.
+
+    Automatic optimization with ``accumulate_grad_batches=n`` steps when the epoch's count of
+    batches is a multiple of ``n`` **or** the epoch ends (``lightning/pytorch/loops/
+    training_epoch_loop.py``: ``_accumulated_batches_reached`` and ``_num_ready_batches_reached``);
+    its windows restart every epoch. ``(batch_idx + 1) % n == 0`` alone misses the epoch's last,
+    short window whenever ``n`` does not divide the epoch: those micro-batches leak into the next
+    epoch's first window (or are zeroed by the next ``zero_grad``). This returns the automatic rule:
+    ``batch_idx + 1`` a multiple of ``n``, or ``trainer.is_last_batch`` (set by the data fetcher,
+    which looks one batch ahead: it holds for an ``IterableDataset`` without ``__len__``, where
+    ``trainer.num_training_batches`` is ``inf``, and for an epoch cut by ``limit_train_batches``), or
+    ``batch_idx + 1 == trainer.num_training_batches`` (Lightning checks both; the count covers a
+    ``training_step`` that takes ``dataloader_iter``, where ``is_last_batch`` is not known yet).
+
+    Divide each micro-batch's loss by ``n`` in the short window too: automatic accumulation does.
+
+    Args:
+        trainer: ``self.trainer``.
+        batch_idx: the ``batch_idx`` of ``training_step``.
+        n: micro-batches per optimizer step (>= 1).
+
+    Raises:
+        ValueError: ``n`` is not a positive integer.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"window_ends: n must be a positive int (micro-batches per step), got {n!r}")
+    ready = batch_idx + 1
+    return ready % n == 0 or bool(trainer.is_last_batch) or ready == trainer.num_training_batches
+
+
+def manual_stepping_batches(trainer: Any, n: int) -> float:
+    """Optimizer steps a fit takes with windows of ``n`` micro-batches cut by :func:`window_ends`.
+
+    In manual optimization ``trainer.estimated_stepping_batches`` counts batches (the Trainer's
+    ``accumulate_grad_batches`` is 1 there), so a per-step schedule sized from it (OneCycleLR's
+    ``total_steps``, a warmup fraction) runs ``n`` times too long. This counts windows instead:
+    ``ceil(num_training_batches / n)`` per epoch (the short tail window included) times
+    ``max_epochs``, capped by ``max_steps`` (which, in manual optimization, counts ``opt.step()``
+    calls). For one optimizer stepped once per window; with several, multiply by the steps per
+    window before comparing with ``max_steps``.
+
+    Call it in ``configure_optimizers``: it first asks ``trainer.estimated_stepping_batches``, which
+    sets up the train dataloader so that ``trainer.num_training_batches`` is known.
+
+    Returns:
+        The number of steps; ``math.inf`` when neither the epoch length (an ``IterableDataset``
+        without ``__len__``) nor ``max_epochs`` bounds it and ``max_steps`` is not set, as Lightning's
+        own estimate does.
+
+    Raises:
+        ValueError: ``n`` is not a positive integer.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"manual_stepping_batches: n must be a positive int (micro-batches per step), got {n!r}")
+    trainer.estimated_stepping_batches  # noqa: B018  (sets up the dataloader: num_training_batches)
+    per_epoch = trainer.num_training_batches
+    epochs = trainer.max_epochs
+    total = math.inf
+    if per_epoch != math.inf and epochs is not None and epochs >= 0:
+        total = math.ceil(per_epoch / n) * epochs
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        total = min(total, trainer.max_steps)
+    return total

@@ -13,15 +13,18 @@ autocast_cache     this file, on example 01's two-tower model (#20970's step sim
                    under no_grad, loss_dict, per-batch scheduler, set_to_none; bf16-mixed), bitwise equal
                    to the example's verified ``ReporterFixed``
 optimizer_math     this file (step outside autocast, 16-mixed)
-accumulation       this file (16-mixed, window of 4)
+accumulation       this file (16-mixed, window of 4); tests/test_windows.py: = automatic accumulation at an
+                   epoch tail (18 batches, n = 4, 2 epochs: 10 steps) in 3 precisions, without ``__len__``,
+                   under ``limit_train_batches``; the old ``% n`` snippet takes 8
 clipping           this file (the hook, 16-mixed)
 clipping_gan       this file (two optimizers; the hook clips the second only) (plot_04 prints the same trap and fix)
 no_gradient_step   this file (#20116's step fixed: windows of 2 batches, accumulation,
                    toggle_model): the guard keeps a generator without gradients from crashing
                    16-mixed, and the same step without the guard raises "No inf checks"
 schedulers         this file (step_skip_aware, 16-mixed)
-ddp                this file (one process: ``toggle_model(sync_grad=...)`` is a no-op there)
-gradient_penalty   not a hook; plot_10_gradient_penalty runs it (``scaled_input_grad``)
+ddp                this file (one process: ``toggle_model(sync_grad=...)`` is a no-op there); tests/test_windows.py
+resuming           this file (16-mixed); tests/test_guide_edges.py: the scale grows after a resume
+gradient_penalty   not a hook; tests/test_guide_edges.py runs it inside a WGAN-GP critic step in 3 precisions
 fabric             not a hook; compiled only (plot_14 runs the same call)
 fabric_no_library  not a hook; compiled only (plot_14's ``LibraryFree`` recipe runs the same loop and
                    ``test_the_fabric_loop_of_the_guide_is_plot_14s`` checks it is the same code)
@@ -51,7 +54,7 @@ _FENCE = re.compile(
 _HOOK = re.compile(r"^\s*def (training_step|on_\w+|configure_\w+|optimizer_step|lr_scheduler_step)\(", re.MULTILINE)
 #: Snippets that are no hook: where they run instead (documented, not executed here).
 RUN_ELSEWHERE = {
-    "gradient_penalty": "examples/plot_10_gradient_penalty.py",
+    "gradient_penalty": "tests/test_guide_edges.py",
     "fabric": "examples/plot_14_fabric_manual_loop.py",
     "fabric_no_library": "examples/plot_14_fabric_manual_loop.py",
 }
@@ -222,6 +225,7 @@ RUNS = {
     "no_gradient_step": ("16-mixed", "two"),
     "schedulers": ("16-mixed", "sched"),
     "ddp": ("16-mixed", "one"),
+    "resuming": ("16-mixed", "one"),
 }
 
 
@@ -437,7 +441,8 @@ def test_footer_and_numbers_fail_clearly_on_bad_input(monkeypatch):
 def test_resume_keeps_the_checkpoints_scaler_settings_unless_set_in_on_train_start(tmp_path):
     """The guide's resuming section: ``Trainer.fit(ckpt_path=...)`` restores the GradScaler's saved state over
     the settings of a new GradScaler (``growth_interval`` stays 2000), and settings made in
-    ``on_train_start`` (after the restore) hold."""
+    ``on_train_start`` (after the restore) hold. That the scale then grows only with the growth count reset too:
+    ``tests/test_guide_edges.py::test_the_resuming_snippet_makes_the_scale_grow_after_a_resume``."""
     import lightning.pytorch as L
     import torch
     from lightning.pytorch.plugins.precision import MixedPrecision
