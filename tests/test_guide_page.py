@@ -394,9 +394,10 @@ def test_the_fabric_loop_of_the_guide_is_plot_14s():
     code = _guide_snippet("fabric_no_library").code
     loop = code[code.index("\nfor ") :].splitlines()[2:]
     body = [line.strip() for line in loop if line.strip() and not line.strip().startswith("#")]
-    assert len(body) == 9
+    assert len(body) == 14
     assert all(line in recipe for line in body), [line for line in body if line not in recipe]
     assert 'precision="32-true"' in code and "GradScaler(dev)" in code and "GradScaler(fabric.device.type)" in recipe
+    assert "accelerator=device" not in code  # round 5: a name the snippet never defines
 
 
 # ----------------------------------------------------------------------------- reused figures
