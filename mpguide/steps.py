@@ -216,3 +216,41 @@ def manual_stepping_batches(trainer: Any, n: int) -> float:
     if trainer.max_steps is not None and trainer.max_steps >= 0:
         total = min(total, trainer.max_steps)
     return total
+
+
+def scaled_grads(
+    loss: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    trainer: Any,
+    retain_graph: bool | None = None,
+) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of ``loss`` for ``params`` at the loss scale ``opt.step()`` divides by, for writing into ``p.grad``.
+
+    Gradient surgery (PCGrad, GradVac, LibMTL's ``autograd`` mode) takes per-task gradients with
+    ``torch.autograd.grad``, combines them and writes the result into ``p.grad`` before
+    ``opt.step()``. Under 16-mixed ``opt.step()`` unscales ``p.grad``: it divides by the loss scale
+    (``GradScaler.unscale_``, ``torch/amp/grad_scaler.py``), as if ``manual_backward`` had made it,
+    so a gradient taken from the unscaled loss ends up the loss scale times too small, and small
+    fp16 gradients underflow on the way. This differentiates ``scaler.scale(loss)`` instead, as
+    ``manual_backward`` does: the results carry the scale, combine linearly (sums, projections and
+    other operations that commute with a constant factor), and the step removes the scale and skips
+    on inf/NaN as usual. Without a GradScaler (fp32, bf16-mixed) it is plain ``torch.autograd.grad``.
+
+    Call it inside ``training_step``, write the combined gradients into ``p.grad`` and call
+    ``opt.step()`` before the scale can change (no other optimizer's step in between). A
+    norm-dependent combination (clipping, a cosine test that compares norms with a constant) sees
+    the scaled values; divide by :func:`loss_scale` for those.
+
+    Args:
+        loss: a scalar loss of the step.
+        params: the parameters to differentiate (those of one optimizer).
+        trainer: ``self.trainer``.
+        retain_graph: keep the graph for another task's gradients (as in ``torch.autograd.grad``).
+
+    Returns:
+        One gradient per parameter, or ``None`` for a parameter ``loss`` does not reach.
+    """
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and scaler.is_enabled():
+        loss = scaler.scale(loss)
+    return torch.autograd.grad(loss, list(params), retain_graph=retain_graph, allow_unused=True)
