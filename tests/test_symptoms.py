@@ -232,3 +232,34 @@ def test_several_steps_per_training_step_each_count_and_each_update_the_scale():
     assert _fit(PPO(), "32-true", batches=6).global_step == 144
     # max_steps counts the same steps and is checked between training_steps: 30 stops after the second (48)
     assert _fit(PPO(), "32-true", batches=6, max_steps=30).global_step == 48
+
+
+def test_a_nested_autocast_without_cache_sees_the_stepped_weights_inside_a_caching_one():
+    """The autocast-cache fix for Lightning <= 2.5.4 and master 7f0c343, whose own autocast caches (emulated by an
+    outer caching autocast): dropping an own autocast leaves the outer cache, so the forward after the step sees the
+    pre-step casts; that forward inside ``torch.autocast(..., cache_enabled=False)`` sees the new weights."""
+
+    def after_step(nested: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(net.parameters(), lr=1.0)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+        with torch.autocast("cpu", torch.bfloat16, cache_enabled=True):  # Lightning 2.5.4's region
+            net(x).float().pow(2).mean().backward()
+            opt.step()
+            if nested:
+                with torch.autocast("cpu", torch.bfloat16, cache_enabled=False):
+                    return net(x).float()
+            return net(x).float()
+
+    # the reference: the same step with no cache anywhere
+    torch.manual_seed(0)
+    ref_net = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(ref_net.parameters(), lr=1.0)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", torch.bfloat16, cache_enabled=False):
+        ref_net(x).float().pow(2).mean().backward()
+        opt.step()
+        expected = ref_net(x).float()
+    assert torch.equal(after_step(nested=True), expected)
+    assert not torch.equal(after_step(nested=False), expected)  # stale casts: the pre-step weights
