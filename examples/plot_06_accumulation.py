@@ -216,11 +216,11 @@ recipes = {
     "manual, lr x 4": functools.partial(ManualAccumulation, optimizer="sgd", lr=4 * sgd["lr"]),
     "manual, lr 0.5": functools.partial(ManualAccumulation, optimizer="sgd", lr=0.5),
     "no division, lr 0.5": functools.partial(NoDivision, optimizer="sgd", lr=0.5),
-    "manual, N = 3": functools.partial(ManualAccumulation, n=3, **sgd),  # 28 batches: 9 windows of 3, then 1
-    "% N only, N = 3": functools.partial(ModuloOnly, n=3, **sgd),
+    "manual N=3": functools.partial(ManualAccumulation, n=3, **sgd),  # 28 batches: 9 windows of 3, then 1
+    "modulo only N=3": functools.partial(ModuloOnly, n=3, **sgd),
 }
-probes = {name: [WindowProbe] for name in recipes if name != "automatic" and "N = 3" not in name}
-probes.update({name: [TailProbe] for name in recipes if "N = 3" in name})
+probes = {name: [WindowProbe] for name in recipes if name != "automatic" and "N=3" not in name}
+probes.update({name: [TailProbe] for name in recipes if "N=3" in name})
 # fmt: off
 RUNS = [
     # run id           recipe                   precision     options
@@ -238,8 +238,8 @@ RUNS = [
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
     ("trainer-flag", "manual", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),  # noqa: E501
     ("auto3-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 3}, "label": "automatic, N = 3, 32-true"}),  # noqa: E501
-    ("manual3-fp32", "manual, N = 3", "32-true", {"label": "manual, N = 3, 32-true"}),
-    ("modulo3-fp32", "% N only, N = 3", "32-true", {"label": "(batch_idx + 1) % 3 only, 32-true"}),
+    ("manual3-fp32", "manual N=3", "32-true", {"label": "manual, N = 3, 32-true"}),
+    ("modulo3-fp32", "modulo only N=3", "32-true", {"label": "(batch_idx + 1) % 3 only, 32-true"}),
 ]
 CLAIMS = [
     ("match", "manual-fp32", "auto-fp32", "same-precision", "manual accumulation = automatic (fp32)"),
