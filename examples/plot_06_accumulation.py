@@ -19,7 +19,8 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 * the accumulation recipe, and why not dividing is an N times larger learning rate with SGD;
 * that the loss scale is constant inside a window under 16-mixed (it only changes in ``opt.step()``);
-* that one overflowing micro-batch skips the whole window's update.
+* that one overflowing micro-batch skips the whole window's update;
+* that ``(batch_idx + 1) % N == 0`` alone never steps an epoch's short last window (``steps.window_ends`` does).
 """
 
 # %%
@@ -51,12 +52,16 @@ OVERFLOW_BATCH = 21  # in the overflow run, this micro-batch of epoch 0 gets an 
 
 
 class ManualAccumulation(DigitsClassifier):
-    def __init__(self, overflow=False, **kwargs):
+    def __init__(self, overflow=False, n=N, **kwargs):
         super().__init__(**kwargs)
-        self.overflow = overflow
+        self.overflow, self.n = overflow, n
 
     def window_share(self, loss):
-        return loss / N  # so that the summed gradient of the window is an average
+        return loss / self.n  # so that the summed gradient of the window is an average
+
+    def window_done(self, batch_idx):
+        # every n-th micro-batch and the epoch's last, as automatic accumulation steps
+        return steps.window_ends(self.trainer, batch_idx, self.n)
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
@@ -64,7 +69,7 @@ class ManualAccumulation(DigitsClassifier):
         self.manual_backward(self.window_share(loss))
         if self.overflow and self.current_epoch == 0 and batch_idx == OVERFLOW_BATCH:
             self.net[0].weight.grad.fill_(float("inf"))  # as if this micro-batch overflowed fp16
-        if (batch_idx + 1) % N == 0:
+        if self.window_done(batch_idx):
             opt.step()
             opt.zero_grad()
         return loss.detach()
@@ -75,6 +80,13 @@ class NoDivision(ManualAccumulation):
 
     def window_share(self, loss):
         return loss
+
+
+class ModuloOnly(ManualAccumulation):
+    """Mistake 3: ``(batch_idx + 1) % n == 0`` alone; when n does not divide the epoch its last window never steps."""
+
+    def window_done(self, batch_idx):
+        return (batch_idx + 1) % self.n == 0
 
 
 class ZeroGradEveryBatch(ManualAccumulation):
@@ -107,6 +119,34 @@ trainer = pl.Trainer(
 )
 trainer.fit(model, digits_loader(batch_size=64))
 print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
+
+# %%
+# The epoch's last window
+# -----------------------
+# An epoch of the digits has 28 batches: windows of 4 divide it, windows of 3 do not (9 windows, then 1
+# micro-batch). Automatic accumulation steps at the epoch's last batch too, so it takes 10 steps per epoch.
+# ``(batch_idx + 1) % 3 == 0`` alone takes 9: the last micro-batch's gradient leaks into the next epoch's
+# first window, or is lost at the end of training. ``steps.window_ends`` steps where automatic accumulation does.
+# A schedule stepped once per window must know the number of windows. In manual optimization
+# ``trainer.estimated_stepping_batches`` counts batches (28 here), not optimizer steps, so a OneCycleLR sized from
+# it would end 2.8 times too late; ``steps.manual_stepping_batches(trainer, 3)`` counts the windows (10), the
+# short one included. Call it in ``configure_optimizers``.
+
+for recipe in (ManualAccumulation, ModuloOnly):
+    pl.seed_everything(0)
+    model = recipe(n=3, optimizer="sgd", lr=0.05)
+    trainer = pl.Trainer(
+        accelerator=device,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, digits_loader(batch_size=64))
+    print(f"{recipe.__name__}, N = 3: {trainer.global_step} optimizer steps in 28 batches (automatic: 10)")
+print(f"estimated_stepping_batches: {trainer.estimated_stepping_batches}")
+print(f"manual_stepping_batches(trainer, 3): {steps.manual_stepping_batches(trainer, 3)}")
 
 # %%
 # Evidence: the runs and their claims
@@ -148,6 +188,24 @@ class WindowProbe(Callback):
         }
 
 
+class TailProbe(Callback):
+    measures = {"tail_stepped": "bool", "schedule_equals_steps": "bool"}
+
+    def on_train_start(self, trainer, pl_module):
+        self.trainer, self.moved, self.planned = trainer, [], steps.manual_stepping_batches(trainer, pl_module.n)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.start = pl_module.weights() if batch_idx + 1 == trainer.num_training_batches else None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.start is not None:  # the epoch's last micro-batch: did its window step?
+            self.moved.append(bool((pl_module.weights() != self.start).any()))
+
+    def record_extra(self):
+        tail = bool(self.moved) and all(self.moved)
+        return {"tail_stepped": tail, "schedule_equals_steps": self.planned == self.trainer.global_step}
+
+
 sgd = {"optimizer": "sgd", "lr": 0.05}
 recipes = {
     "automatic": functools.partial(DigitsClassifier, manual=False, **sgd),
@@ -158,8 +216,11 @@ recipes = {
     "manual, lr x 4": functools.partial(ManualAccumulation, optimizer="sgd", lr=4 * sgd["lr"]),
     "manual, lr 0.5": functools.partial(ManualAccumulation, optimizer="sgd", lr=0.5),
     "no division, lr 0.5": functools.partial(NoDivision, optimizer="sgd", lr=0.5),
+    "manual N=3": functools.partial(ManualAccumulation, n=3, **sgd),  # 28 batches: 9 windows of 3, then 1
+    "modulo only N=3": functools.partial(ModuloOnly, n=3, **sgd),
 }
-probes = {name: [WindowProbe] for name in recipes if name != "automatic"}
+probes = {name: [WindowProbe] for name in recipes if name != "automatic" and "N=3" not in name}
+probes.update({name: [TailProbe] for name in recipes if "N=3" in name})
 # fmt: off
 RUNS = [
     # run id           recipe                   precision     options
@@ -176,6 +237,9 @@ RUNS = [
     ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
     ("trainer-flag", "manual", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),  # noqa: E501
+    ("auto3-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 3}, "label": "automatic, N = 3, 32-true"}),  # noqa: E501
+    ("manual3-fp32", "manual N=3", "32-true", {"label": "manual, N = 3, 32-true"}),
+    ("modulo3-fp32", "modulo only N=3", "32-true", {"label": "(batch_idx + 1) % 3 only, 32-true"}),
 ]
 CLAIMS = [
     ("match", "manual-fp32", "auto-fp32", "same-precision", "manual accumulation = automatic (fp32)"),
@@ -188,6 +252,11 @@ CLAIMS = [
     ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
+    ("same", "manual3-fp32", "auto3-fp32", "final_weights", "N = 3, 28 batches per epoch: manual = automatic, bitwise (fp32)"),  # noqa: E501
+    ("same", "manual3-fp32", "auto3-fp32", "global_step", "N = 3: as many optimizer steps as automatic accumulation"),
+    ("expect", "manual3-fp32", "tail_stepped", True, "N = 3: each epoch's short last window steps"),
+    ("expect", "modulo3-fp32", "tail_stepped", False, "(batch_idx + 1) % N alone: the epoch's last window never steps"),
+    ("expect", "manual3-fp32", "schedule_equals_steps", True, "manual_stepping_batches = the optimizer steps taken"),
     ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient accumulation is not supported for manual optimization", "Trainer(accumulate_grad_batches) is rejected in manual optimization"),  # noqa: E501
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
@@ -266,7 +335,9 @@ plt.show()
 # learning rate by N (bitwise the same run), which may look better or diverge depending on the
 # learning rate; a learning rate tuned with ``accumulate_grad_batches`` no longer fits. Under 16-mixed
 # nothing else is needed: the scale cannot change inside a window, and an overflow anywhere in it
-# skips the window as a whole. ``mpguide.checks.PitfallChecks()`` flags the ``zero_grad`` mistake (the
+# skips the window as a whole. When N does not divide the epoch, also step at its last batch (``steps.window_ends``,
+# or ``or self.trainer.is_last_batch``), as automatic accumulation does, and size per-step schedules with
+# ``steps.manual_stepping_batches``. ``mpguide.checks.PitfallChecks()`` flags the ``zero_grad`` mistake (the
 # ``zero-grad`` run above); not dividing leaves no trace it sees: compare with automatic accumulation once.
 
 # %%

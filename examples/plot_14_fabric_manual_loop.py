@@ -141,14 +141,20 @@ class LibraryFree(BodyAndHead):
     def training_step(self, batch, batch_idx):
         images, labels = batch
         opt_body, opt_head = self.optimizers
-        opt_body.zero_grad()
-        opt_head.zero_grad()
+        opts = (opt_body, opt_head)
+        for opt in opts:
+            opt.zero_grad()
         with torch.autocast(self.fabric.device.type, torch.float16):
             logits = self.head(self.body(images))
             loss = F.cross_entropy(logits, labels)
         self.fabric.backward(self.scaler.scale(loss))
-        self.scaler.step(opt_body)
-        self.scaler.step(opt_head)
+        for opt in opts:
+            ps = [
+                p for g in opt.param_groups
+                for p in g["params"]
+            ]  # fmt: skip
+            if any(p.grad is not None for p in ps):  # no gradient: the step would raise
+                self.scaler.step(opt)
         self.scaler.update()  # once per iteration, after every step
         self.step_count += 1
         return loss.detach()

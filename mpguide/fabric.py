@@ -65,24 +65,20 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
     plugin.update_scale() and before plugin.state_dict(). An update that follows k > 1 skipped
     steps backs off k times, once per skipped step, as Lightning's plugin does.
 
-    What the rule keeps and costs, measured (tests named below, generated programs in
-    ``tests/test_generated_programs.py``): GradScaler never sees two steps of one optimizer without
-    an update between them (rule 3); every gradient is unscaled with the scale it was made at, held
-    gradients being brought to a new scale first; never more updates than steps (Lightning's plugins
-    make one per step) and, on every generated program run (150 in CI from seed 26; 1000 from
-    each of seeds 2026, 2027 and 2028 by ``nox -s patterns``), no more skips than Lightning's
-    plugin, because an overflow lowers the scale before the next backward (rule 2) and an update
-    backs off once per skipped step, as there. That also means the scale can
-    change inside an accumulation window of another optimizer; its held gradient is then brought to
-    the new scale, so each micro-batch still counts once. It is not
-    PyTorch's one update per iteration wherever rule 1 completes early: one optimizer stepped k times
-    in one training_step (truncated BPTT) gets k updates, as with Lightning's plugin, the same skips
-    and the same weights (3 chunk steps: 48 updates in 16 training_steps, ``test_precision.py``); a
-    WGAN step with 3 critic steps and one generator step got 37 updates in 12 training_steps (stock
-    48), so the scale grows about 3 times as fast as PyTorch's recipe would let it; Lightning's Fabric
-    DCGAN loop (each optimizer zeroed just before its backward) gets one per iteration (12 in 12,
-    stock 24, ``test_fabric.py``).
-
+    What the rule keeps and costs (measured in ``tests/test_fabric.py``,
+    ``tests/test_generated_programs.py`` and ``nox -s patterns``; example 14 and the guide's Fabric
+    section give the numbers): GradScaler never sees two steps of one optimizer without an update
+    between them (rule 3); every gradient is unscaled with the scale it was made at, held gradients
+    being brought to a new scale first; never more updates than steps (Lightning's plugins make one
+    per step) and, on the generated programs, no more skips than Lightning's plugin, because an
+    overflow lowers the scale before the next backward (rule 2) and an update backs off once per
+    skipped step, as there. That also means the scale can change inside an accumulation window of
+    another optimizer; its held gradient is then brought to the new scale, so each micro-batch still
+    counts once. It is not PyTorch's one update per iteration wherever rule 1 completes early: one
+    optimizer stepped k times in an iteration gets k updates, as with Fabric's plugin; a loop that
+    zeroes each optimizer right after its step (CycleGAN's three optimizers) completes rule 1 more
+    than once per iteration; a loop that zeroes each optimizer just before its backward (Lightning's
+    Fabric DCGAN example) gets one update per iteration.
 
     Fabric shows a precision plugin an optimizer only at its first step or clip: for rule 1 a gradient
     on a parameter of a module passed to ``fabric.setup`` that no optimizer met so far holds counts as
@@ -98,7 +94,22 @@ class FabricManualMixedPrecision(HeldGradientScales, MixedPrecision):
 
     As with the Trainer plugin, a direct ``torch.nn.utils.clip_grad_norm_`` between
     ``fabric.backward`` and ``optimizer.step()`` sees scaled gradients under 16-mixed; clip with
-    ``fabric.clip_gradients(model, optimizer, max_norm=...)``, which unscales first.
+    ``fabric.clip_gradients(model, optimizer, max_norm=..., error_if_nonfinite=False)``, which
+    unscales first. Its default ``error_if_nonfinite=True`` (``lightning/fabric/fabric.py``) raises
+    ``RuntimeError: The total norm ... is non-finite`` at the first overflow, with this plugin and
+    with Fabric's, where GradScaler would skip the step and lower the scale; with ``False`` the
+    gradients become non-finite and the step is skipped.
+
+    Two things no precision plugin can see (``tests/test_fabric_edges.py``):
+
+    * autocast covers the ``forward`` of a module passed to ``fabric.setup``; any other method
+      (``agent.training_step(...)`` in Lightning's Fabric PPO example) runs in float32 on one device
+      (``lightning/fabric/wrappers.py`` routes methods marked with ``mark_forward_method`` through
+      ``forward`` only under a strategy wrapper such as DDP). Call such a method inside
+      ``with fabric.autocast():``;
+    * an optimizer not passed to ``fabric.setup`` never reaches the plugin: ``fabric.backward`` still
+      scales the loss, and its ``step()`` applies the scaled gradients (an SGD update the loss scale
+      times too large; adaptive optimizers hide most of it). Set up every optimizer.
 
     Args:
         precision: ``"16-mixed"`` or ``"bf16-mixed"``.

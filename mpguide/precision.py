@@ -80,23 +80,22 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
     plugin.update_scale() and before plugin.state_dict(). An update that follows k > 1 skipped
     steps backs off k times, once per skipped step, as Lightning's plugin does.
 
-    What the rule keeps and costs, measured (tests named below, generated programs in
-    ``tests/test_generated_programs.py``): GradScaler never sees two steps of one optimizer without
-    an update between them (rule 3); every gradient is unscaled with the scale it was made at, held
-    gradients being brought to a new scale first; never more updates than steps (Lightning's plugins
-    make one per step) and, on every generated program run (150 in CI from seed 26; 1000 from
-    each of seeds 2026, 2027 and 2028 by ``nox -s patterns``), no more skips than Lightning's
-    plugin, because an overflow lowers the scale before the next backward (rule 2) and an update
-    backs off once per skipped step, as there. That also means the scale can
-    change inside an accumulation window of another optimizer; its held gradient is then brought to
-    the new scale, so each micro-batch still counts once. It is not
-    PyTorch's one update per iteration wherever rule 1 completes early: one optimizer stepped k times
-    in one training_step (truncated BPTT) gets k updates, as with Lightning's plugin, the same skips
-    and the same weights (3 chunk steps: 48 updates in 16 training_steps, ``test_precision.py``); a
-    WGAN step with 3 critic steps and one generator step got 37 updates in 12 training_steps (stock
-    48), so the scale grows about 3 times as fast as PyTorch's recipe would let it; Lightning's Fabric
-    DCGAN loop (each optimizer zeroed just before its backward) gets one per iteration (12 in 12,
-    stock 24, ``test_fabric.py``).
+    What the rule keeps and costs (measured in ``tests/test_precision.py``,
+    ``tests/test_generated_programs.py`` and ``nox -s patterns``; the guide's ``plugin`` section
+    and examples 03 and 14 give the numbers): GradScaler never sees two steps of one optimizer
+    without an update between them (rule 3); every gradient is unscaled with the scale it was made
+    at, held gradients being brought to a new scale first (except the gradients an added optimizer
+    holds before its first step, below); never more updates than steps (Lightning's plugins make one
+    per step) and, on the generated programs, no more skips than Lightning's plugin, because an
+    overflow lowers the scale before the next backward (rule 2) and an update backs off once per
+    skipped step, as there. That also means the scale can change inside an accumulation window of
+    another optimizer; its held gradient is then brought to the new scale, so each micro-batch still
+    counts once. It is not PyTorch's one update per iteration wherever rule 1 completes early: one
+    optimizer stepped k times in one training_step (truncated BPTT, a critic stepped k times per
+    generator step) gets k updates, as with Lightning's plugin, so the scale grows up to k times as
+    fast as PyTorch's recipe would let it; a loop that zeroes each optimizer right after its step
+    completes rule 1 early too (CycleGAN's three optimizers: more than one update per iteration);
+    one that zeroes each optimizer just before its backward gets one per iteration.
 
     The other rules:
 
@@ -107,12 +106,16 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
     * ``opt.step()``, ``on_before_optimizer_step`` and clipping run with autocast disabled, as in
       automatic optimization. ``manual_backward`` runs in ``training_step``'s autocast region, as with
       Lightning's plugin: code that recomputes a forward inside the backward (a GradCache backward
-      hook, an ldm-style activation checkpoint) needs that region, and raised a dtype mismatch when
-      5d093d9 ran the backward outside it; the backward kernels themselves are not autocast, so
+      hook, an ldm-style activation checkpoint) needs that region and raises a dtype mismatch
+      outside it; the backward kernels themselves are not autocast, so
       gradients equal those of a backward outside it (``test_recompute_in_backward_...``);
     * an optimizer the trainer did not get from ``configure_optimizers`` (a callback assigning
       ``trainer.optimizers``) is registered at its first step or clip and replaces the optimizer
-      whose parameters it shares;
+      whose parameters it shares. Until then the plugin does not know it holds gradients: rule 1 can
+      update the scale before its first step, which then unscales gradients made at the old scale
+      with the new one (its first update is off by the growth or backoff factor; Lightning's plugin
+      is off too). Its later steps follow the rules. To avoid it, return every optimizer from
+      ``configure_optimizers``, or add one only where no other optimizer holds gradients;
     * ``GradScaler(enabled=False)`` scales nothing: the plugin then steps as in fp32, as Lightning's;
     * stepping an optimizer without gradients is a no-op that warns once per optimizer
       (:class:`~mpguide._common.NoGradientStepWarning`), as in fp32;
@@ -124,19 +127,19 @@ class ManualMixedPrecision(HeldGradientScales, MixedPrecision):
 
     Limits: Lightning 2.6.x only; one device (DDP not tested; not DeepSpeed or FSDP); no parameter
     in two optimizers; no clipping of fused optimizers and no LBFGS under 16-mixed (as Lightning's
-    plugin); the generated programs inject overflows at scales below 2**12 on CPU, so the claims above
-    are measured on injected, not natural, overflows.
+    plugin); the generated programs inject overflows at small scales on CPU, so the claims above are
+    measured on injected, not natural, overflows.
 
     What it does not fix: a direct ``torch.nn.utils.clip_grad_norm_(params, ...)`` (or any other
     reading of ``p.grad``) between ``manual_backward`` and ``opt.step()`` still sees the scaled
-    gradients under 16-mixed, as with Lightning's plugin: measured with SGD lr 0.1, clip 1.0 and
-    scale 1024, every update has norm 9.77e-05 (0.1 / 1024) where fp32 gives 0.1
-    (``tests/test_clipping.py``). Clip with ``self.clip_gradients(opt, gradient_clip_val=...)``, or
-    call ``clip_grad_norm_`` inside ``on_before_optimizer_step``, which ``opt.step()`` calls after
-    unscaling: both give 0.1. Unscaling right after every backward would make direct calls correct
-    but decides the skip on the gradients as the backward left them: a gradient repaired between
-    backward and step (``torch.nan_to_num_``) was then skipped and the scale halved, where fp32 and
-    GradScaler's own check at the step apply it (measured on a prototype), so the plugin unscales
+    gradients under 16-mixed, as with Lightning's plugin: every clipped update is the loss scale
+    times too small (``tests/test_clipping.py``). Clip with
+    ``self.clip_gradients(opt, gradient_clip_val=...)``, or call ``clip_grad_norm_`` inside
+    ``on_before_optimizer_step``, which ``opt.step()`` calls after unscaling: both match fp32.
+    Unscaling right after every backward would make direct calls correct but decides the skip on the
+    gradients as the backward left them: a gradient repaired between backward and step
+    (``torch.nan_to_num_``) would then be skipped and the scale halved, where fp32 and GradScaler's
+    own check at the step apply it, so the plugin unscales
     at the clip or the step, as GradScaler's recipe does. Such a direct clip acts on gradients
     multiplied by the loss scale at that moment, and this plugin moves the scale at other moments
     than Lightning's, so the two give different (both wrong) weights: no claim is made for it.

@@ -1,5 +1,8 @@
-"""Optimizer-step helpers for manual optimization: know whether a 16-mixed step was skipped, and
-take gradients inside ``training_step`` (gradient penalties) with the trainer's loss scale.
+"""Optimizer-step helpers for manual optimization: know whether a 16-mixed step was skipped, take
+gradients inside ``training_step`` with the trainer's loss scale (gradient penalties:
+:func:`scaled_input_grad`; gradients written into ``p.grad``: :func:`scaled_grads`), and cut
+accumulation windows where Lightning's automatic accumulation cuts them (:func:`window_ends`,
+:func:`manual_stepping_batches`).
 
 Under 16-mixed, ``GradScaler.step`` skips the optimizer step when the unscaled gradients contain
 inf/NaN, and ``GradScaler.update`` then lowers the loss scale (``torch/amp/grad_scaler.py``).
@@ -21,6 +24,7 @@ How a skip is detected depends on the precision plugin:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,8 +128,7 @@ def scaled_input_grad(
 
     The division by the scale is done in float32: a float16 gradient divided in float16 underflows
     again to the zeros the scaling avoided (measured on a loss balancer's per-loss gradients of a
-    float16 activation: relative error 0.31 with 37.6 % exact zeros when unscaled in float16,
-    0.00039 in float32; ``tests/test_steps.py``).
+    float16 activation in ``tests/test_steps.py``).
 
     Args:
         output: a tensor of any shape (e.g. critic scores ``(B, 1)``); its sum is differentiated.
@@ -148,3 +151,107 @@ def scaled_input_grad(
     grads = torch.autograd.grad(scaler.scale(total), inputs, create_graph=create_graph, retain_graph=retain_graph)
     inv_scale = 1.0 / scaler.get_scale()
     return tuple((g.float() if g.dtype in (torch.float16, torch.bfloat16) else g) * inv_scale for g in grads)
+
+
+def window_ends(trainer: Any, batch_idx: int, n: int) -> bool:
+    """Whether the micro-batch ``batch_idx`` closes an accumulation window of ``n`` micro-batches.
+
+    Automatic optimization with ``accumulate_grad_batches=n`` steps when the epoch's count of
+    batches is a multiple of ``n`` **or** the epoch ends (``lightning/pytorch/loops/
+    training_epoch_loop.py``: ``_accumulated_batches_reached`` and ``_num_ready_batches_reached``);
+    its windows restart every epoch. ``(batch_idx + 1) % n == 0`` alone misses the epoch's last,
+    short window whenever ``n`` does not divide the epoch: those micro-batches leak into the next
+    epoch's first window (or are zeroed by the next ``zero_grad``). This returns the automatic rule:
+    ``batch_idx + 1`` a multiple of ``n``, or ``trainer.is_last_batch`` (set by the data fetcher,
+    which looks one batch ahead: it holds for an ``IterableDataset`` without ``__len__``, where
+    ``trainer.num_training_batches`` is ``inf``, and for an epoch cut by ``limit_train_batches``), or
+    ``batch_idx + 1 == trainer.num_training_batches`` (Lightning checks both; the count covers a
+    ``training_step`` that takes ``dataloader_iter``, where ``is_last_batch`` is not known yet).
+
+    Divide each micro-batch's loss by ``n`` in the short window too: automatic accumulation does.
+
+    Args:
+        trainer: ``self.trainer``.
+        batch_idx: the ``batch_idx`` of ``training_step``.
+        n: micro-batches per optimizer step (>= 1).
+
+    Raises:
+        ValueError: ``n`` is not a positive integer.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"window_ends: n must be a positive int (micro-batches per step), got {n!r}")
+    ready = batch_idx + 1
+    return ready % n == 0 or bool(trainer.is_last_batch) or ready == trainer.num_training_batches
+
+
+def manual_stepping_batches(trainer: Any, n: int) -> float:
+    """Optimizer steps a fit takes with windows of ``n`` micro-batches cut by :func:`window_ends`.
+
+    In manual optimization ``trainer.estimated_stepping_batches`` counts batches (the Trainer's
+    ``accumulate_grad_batches`` is 1 there), so a per-step schedule sized from it (OneCycleLR's
+    ``total_steps``, a warmup fraction) runs ``n`` times too long. This counts windows instead:
+    ``ceil(num_training_batches / n)`` per epoch (the short tail window included) times
+    ``max_epochs``, capped by ``max_steps`` (which, in manual optimization, counts ``opt.step()``
+    calls). For one optimizer stepped once per window; with several, multiply by the steps per
+    window before comparing with ``max_steps``.
+
+    Call it in ``configure_optimizers``: it first asks ``trainer.estimated_stepping_batches``, which
+    sets up the train dataloader so that ``trainer.num_training_batches`` is known.
+
+    Returns:
+        The number of steps; ``math.inf`` when neither the epoch length (an ``IterableDataset``
+        without ``__len__``) nor ``max_epochs`` bounds it and ``max_steps`` is not set, as Lightning's
+        own estimate does.
+
+    Raises:
+        ValueError: ``n`` is not a positive integer.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"manual_stepping_batches: n must be a positive int (micro-batches per step), got {n!r}")
+    trainer.estimated_stepping_batches  # noqa: B018  (sets up the dataloader: num_training_batches)
+    per_epoch = trainer.num_training_batches
+    epochs = trainer.max_epochs
+    total = math.inf
+    if per_epoch != math.inf and epochs is not None and epochs >= 0:
+        total = math.ceil(per_epoch / n) * epochs
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        total = min(total, trainer.max_steps)
+    return total
+
+
+def scaled_grads(
+    loss: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    trainer: Any,
+    retain_graph: bool | None = None,
+) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of ``loss`` for ``params`` at the loss scale ``opt.step()`` divides by, for writing into ``p.grad``.
+
+    Gradient surgery (PCGrad, GradVac, LibMTL's ``autograd`` mode) takes per-task gradients with
+    ``torch.autograd.grad``, combines them and writes the result into ``p.grad`` before
+    ``opt.step()``. Under 16-mixed ``opt.step()`` unscales ``p.grad``: it divides by the loss scale
+    (``GradScaler.unscale_``, ``torch/amp/grad_scaler.py``), as if ``manual_backward`` had made it,
+    so a gradient taken from the unscaled loss ends up the loss scale times too small, and small
+    fp16 gradients underflow on the way. This differentiates ``scaler.scale(loss)`` instead, as
+    ``manual_backward`` does: the results carry the scale, combine linearly (sums, projections and
+    other operations that commute with a constant factor), and the step removes the scale and skips
+    on inf/NaN as usual. Without a GradScaler (fp32, bf16-mixed) it is plain ``torch.autograd.grad``.
+
+    Call it inside ``training_step``, write the combined gradients into ``p.grad`` and call
+    ``opt.step()`` before the scale can change (no other optimizer's step in between). A
+    norm-dependent combination (clipping, a cosine test that compares norms with a constant) sees
+    the scaled values; divide by :func:`loss_scale` for those.
+
+    Args:
+        loss: a scalar loss of the step.
+        params: the parameters to differentiate (those of one optimizer).
+        trainer: ``self.trainer``.
+        retain_graph: keep the graph for another task's gradients (as in ``torch.autograd.grad``).
+
+    Returns:
+        One gradient per parameter, or ``None`` for a parameter ``loss`` does not reach.
+    """
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and scaler.is_enabled():
+        loss = scaler.scale(loss)
+    return torch.autograd.grad(loss, list(params), retain_graph=retain_graph, allow_unused=True)
