@@ -1,7 +1,7 @@
 """Task runner: each session installs what it needs and calls a project module; ``nox -l`` lists them.
 
     pip install nox && nox -s docs      # build the whole site strictly, every example executed
-    pip install nox && nox -s tests     # the test suite
+    pip install nox && nox -s tests     # the fast tier of the tests (nox -s tests_all: every test)
 
 Settings: MPGUIDE_TORCH (torch's pip requirement, default "torch==2.13.0"; "" keeps the installed one),
 MPGUIDE_PRESET (quick, full, test), MPGUIDE_DEVICE (auto, cpu, cuda). Checklists: CONTRIBUTING.md.
@@ -91,15 +91,46 @@ def docs_live(session: nox.Session) -> None:
     site_run(session, "-m", "sphinx_autobuild", *SPHINX[2:], str(BUILD / "live"), *PREVIEW, *watch)
 
 
-@nox.session(venv_backend="none", requires=["site"])
-def tests(session: nox.Session) -> None:
-    """The test suite: unit tests, examples at the test preset, real builds, a real browser.
+#: The test tiers (markers declared in pyproject.toml): the fast tier is every test without one of these markers.
+SLOW_TIERS = ("slow", "build", "browser", "tooling")
+FAST_TIER = f"not ({' or '.join(SLOW_TIERS)})"
+REST_TIERS = " or ".join(SLOW_TIERS)
 
-    Arguments after ``--`` go to pytest (``nox -s tests -- tests/test_gate.py -x``). As root without Chromium it
-    installs Debian's ``chromium`` and ``chromium-driver`` with apt-get (tests/test_browser.py)."""
+
+def _chromium(session: nox.Session) -> None:
+    """As root without Chromium, install Debian's ``chromium`` and ``chromium-driver`` (tests/test_browser.py)."""
     if not (shutil.which("chromium") and shutil.which("chromedriver")) and os.geteuid() == 0:
         session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True)
+
+
+@nox.session(venv_backend="none", requires=["site"])
+def tests(session: nox.Session) -> None:
+    """The fast tier: the tests marked neither slow, build, browser nor tooling (real Trainer runs included).
+
+    Arguments after ``--`` go to pytest (``nox -s tests -- tests/test_gate.py -x``); a ``-m`` of your own replaces
+    the tier (``nox -s tests -- -m slow tests/test_examples.py``). ``nox -s tests_all`` runs every test."""
+    site_run(session, "-m", "pytest", "-m", FAST_TIER, *session.posargs)
+
+
+@nox.session(name="tests_rest", venv_backend="none", requires=["site"])
+def tests_rest(session: nox.Session) -> None:
+    """The other tiers: slow (examples, longer training), build (the built site), browser (Chromium), tooling.
+
+    ``MPGUIDE_BUILT_SITE=_build`` judges that strict build (html/, results/, build.log; ``.ci/run`` makes it);
+    unset, the tests make their own build at the test preset. As root without Chromium it installs Debian's
+    ``chromium`` and ``chromium-driver`` with apt-get."""
+    _chromium(session)
+    site_run(session, "-m", "pytest", "-m", REST_TIERS, *session.posargs)
+
+
+@nox.session(name="tests_all", venv_backend="none", requires=["site"])
+def tests_all(session: nox.Session) -> None:
+    """Every test, all tiers in one pytest run: unit tests, real Trainer runs, examples, real builds, a browser.
+
+    Builds its own copy of the site at the test preset unless ``MPGUIDE_BUILT_SITE`` names a build; arguments after
+    ``--`` go to pytest. As root without Chromium it installs ``chromium`` and ``chromium-driver`` with apt-get."""
+    _chromium(session)
     site_run(session, "-m", "pytest", *session.posargs)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -180,14 +182,113 @@ def sphinx_build(site: Path, out: Path, **env: str):
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=1200)
 
 
+#: A strict build made before the tests (``.ci/run`` sets it to ``_build`` after ``nox -s docs -- --clean``): a
+#: folder holding ``html/``, ``results/`` and ``build.log`` (the build's output), of this checkout's sources.
+BUILT_SITE_ENV = "MPGUIDE_BUILT_SITE"
+BUILD_LOG = "build.log"
+
+
+@dataclasses.dataclass
+class BuiltSite:
+    """What the tests read of one passing strict build: its output, its log, its gallery and its settings.
+
+    ``stdout``, ``stderr`` and ``returncode`` stand where a ``CompletedProcess`` of the build stood; ``run_env`` is
+    the ``MPGUIDE_PRESET`` and ``MPGUIDE_DEVICE`` its records were made with (a rebuild that reuses them needs the
+    same, or every example reruns).
+    """
+
+    out: Path
+    stdout: str
+    gallery: Path
+    run_env: dict[str, str]
+    stderr: str = ""
+    returncode: int = 0
+
+
+def _settings_of(results: Path, source: str) -> dict[str, str]:
+    """The preset and device the records of ``results`` share; a test failure naming the problem otherwise."""
+    settings = set()
+    for path in sorted(results.glob("plot_*.json")):
+        run_env = records.load_record(path)["source"]["run_env"]
+        settings.add((run_env["MPGUIDE_PRESET"], run_env["MPGUIDE_DEVICE"]))
+    if len(settings) != 1:
+        pytest.fail(
+            f"{source}: the records of {results} hold presets and devices {sorted(settings)}; one expected",
+            pytrace=False,
+        )
+    (preset, device) = settings.pop()
+    return {"MPGUIDE_PRESET": preset, "MPGUIDE_DEVICE": device}
+
+
+def _given_build(folder: str) -> BuiltSite:
+    """The build ``MPGUIDE_BUILT_SITE`` names (relative paths from the repository root), checked for its parts."""
+    out = Path(folder) if Path(folder).is_absolute() else ROOT / folder
+    where = f"{BUILT_SITE_ENV}={folder}"
+    for part in ("html/index.html", "results", BUILD_LOG):
+        if not (out / part).exists():
+            pytest.fail(
+                f"{where}: {out / part} does not exist; point it at a strict build's output folder holding html/, "
+                f"results/ and {BUILD_LOG} (bash .ci/run makes _build), or unset it to let the tests build their own",
+                pytrace=False,
+            )
+    log = (out / BUILD_LOG).read_text(errors="replace")
+    settings = _settings_of(out / "results", where)
+    return BuiltSite(out, log, ROOT / "docs" / "auto_examples", settings)
+
+
 @pytest.fixture(scope="session")
-def built_site(tmp_path_factory):
-    """One passing strict build of a copy of the site (test preset), shared by the tests that read it."""
+def site_build(tmp_path_factory) -> BuiltSite:
+    """One passing strict build of the site, shared by the tests marked ``build`` that read it.
+
+    With ``MPGUIDE_BUILT_SITE`` set, the build it names (made from this checkout, ``.ci/run``'s one build per CI
+    run); else a build of a private copy of the site at the test preset, made here (the full suite run locally).
+    """
+    given = os.environ.get(BUILT_SITE_ENV)
+    if given:
+        return _given_build(given)
     site = copy_site(tmp_path_factory.mktemp("site"))
     out = tmp_path_factory.mktemp("build")
     proc = sphinx_build(site, out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return out, proc
+    return BuiltSite(
+        out, proc.stdout, site / "docs" / "auto_examples", _settings_of(out / "results", "build"), proc.stderr
+    )
+
+
+@pytest.fixture(scope="session")
+def built_site(site_build) -> tuple[Path, BuiltSite]:
+    """``(output folder, build)`` of :func:`site_build`: ``out / "html"``, ``out / "results"``, ``build.stdout``."""
+    return site_build.out, site_build
+
+
+#: The recipe swap the swap tests train: plot_01's bf16 manual port with the scheduler stepped every batch.
+SWAP_01 = "plot_01_porting_to_manual:manual-bf16=scheduler every batch"
+
+
+@pytest.fixture(scope="session")
+def swapped_build(site_build, tmp_path_factory):
+    """``(output folder, CompletedProcess)`` of a strict rebuild of a copy of the site with :data:`SWAP_01`.
+
+    It starts from :func:`site_build`'s records and gallery, with its preset and device, so only the swapped
+    example reruns (``tests/test_docs_build.py`` checks that); the build must fail at the gate.
+    """
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("swapped")
+    (tmp / "site").mkdir()
+    site = copy_site(tmp / "site")
+    shutil.copytree(site_build.gallery, site / "docs" / "auto_examples")
+    shutil.copytree(site_build.out / "results", tmp / "out" / "results")
+    return tmp / "out", sphinx_build(site, tmp / "out", **site_build.run_env, MPGUIDE_SWAP_RECIPE=SWAP_01)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that reads the built site must carry the ``build`` marker, so that it never lands in the fast tier."""
+    unmarked = [
+        item.nodeid for item in items if "site_build" in item.fixturenames and not item.get_closest_marker("build")
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"these tests read the built site without the 'build' marker (add it): {unmarked}")
 
 
 def quiet_trainer(**trainer_kwargs):

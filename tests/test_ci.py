@@ -118,6 +118,7 @@ def actionlint(tmp_path_factory):
     return lint
 
 
+@pytest.mark.tooling
 def test_workflows_pass_actionlint(actionlint, tmp_path):
     proc = actionlint(*WORKFLOWS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -133,6 +134,7 @@ def test_workflows_pass_actionlint(actionlint, tmp_path):
     assert proc.returncode == 1 and 'label "tpu" is unknown' in proc.stdout, proc.stdout
 
 
+@pytest.mark.tooling
 def test_workflows_match_the_github_workflow_schema(tmp_path_factory, tmp_path):
     """check-jsonschema's vendored GitHub workflow schema accepts ours and refuses a broken one."""
     check = _tool("check-jsonschema", "check-jsonschema==0.39.0", tmp_path_factory)
@@ -154,6 +156,7 @@ def test_workflows_match_the_github_workflow_schema(tmp_path_factory, tmp_path):
     assert proc.returncode != 0 and "runs-on" in proc.stdout + proc.stderr
 
 
+@pytest.mark.tooling
 def test_docs_gpu_refuses_without_cuda_in_one_line():
     import torch
 
@@ -237,6 +240,8 @@ DOCUMENTED_SESSIONS = (
     "docs_preview",
     "docs_live",
     "tests",
+    "tests_rest",
+    "tests_all",
     "gate",
     "docs_gpu",
     "lint",
@@ -258,6 +263,7 @@ SESSION_MODULES = [
 ]
 
 
+@pytest.mark.tooling
 def test_every_documented_session_is_defined():
     """`nox -l` lists each session the README and noxfile name, the matrix once per Lightning release."""
     nox = shutil.which("nox")
@@ -277,6 +283,7 @@ def test_every_documented_session_is_defined():
     assert all(f"nox -s {name}" in readme for name in DOCUMENTED_SESSIONS if name != "site")
 
 
+@pytest.mark.tooling
 @pytest.mark.parametrize(("module", "arg"), SESSION_MODULES)
 def test_each_session_module_answers(module, arg):
     """The dry path of each session: the module it calls starts and answers (a session cannot run whole here)."""
@@ -343,6 +350,7 @@ def test_gpu_evidence_without_wheels_says_what_to_do(tmp_path):
     assert (tmp_path / "out" / "build.log").is_file()
 
 
+@pytest.mark.tooling
 def test_docs_gpu_no_install_refuses_a_foreign_mpguide(tmp_path):
     """--no-install uses what is there; an mpguide from another folder would build another library's site."""
     shutil.copytree(ROOT / "mpguide", tmp_path / "mpguide")
@@ -369,6 +377,7 @@ def test_docs_gpu_no_install_refuses_a_foreign_mpguide(tmp_path):
     assert ok.returncode == 0 and ok.stdout.startswith("packages: sphinx 9.0.4"), ok.stderr
 
 
+@pytest.mark.tooling
 def test_docs_refuses_bad_settings_in_one_line():
     """A bad MPGUIDE_PRESET stops `nox -s docs` before Sphinx, in one line (not inside Sphinx's error report)."""
     nox = shutil.which("nox")
@@ -388,3 +397,61 @@ def test_docs_refuses_bad_settings_in_one_line():
     assert len(refusal) == 1 and "use one of ['full', 'quick', 'test']" in refusal[0], out[-2000:]
     assert "Session docs failed" in out or "docs: failed" in out, out[-2000:]
     assert "Running Sphinx" not in out and "Configuration error" not in out
+
+
+# --- the test tiers (noxfile.FAST_TIER, REST_TIERS; .ci/run) ----------------------------------------------------
+
+
+def _collected(*args: str) -> set[str]:
+    """The node ids ``pytest --collect-only`` selects with ``args``, in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "docs" / "_ext")])}
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return {line for line in proc.stdout.splitlines() if "::" in line}
+
+
+def tier_problems(everything: set[str], fast: set[str], rest: set[str]) -> list[str]:
+    """What is wrong with a split of ``everything`` into the fast tier and the rest: a test in neither or in
+    both, or a fast tier without the real runs and failing-input tests it promises (README.md, CONTRIBUTING.md)."""
+    problems = []
+    if everything - fast - rest:
+        problems.append(f"in no tier: {sorted(everything - fast - rest)}")
+    if fast & rest:
+        problems.append(f"in both tiers: {sorted(fast & rest)}")
+    promised = {
+        "tests/test_precision.py": "a real Trainer run of ManualMixedPrecision",
+        "tests/test_fabric.py": "a real Fabric run of FabricManualMixedPrecision",
+        "tests/test_checks.py": "a real Trainer run of PitfallChecks",
+        "tests/test_gate.py": "the gate's failing-input tests",
+        "tests/test_layers.py": "the layers contract",
+    }
+    for module, what in promised.items():
+        if not any(test.startswith(f"{module}::") for test in fast):
+            problems.append(f"the fast tier lacks {module} ({what})")
+    return problems
+
+
+@pytest.mark.tooling
+def test_the_tiers_split_every_test_once_and_the_fast_tier_trains():
+    """`nox -s tests` (fast tier) and `nox -s tests_rest` (the others) together run every test exactly once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("noxfile_for_tiers", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    everything = _collected()
+    fast, rest = _collected("-m", noxfile.FAST_TIER), _collected("-m", noxfile.REST_TIERS)
+    assert len(everything) > 600 and tier_problems(everything, fast, rest) == []
+    # the check fails on a test left out of both tiers, on one in both, and on a fast tier without a promised module
+    lost = sorted(rest)[0]
+    assert f"in no tier: ['{lost}']" in tier_problems(everything, fast, rest - {lost})
+    assert f"in both tiers: ['{lost}']" in tier_problems(everything, fast | {lost}, rest)
+    without = {t for t in fast if not t.startswith("tests/test_layers.py::")}
+    assert tier_problems(everything, without, rest | (fast - without)) == [
+        "the fast tier lacks tests/test_layers.py (the layers contract)"
+    ]
+    # .ci/run runs both tiers, the other one on its own strict build
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("nox -s docs -- --clean") < ci.index("nox -s tests\n") < ci.index("nox -s tests_rest")
+    assert "MPGUIDE_BUILT_SITE=_build python3 -m nox -s tests_rest" in ci and "tee _build/build.log" in ci

@@ -1,12 +1,14 @@
-"""Real Sphinx builds of a copy of the site: one passes and renders this build's verdicts, one fails
-through a real divergence (a correct run swapped for a broken recipe)."""
+"""Real Sphinx builds of the site: one passes and renders this build's verdicts (the shared build:
+``MPGUIDE_BUILT_SITE`` or the tests' own), one fails through a real divergence (a correct run swapped for a broken
+recipe, rebuilt from the shared build's records so that only that example reruns)."""
 
 import json
+import re
 
 import pytest
-from conftest import ROOT, copy_site, sphinx_build
+from conftest import ROOT, copy_site
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.build
 
 
 def test_strict_build_passes_and_renders_this_builds_results(built_site):
@@ -26,8 +28,6 @@ def test_strict_build_passes_and_renders_this_builds_results(built_site):
     for example in ("plot_01_porting_to_manual", "plot_04_gradient_clipping", "plot_08_autocast_cache"):
         assert (out / "html" / "auto_examples" / f"{example}.html").is_file()
     # reader-facing text without build jargon; the first screen says what "verified" means
-    import re
-
     text = re.sub(r"<[^>]+>", " ", page.split("<article", 1)[1].split("</article>", 1)[0])
     for word in ("preset", "record written", "claim gate", "source digest", "the gate"):
         assert word not in text, f"the guide's text says {word!r}"
@@ -38,12 +38,8 @@ def test_strict_build_passes_and_renders_this_builds_results(built_site):
     assert any(r["error"] for r in crash["runs"])
 
 
-def test_strict_build_fails_when_a_match_claim_diverges(tmp_path):
-    (tmp_path / "site").mkdir()
-    site = copy_site(tmp_path / "site")
-    proc = sphinx_build(
-        site, tmp_path / "out", MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch"
-    )
+def test_strict_build_fails_when_a_match_claim_diverges(swapped_build):
+    _, proc = swapped_build
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "claim gate: 2 failed claim(s)" in out, out[-4000:]
@@ -53,6 +49,8 @@ def test_strict_build_fails_when_a_match_claim_diverges(tmp_path):
         "[manual port = automatic (bf16)]: max rel. diff ="
     ) in out
     assert "threshold <= 0.001" in out
+    # the rebuild reused the shared build's records: the swapped example alone ran again
+    assert re.findall(r"\[mpguide\] (plot_\w+) runs: ", out) == ["plot_01_porting_to_manual"], out[-4000:]
 
 
 def test_preview_build_executes_nothing_and_passes(tmp_path):

@@ -1,5 +1,12 @@
-"""Every gallery example runs as a plain script (test preset) and its record passes the gate."""
+"""Every gallery example ran in the strict build and its record passes the gate; swapped recipes fail it.
 
+The per-example tests judge the shared build (``MPGUIDE_BUILT_SITE``, else the tests' own build at the test preset):
+each example runs once per CI run, in that build. The script path, ``python examples/plot_NN.py`` with its printed
+table line, its relative "results saved to" line and its figures next to the record, is tested by
+``tests/test_reader_download.py`` on a downloaded example; the swap tests below run swapped examples as scripts.
+"""
+
+import html
 import os
 import re
 import subprocess
@@ -33,34 +40,48 @@ def run_example(name, tmp_path, **env):
     )
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
-def test_example_runs_and_its_claims_hold(name, tmp_path):
-    proc = run_example(name, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stem = name[:-3]
-    assert f"results saved to {stem}.json" in proc.stdout  # relative to the working folder: no machine paths
-    # the verdict table the script ends with: every check it shows holds, or is a throughput claim a busy
-    # machine left inconclusive (the gate's rule: inconclusive is not a failure; gate.check below fails on one)
-    counts = re.search(r"\b(\d+) of (\d+) checks in the table hold(?:, (\d+) inconclusive)?", proc.stdout)
-    assert counts, proc.stdout[-2000:]
+def table_counts(text: str) -> tuple[int, int, int]:
+    """(held, shown, inconclusive) of the verdict table's count line (``report.count_line``) in ``text``."""
+    counts = re.search(r"\b(\d+) of (\d+) checks in the table hold(?:, (\d+) inconclusive)?", text)
+    assert counts, f"no verdict table count line in: {text[-2000:]}"
     held, shown, undecided = (int(n or 0) for n in counts.groups())
-    assert held + undecided == shown, proc.stdout[-2000:]
-    record = records.load_record(tmp_path / f"{stem}.json")
-    assert record["preset"] == "test" and record["env"]["accelerator"] == "cpu"
+    return held, shown, undecided
+
+
+def test_table_counts_fail_on_a_failed_check():
+    """The count check below fails on a table with a failed row, and on a page without a table."""
+    held, shown, undecided = table_counts("plot_99 on CPU: 5 of 6 checks in the table hold, 0 inconclusive")
+    assert held + undecided != shown
+    with pytest.raises(AssertionError, match="no verdict table count line"):
+        table_counts("<p>no table</p>")
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_ran_in_the_build_and_its_claims_hold(name, built_site):
+    out, build = built_site
+    stem = name[:-3]
+    record = records.load_record(out / "results" / f"{stem}.json")
+    assert record["source"]["run_env"]["MPGUIDE_PRESET"] == build.run_env["MPGUIDE_PRESET"]
+    assert record["source"]["run_env"]["MPGUIDE_DEVICE"] == build.run_env["MPGUIDE_DEVICE"]
+    assert record["source"]["run_env"]["swaps"] == {}, "the shared build trains the declared recipes"
     assert all(r["loss"] and len(r["loss"]) == r["steps"] or r["error"] for r in record["runs"])
-    assert list(tmp_path.glob(f"{stem}_*.png")), "the script saves its figures next to its record"
-    gate.check([tmp_path / f"{stem}.json"])
+    assert list((out / "results").glob(f"{stem}_*.png")), "the example saves its figures next to its record"
+    # the verdict table the example ends with, on its page: every check it shows holds, or is a throughput claim a
+    # busy machine left inconclusive (the gate's rule: inconclusive is not a failure; gate.check below fails on one)
+    page = html.unescape((out / "html" / "auto_examples" / f"{stem}.html").read_text())
+    assert 'class="mpguide-verdicts"' in page, f"{stem}: the page shows no verdict table"
+    held, shown, undecided = table_counts(page)
+    assert held + undecided == shown, page[-2000:]
+    gate.check([out / "results" / f"{stem}.json"])
 
 
-def test_swapping_in_a_broken_recipe_fails_the_gate(tmp_path):
-    proc = run_example(
-        "plot_01_porting_to_manual.py",
-        tmp_path,
-        MPGUIDE_SWAP_RECIPE="plot_01_porting_to_manual:manual-bf16=scheduler every batch",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "trains run 'manual-bf16' with recipe 'scheduler every batch'" in proc.stdout
-    report = gate.judge([tmp_path / "plot_01_porting_to_manual.json"])
+@pytest.mark.build
+def test_swapping_in_a_broken_recipe_fails_the_gate(swapped_build):
+    out, _ = swapped_build
+    page = html.unescape((out / "html" / "auto_examples" / "plot_01_porting_to_manual.html").read_text())
+    assert "trains run 'manual-bf16' with recipe 'scheduler every batch'" in page
+    report = gate.judge([out / "results" / "plot_01_porting_to_manual.json"])
     failed = {(v.kind, tuple(v.runs)) for v in report.failures}
     assert ("match", ("manual-bf16", "auto-bf16")) in failed  # the claim catches the divergence
     assert ("declaration", ("manual-bf16",)) in failed  # and the record says it trained another recipe

@@ -187,7 +187,7 @@ def test_tiny_build_fails_naming_the_cell_without_figure_the_table_and_the_glue_
     assert re.search(r"index\.md:\d+: \{glue:text\} names key 'gap', which no cell of the page glued", out)
 
 
-@pytest.mark.slow
+@pytest.mark.build
 def test_site_build_under_agg_renders_every_figure(built_site):
     """The shared strict build of the site (conftest runs it with MPLBACKEND=Agg) shows every figure."""
     out, proc = built_site

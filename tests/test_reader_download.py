@@ -119,6 +119,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.build
 def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_path):
     out, _ = built_site
     line, wheel, script, notebook = _page_instruction(out / "html" / "auto_examples" / f"{EXAMPLE}.html")
@@ -141,7 +142,13 @@ def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_pa
     assert Path(where).is_relative_to(venv), f"mpguide came from {where}, not from the installed wheel"
 
     env["MPGUIDE_PRESET"] = "test"
-    _run([python, script.name], folder, env)
+    ran = _run([python, script.name], folder, env).stdout
+    # the script path (tests/test_examples.py judges the examples in the build): the printed verdict table's
+    # count line, the record's path relative to the working folder, the figures saved next to the record
+    counts = re.search(r"\b(\d+) of (\d+) checks in the table hold(?:, (\d+) inconclusive)?", ran)
+    assert counts and int(counts[1]) + int(counts[3] or 0) == int(counts[2]), ran[-2000:]
+    assert f"results saved to {Path('results', 'local', EXAMPLE + '.json')}" in ran, ran[-2000:]
+    assert list((folder / "results" / "local").glob(f"{EXAMPLE}_*.png")), "no figures next to the record"
     _run([python, "-m", "mpguide.verify.gate", str(folder / "results" / "local")], folder, env)
 
     _run([python, "-m", "pip", "install", "-q", "nbclient", "ipykernel"], folder, env)

@@ -67,6 +67,7 @@ def test_every_variant_leads_one_round(monkeypatch):
     assert out["bf16-mixed"].steps_per_s("manual, compiled") == 2.0
 
 
+@pytest.mark.slow
 def test_tuned_variants_train_for_real_and_undo_tf32():
     """One real interleaved run on CPU with every tuned variant (torch.compile included, ~15-30 s)."""
     before = torch.get_float32_matmul_precision()
