@@ -24,7 +24,7 @@ import torch
 
 
 def helper(alpha, beta):
-    return torch.nn.functional.mse_loss(torch.zeros(3) * alpha, torch.ones(3) * beta, reduction="sum")  # a trailing comment that makes the line long
+    return torch.nn.functional.mse_loss(torch.zeros(3) * alpha, torch.ones(3) * beta, reduction="sum")  TRAILING
 
 
 message = f"the loss of this step is {helper(1, 2):g}, and this sentence is long enough to need two lines"
@@ -35,7 +35,7 @@ message = f"the loss of this step is {helper(1, 2):g}, and this sentence is long
 # The folded cell.
 
 RUNS = [("run-a", "recipe", "32-true", {"label": "a label"}), ("run-b", "recipe", "16-mixed", {"label": "b"})]
-'''
+'''.replace("TRAILING", "# a trailing comment that makes the line long")
 
 
 def shown_lines(text, evidence):
