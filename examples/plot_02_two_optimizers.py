@@ -23,6 +23,7 @@ by element, and its fix: :doc:`plot_18_issue_20116_alternating_optimizers`. The 
 :doc:`../model/manual_optimization`.
 """
 
+
 # %%
 # A small GAN on the digits
 # -------------------------
@@ -42,7 +43,9 @@ from mpguide.data import NUM_FEATURES
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_02_two_optimizers")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_02_two_optimizers"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 LATENT = 16
@@ -55,28 +58,59 @@ class DigitsGAN(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
-        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 1))
+        self.generator = nn.Sequential(
+            nn.Linear(LATENT, 128),
+            nn.ReLU(),
+            nn.Linear(128, NUM_FEATURES),
+            nn.Sigmoid(),
+        )
+        self.discriminator = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 128),
+            nn.LeakyReLU(0.2),
+            nn.Linear(128, 1),
+        )
 
     def generate(self, n, batch_idx):
-        gen = torch.Generator().manual_seed(10_000 * self.current_epoch + batch_idx)
-        return self.generator(torch.randn(n, LATENT, generator=gen).to(self.device))
+        gen = torch.Generator().manual_seed(
+            10_000 * self.current_epoch
+            + batch_idx
+        )
+        return self.generator(
+            torch.randn(
+                n, LATENT, generator=gen
+            ).to(self.device)
+        )
 
     def judge(self, images, is_real):
         logits = self.discriminator(images)
-        return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, float(is_real)))
+        return F.binary_cross_entropy_with_logits(
+            logits,
+            torch.full_like(
+                logits, float(is_real)
+            ),
+        )
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
-        fake = self.generate(len(real), batch_idx)
-        loss_d = self.discriminator_step(real, fake)
-        loss_g = self.generator_step(fake, batch_idx)
+        fake = self.generate(
+            len(real), batch_idx
+        )
+        loss_d = self.discriminator_step(
+            real, fake
+        )
+        loss_g = self.generator_step(
+            fake, batch_idx
+        )
         return (loss_d + loss_g).detach()
 
     def discriminator_step(self, real, fake):
         opt_d, _ = self.optimizers()
         with self.toggled_optimizer(opt_d):
-            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            loss_d = self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             opt_d.step()
@@ -85,15 +119,25 @@ class DigitsGAN(pl.LightningModule):
     def generator_step(self, fake, batch_idx):
         _, opt_g = self.optimizers()
         with self.toggled_optimizer(opt_g):
-            loss_g = self.judge(fake, True)  # flows back through the discriminator into the generator
+            # flows back through the
+            # discriminator into the generator
+            loss_g = self.judge(fake, True)
             opt_g.zero_grad()
             self.manual_backward(loss_g)
             opt_g.step()
         return loss_g
 
     def configure_optimizers(self):
-        opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=(0.5, 0.999))
-        opt_g = torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(
+            self.discriminator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
+        opt_g = torch.optim.Adam(
+            self.generator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
         return opt_d, opt_g
 
 
@@ -104,29 +148,44 @@ class DigitsGAN(pl.LightningModule):
 # On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag silently becomes bf16-mixed, so the
 # plugin is passed explicitly. On Lightning 2.5.0 and older write ``toggle_optimizer``/``untoggle_optimizer``.
 
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = DigitsGAN()
-generator_before = model.generator[0].weight.detach().clone()
+generator_before = (
+    model.generator[0].weight.detach().clone()
+)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=40,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(
-    f"optimizer steps (two per batch): {trainer.global_step}, "
-    f"generator changed: {not torch.equal(generator_before, model.generator[0].weight)}"
+trainer.fit(
+    model, digits_loader(batch_size=64)
 )
+print(
+    "optimizer steps (two per batch): "
+    f"{trainer.global_step}, "
+    "generator changed: "
+    f"{not torch.equal(generator_before, model.generator[0].weight)}"
+)
+
 
 # %%
 # The bug as users write it
@@ -140,15 +199,24 @@ class DetachedOnce(DigitsGAN):
     def training_step(self, batch, batch_idx):
         real, _ = batch
         opt_d, opt_g = self.optimizers()
-        fake = self.generate(len(real), batch_idx).detach()  # the bug: detached for both losses
-        loss_d = self.judge(real, True) + self.judge(fake, False)
+        # the bug: detached for both losses
+        fake = self.generate(
+            len(real), batch_idx
+        ).detach()
+        loss_d = self.judge(
+            real, True
+        ) + self.judge(fake, False)
         opt_d.zero_grad()
         self.manual_backward(loss_d)
         opt_d.step()
         loss_g = self.judge(fake, True)
         opt_g.zero_grad()
-        self.manual_backward(loss_g)  # reaches only the discriminator
-        opt_g.step()  # no generator gradient: a no-op in fp32, an AssertionError under 16-mixed
+        # reaches only the discriminator
+        self.manual_backward(loss_g)
+        # no generator gradient: a no-op in
+        # fp32, an AssertionError under
+        # 16-mixed
+        opt_g.step()
         return (loss_d + loss_g).detach()
 
 
@@ -169,29 +237,49 @@ class WindowedGAN(DigitsGAN):
         _, opt_g = self.optimizers()
         with self.toggled_optimizer(opt_g):
             loss_g = self.judge(fake, True)
-            self.manual_backward(loss_g / self.window)
-            if (batch_idx + 1) % self.window == 0:
+            self.manual_backward(
+                loss_g / self.window
+            )
+            if (
+                batch_idx + 1
+            ) % self.window == 0:
                 opt_g.step()
                 opt_g.zero_grad()
         return loss_g
 
 
 class WindowedWithOverflow(WindowedGAN):
-    overflow_batch = 5  # second batch of the generator window over batches 4 and 5, first epoch
+    # second batch of the generator window
+    # over batches 4 and 5, first epoch
+    overflow_batch = 5
 
     def training_step(self, batch, batch_idx):
-        self.force_overflow = self.current_epoch == 0 and batch_idx == self.overflow_batch
-        return super().training_step(batch, batch_idx)
+        self.force_overflow = (
+            self.current_epoch == 0
+            and batch_idx
+            == self.overflow_batch
+        )
+        return super().training_step(
+            batch, batch_idx
+        )
 
     def discriminator_step(self, real, fake):
         opt_d, _ = self.optimizers()
         with self.toggled_optimizer(opt_d):
-            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            loss_d = self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             if self.force_overflow:
                 for p in self.discriminator.parameters():
-                    p.grad.fill_(float("inf"))  # as if the discriminator's gradients overflowed fp16
+                    # as if the
+                    # discriminator's
+                    # gradients overflowed
+                    # fp16
+                    p.grad.fill_(float("inf"))
             opt_d.step()
         return loss_d
 
@@ -216,7 +304,10 @@ class GeneratorAndWeights(Callback):
     measures = {"generator_changed": "bool", "weights": "name"}
 
     def setup(self, trainer, pl_module, stage):
-        self.module, self.initial_generator = pl_module, parameter_digest(pl_module.generator)
+        self.module, self.initial_generator = (
+            pl_module,
+            parameter_digest(pl_module.generator),
+        )
 
     def record_extra(self):
         changed = parameter_digest(self.module.generator) != self.initial_generator
@@ -226,11 +317,16 @@ class GeneratorAndWeights(Callback):
 class WindowFactors(Callback):
     """Each generator micro-batch's weight in its step (least squares over each backward's gradient / scale)."""
 
-    measures = {"forced_window_factors": "list[finite]", "other_windows_constant": "bool"}
+    measures = {
+        "forced_window_factors": "list[finite]",
+        "other_windows_constant": "bool",
+    }
 
     def __init__(self):
-        self.window_factors = []  # per window: the weight of each generator micro-batch in the step
-        self.pieces = []  # per generator backward of the current window: (loss scale, {param: gradient})
+        # per window: the weight of each generator micro-batch in the step
+        self.window_factors = []
+        # per generator backward of the current window: (loss scale, {param: gradient})
+        self.pieces = []
 
     def setup(self, trainer, pl_module, stage):
         self.module, self.trainer = pl_module, trainer
@@ -242,7 +338,8 @@ class WindowFactors(Callback):
 
     def on_before_backward(self, trainer, pl_module, loss):
         self.backwards += 1
-        if self.backwards == 2:  # the discriminator's backward comes first, then the generator's
+        # the discriminator's backward comes first, then the generator's
+        if self.backwards == 2:
             self.pieces.append((steps.loss_scale(trainer) or 1.0, {}))
 
     def keep(self, param, grad):
@@ -250,19 +347,32 @@ class WindowFactors(Callback):
             self.pieces[-1][1][param] = grad.detach().double().clone()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if optimizer is trainer.optimizers[1]:  # the generator's step, its gradients unscaled
+        # the generator's step, its gradients unscaled
+        if optimizer is trainer.optimizers[1]:
             params = list(self.module.generator.parameters())
             total = torch.cat([p.grad.detach().double().flatten() for p in params])
-            parts = [torch.cat([got[p].flatten() / scale for p in params]) for scale, got in self.pieces]
-            weights = torch.linalg.lstsq(torch.stack(parts, dim=1), total.unsqueeze(1)).solution.flatten()
+            parts = [
+                torch.cat([got[p].flatten() / scale for p in params])
+                for scale, got in self.pieces
+            ]
+            weights = torch.linalg.lstsq(
+                torch.stack(parts, dim=1), total.unsqueeze(1)
+            ).solution.flatten()
             self.window_factors.append([round(float(w), 3) for w in weights])
             self.pieces = []
 
     def record_extra(self):
         window, overflow_batch = self.module.window, self.module.overflow_batch
         forced = self.window_factors[overflow_batch // window]
-        others = [f for i, f in enumerate(self.window_factors) if i != overflow_batch // window]
-        return {"forced_window_factors": forced, "other_windows_constant": all(f == [1.0] * window for f in others)}
+        others = [
+            f
+            for i, f in enumerate(self.window_factors)
+            if i != overflow_batch // window
+        ]
+        return {
+            "forced_window_factors": forced,
+            "other_windows_constant": all(f == [1.0] * window for f in others),
+        }
 
 
 recipes = {
@@ -271,7 +381,8 @@ recipes = {
     "windowed": WindowedGAN,
     "windowed, D overflow": WindowedWithOverflow,
 }
-probes = {name: [GeneratorAndWeights] for name in recipes}  # and per recipe what its section measures:
+# and per recipe what its section measures:
+probes = {name: [GeneratorAndWeights] for name in recipes}
 probes["windowed, D overflow"].append(WindowFactors)
 # fmt: off
 RUNS = [
@@ -322,9 +433,13 @@ CLAIMS = [
 ]
 # fmt: on
 
-checked = runner.with_checks(recipes, probes)  # and PitfallChecks on every run (mpguide.checks)
+# and PitfallChecks on every run (mpguide.checks)
+checked = runner.with_checks(recipes, probes)
 brief = lambda line: line.startswith("  [") or print(line)  # noqa: E731 (the page prints no line per run)
-record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS, probes=checked, progress=brief)
+record = runner.run_example(
+    "plot_02_two_optimizers", recipes, RUNS, CLAIMS, probes=checked, progress=brief
+)
+
 
 # %%
 # The captured error
@@ -333,7 +448,10 @@ record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS, pro
 # ``unscale_`` found inf/NaN in its gradients; with no gradient there is nothing to check, and
 # ``GradScaler.step`` refuses to decide whether to skip.
 
-print(report.expected_error(record, "bug-fp16"))
+print(
+    report.expected_error(record, "bug-fp16")
+)
+
 
 # %%
 # Curves
@@ -344,15 +462,55 @@ print(report.expected_error(record, "bug-fp16"))
 
 import matplotlib.pyplot as plt
 
-fig, (left, right) = plotting.figure(1, 2, 11, 5.2)  # own y axes: the bug's scale would flatten the healthy runs
-plotting.describe(fig, "The healthy GAN trains in every precision; the buggy one never moves its generator")
-healthy = ["healthy-fp32", "healthy-bf16", "healthy-fp16", "window-fp32", "window-fp16"]
-colors = {"window-fp32": "#CC79A7", "window-fp16": "#D55E00", "bug-fp16-plugin": "#D55E00"}
-plotting.plot_loss_curves(left, record, healthy, "Healthy alternation (D + G loss)", colors)
-buggy = ["bug-fp32", "bug-bf16", "bug-fp16", "bug-fp16-plugin"]
-plotting.plot_loss_curves(right, record, buggy, "Generator loss never reaches the generator", colors)
-plotting.save_figure(fig, record["example"], "curves")
+# own y axes: the bug's scale would flatten
+# the healthy runs
+fig, (left, right) = plotting.figure(
+    1, 2, 11, 5.2
+)
+plotting.describe(
+    fig,
+    "The healthy GAN trains in every "
+    "precision; the buggy one never moves "
+    "its generator",
+)
+healthy = [
+    "healthy-fp32",
+    "healthy-bf16",
+    "healthy-fp16",
+    "window-fp32",
+    "window-fp16",
+]
+colors = {
+    "window-fp32": "#CC79A7",
+    "window-fp16": "#D55E00",
+    "bug-fp16-plugin": "#D55E00",
+}
+plotting.plot_loss_curves(
+    left,
+    record,
+    healthy,
+    "Healthy alternation (D + G loss)",
+    colors,
+)
+buggy = [
+    "bug-fp32",
+    "bug-bf16",
+    "bug-fp16",
+    "bug-fp16-plugin",
+]
+plotting.plot_loss_curves(
+    right,
+    record,
+    buggy,
+    "Generator loss never reaches the "
+    "generator",
+    colors,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # What the scale change did to the generator's window
@@ -360,9 +518,16 @@ plt.show()
 # With Lightning's plugin the first micro-batch was made at the old scale and unscaled at the halved one:
 # it counts twice. ``ManualMixedPrecision`` brings the held micro-batch to the new scale: both count once.
 
-for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
+for run_id in (
+    "window-fp16-overflow",
+    "window-fp16-overflow-plugin",
+):
     run = plotting.run_by_id(record, run_id)
-    print(f"{run['label']:<55} factors {run['extra']['forced_window_factors']}")
+    print(
+        f"{run['label']:<55} factors "
+        f"{run['extra']['forced_window_factors']}"
+    )
+
 
 # %%
 # Conclusion
@@ -374,6 +539,7 @@ for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
 # mis-weighted at every scale change that lands in it. For the fp32 behaviour back, with a warning in every
 # precision, pass ``plugins=[ManualMixedPrecision("16-mixed", "cuda")]``. bf16-mixed has no GradScaler and
 # none of these rules.
+
 
 # %%
 # Evidence: the verdicts

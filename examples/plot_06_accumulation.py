@@ -22,6 +22,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 * that one overflowing micro-batch skips the whole window's update.
 """
 
+
 # %%
 # The recipe and the mistakes
 # ---------------------------
@@ -33,7 +34,9 @@ import functools
 import lightning.pytorch as pl
 import matplotlib.pyplot as plt
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide import steps
 from mpguide.data import digits_loader
@@ -43,27 +46,45 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_06_accumulation")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_06_accumulation"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 N = 4  # micro-batches per optimizer step
-OVERFLOW_BATCH = 21  # in the overflow run, this micro-batch of epoch 0 gets an infinite gradient (window 5)
+# in the overflow run, this micro-batch of
+# epoch 0 gets an infinite gradient (window 5)
+OVERFLOW_BATCH = 21
 
 
 class ManualAccumulation(DigitsClassifier):
-    def __init__(self, overflow=False, **kwargs):
+    def __init__(
+        self, overflow=False, **kwargs
+    ):
         super().__init__(**kwargs)
         self.overflow = overflow
 
     def window_share(self, loss):
-        return loss / N  # so that the summed gradient of the window is an average
+        # so that the summed gradient of the
+        # window is an average
+        return loss / N
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         loss = self.compute_loss(batch)
-        self.manual_backward(self.window_share(loss))
-        if self.overflow and self.current_epoch == 0 and batch_idx == OVERFLOW_BATCH:
-            self.net[0].weight.grad.fill_(float("inf"))  # as if this micro-batch overflowed fp16
+        self.manual_backward(
+            self.window_share(loss)
+        )
+        if (
+            self.overflow
+            and self.current_epoch == 0
+            and batch_idx == OVERFLOW_BATCH
+        ):
+            # as if this micro-batch
+            # overflowed fp16
+            self.net[0].weight.grad.fill_(
+                float("inf")
+            )
         if (batch_idx + 1) % N == 0:
             opt.step()
             opt.zero_grad()
@@ -81,7 +102,9 @@ class ZeroGradEveryBatch(ManualAccumulation):
     """Mistake 2: ``zero_grad()`` at the top of every batch keeps only the last micro-batch."""
 
     def window_share(self, loss):
-        self.optimizers().zero_grad()  # wipes the micro-batches before this one
+        # wipes the micro-batches before this
+        # one
+        self.optimizers().zero_grad()
         return super().window_share(loss)
 
 
@@ -92,21 +115,35 @@ class ZeroGradEveryBatch(ManualAccumulation):
 # is enough; on a CPU that flag silently becomes bf16-mixed, so Lightning's plugin is passed
 # explicitly. ``max_steps`` counts optimizer steps, i.e. windows.
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
-model = ManualAccumulation(optimizer="sgd", lr=0.05)
+model = ManualAccumulation(
+    optimizer="sgd", lr=0.05
+)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=5,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+print(
+    f"optimizer steps (windows of {N} "
+    f"micro-batches): {trainer.global_step}"
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -127,7 +164,8 @@ class WindowProbe(Callback):
     # fmt: on
 
     def __init__(self):
-        self.window_moved, self.scales, self.start = [], [], None  # moved per window; scale per micro-batch
+        # moved per window; scale per micro-batch
+        self.window_moved, self.scales, self.start = [], [], None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx % N == 0:
@@ -143,8 +181,12 @@ class WindowProbe(Callback):
         return {
             "window_moved": self.window_moved,
             "scale_constant_in_windows": all(len(set(w)) == 1 for w in windows),
-            "overflow_window_skipped": not self.window_moved[OVERFLOW_BATCH // N] if self.window_moved else None,
-            "other_windows_moved": all(m for i, m in enumerate(self.window_moved) if i != OVERFLOW_BATCH // N),
+            "overflow_window_skipped": not self.window_moved[OVERFLOW_BATCH // N]
+            if self.window_moved
+            else None,
+            "other_windows_moved": all(
+                m for i, m in enumerate(self.window_moved) if i != OVERFLOW_BATCH // N
+            ),
         }
 
 
@@ -155,7 +197,9 @@ recipes = {
     "manual, overflow": functools.partial(ManualAccumulation, overflow=True, **sgd),
     "no division": functools.partial(NoDivision, **sgd),
     "zero_grad every batch": functools.partial(ZeroGradEveryBatch, **sgd),
-    "manual, lr x 4": functools.partial(ManualAccumulation, optimizer="sgd", lr=4 * sgd["lr"]),
+    "manual, lr x 4": functools.partial(
+        ManualAccumulation, optimizer="sgd", lr=4 * sgd["lr"]
+    ),
     "manual, lr 0.5": functools.partial(ManualAccumulation, optimizer="sgd", lr=0.5),
     "no division, lr 0.5": functools.partial(NoDivision, optimizer="sgd", lr=0.5),
 }
@@ -189,7 +233,8 @@ CLAIMS = [
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
     ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient accumulation is not supported for manual optimization", "Trainer(accumulate_grad_batches) is rejected in manual optimization"),  # noqa: E501
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
+    # each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
     ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
@@ -203,8 +248,15 @@ CLAIMS = [
 ]
 # fmt: on
 
-record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+record = runner.run_example(
+    "plot_06_accumulation",
+    recipes,
+    RUNS,
+    CLAIMS,
+    probes=runner.with_checks(recipes, probes),
+)
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # Curves
@@ -214,20 +266,55 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # divided recipe with a 4 times larger learning rate (one line): at lr 0.05 this model profits from
 # larger steps. ``zero_grad`` every batch keeps a quarter of each window's gradient and trains slower.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5.0, sharey=True)
+fig, (left, right) = plotting.figure(
+    1, 2, 12, 5.0, sharey=True
+)
 plotting.describe(
     fig,
-    "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
-    "learning rate (lower loss at lr 0.05); zero_grad every batch trains slower",
+    "Manual accumulation equals automatic "
+    "accumulation; not dividing the loss "
+    "equals a 4 x larger "
+    "learning rate (lower loss at lr 0.05); "
+    "zero_grad every batch trains slower",
 )
-acc_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
-plotting.plot_loss_curves(left, record, acc_ids, "Automatic vs manual accumulation, N = 4")
-names = {"manual-fp32": "divided by 4", "no-division": "not divided", "manual-lr-x4": "divided, lr x 4"}
+acc_ids = [
+    "auto-fp32",
+    "manual-fp32",
+    "auto-bf16",
+    "manual-bf16",
+    "auto-fp16",
+    "manual-fp16",
+]
+plotting.plot_loss_curves(
+    left,
+    record,
+    acc_ids,
+    "Automatic vs manual accumulation, N = 4",
+)
+names = {
+    "manual-fp32": "divided by 4",
+    "no-division": "not divided",
+    "manual-lr-x4": "divided, lr x 4",
+}
 names["zero-grad"] = "zero_grad every batch"
-colors = {"no-division": "#D55E00", "zero-grad": "#CC79A7"}
-plotting.plot_loss_curves(right, record, list(names), "Accumulation mistakes, SGD lr 0.05, fp32", colors, names)
-plotting.save_figure(fig, record["example"], "curves")
+colors = {
+    "no-division": "#D55E00",
+    "zero-grad": "#CC79A7",
+}
+plotting.plot_loss_curves(
+    right,
+    record,
+    list(names),
+    "Accumulation mistakes, SGD lr 0.05, "
+    "fp32",
+    colors,
+    names,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # An lr of 0.5, and an overflow
@@ -238,25 +325,81 @@ plt.show()
 # micro-batch 21 (window 5) carries an infinite gradient. The scale stays constant inside every
 # window, the window with the overflow applies no update, and the scale halves once, at its ``opt.step()``.
 
-fig, (ax, windows) = plotting.figure(1, 2, 12, 4.1)
+fig, (ax, windows) = plotting.figure(
+    1, 2, 12, 4.1
+)
 plotting.describe(
     fig,
-    "At lr 0.5 the divided recipe trains and the undivided one diverges; the loss scale is constant "
-    "inside each window, and the window with the overflow is skipped",
+    "At lr 0.5 the divided recipe trains and "
+    "the undivided one diverges; the loss "
+    "scale is constant "
+    "inside each window, and the window "
+    "with the overflow is skipped",
 )
-names = {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"}
-plotting.plot_loss_curves(ax, record, list(names), "SGD lr 0.5, fp32", {"no-division-lr-0.5": "#D55E00"}, names)
+names = {
+    "manual-lr-0.5": "divided by 4",
+    "no-division-lr-0.5": "not divided",
+}
+plotting.plot_loss_curves(
+    ax,
+    record,
+    list(names),
+    "SGD lr 0.5, fp32",
+    {"no-division-lr-0.5": "#D55E00"},
+    names,
+)
 ax.set_yscale("log")
-run, shown = plotting.run_by_id(record, "overflow-fp16"), 40
-windows.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale")
-for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
-    windows.axvspan(w * N, (w + 1) * N, color="#999999" if moved else "#D55E00", alpha=0.06 if moved else 0.25)
-windows.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
-windows.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale at micro-batch start")
-windows.set_title("16-mixed, windows of 4 micro-batches (red: skipped)")
-windows.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="lower left")
-plotting.save_figure(fig, record["example"], "larger_lr_and_windows")
+run, shown = (
+    plotting.run_by_id(
+        record, "overflow-fp16"
+    ),
+    40,
+)
+windows.step(
+    range(shown),
+    run["loss_scale"][:shown],
+    where="post",
+    color="#009E73",
+    label="loss scale",
+)
+for w, moved in enumerate(
+    run["extra"]["window_moved"][: shown // N]
+):
+    windows.axvspan(
+        w * N,
+        (w + 1) * N,
+        color="#999999"
+        if moved
+        else "#D55E00",
+        alpha=0.06 if moved else 0.25,
+    )
+windows.axvline(
+    OVERFLOW_BATCH,
+    color="#D55E00",
+    linestyle=":",
+    label="overflowing micro-batch",
+)
+windows.set(
+    yscale="log",
+    xlabel="micro-batch (batch)",
+    ylabel="loss scale at micro-batch start",
+)
+windows.set_title(
+    "16-mixed, windows of 4 micro-batches "
+    "(red: skipped)"
+)
+windows.legend(
+    fontsize=plotting.LEGEND_SIZE,
+    frameon=False,
+    loc="lower left",
+)
+plotting.save_figure(
+    fig,
+    record["example"],
+    "larger_lr_and_windows",
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -268,6 +411,7 @@ plt.show()
 # nothing else is needed: the scale cannot change inside a window, and an overflow anywhere in it
 # skips the window as a whole. ``mpguide.checks.PitfallChecks()`` flags the ``zero_grad`` mistake (the
 # ``zero-grad`` run above); not dividing leaves no trace it sees: compare with automatic accumulation once.
+
 
 # %%
 # Evidence: the verdicts

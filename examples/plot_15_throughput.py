@@ -26,6 +26,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
   and what TF32 matmuls, a fused optimizer and ``torch.compile`` add to a manual loop.
 """
 
+
 # %%
 # A manual training step
 # ----------------------
@@ -44,7 +45,9 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_15_throughput")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_15_throughput"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
@@ -70,7 +73,11 @@ class TimedManual(DigitsClassifier):
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = TimedManual()
 trainer = pl.Trainer(
@@ -84,9 +91,17 @@ trainer = pl.Trainer(
     enable_model_summary=False,
 )
 started = time.perf_counter()
-trainer.fit(model, digits_loader(batch_size=64))
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
 elapsed = time.perf_counter() - started
-print(f"{trainer.global_step} optimizer steps in {elapsed:.2f} s: {trainer.global_step / elapsed:.0f} steps/s")
+print(
+    f"{trainer.global_step} optimizer steps "
+    f"in {elapsed:.2f} s: "
+    f"{trainer.global_step / elapsed:.0f} "
+    "steps/s"
+)
+
 
 # %%
 # Timing fairly
@@ -99,6 +114,7 @@ print(f"{trainer.global_step} optimizer steps in {elapsed:.2f} s: {trainer.globa
 # lies inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles
 # an edge: then the benchmark times another round, up to its cap, so noise costs rounds, not a wrong
 # verdict (:func:`mpguide.verify.claims.decide_paired`). On a GPU it waits until no other example uses it.
+
 
 # %%
 # Evidence: the runs and their claims
@@ -118,13 +134,15 @@ from mpguide.verify.show import plotting, report
 accelerator, preset = hardware.select_accelerator(), hardware.select_preset()
 size = throughput.SIZES[(accelerator, preset.name)]
 print(
-    f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} to {size.max_rounds} rounds per "
+    f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} to "
+    f"{size.max_rounds} rounds per "
     f"variant and precision, on {hardware.device_name(accelerator)}"
 )
 
 
 class CarriesTheBenchmark(Callback):
-    # and <variant>_steps_per_s, <variant>_samples_per_s (positive), <variant>_round_steps_per_s (list[positive])
+    # and <variant>_steps_per_s, <variant>_samples_per_s (positive),
+    # <variant>_round_steps_per_s (list[positive])
     # fmt: off
     measures = {"fp32_automatic_steps_per_s": "positive", "device_wait_s": "nonnegative", "peak_bf16_tflops": "positive", "automatic_tflops": "nonnegative"}  # noqa: E501
     # fmt: on
@@ -134,7 +152,8 @@ class CarriesTheBenchmark(Callback):
 
     def record_extra(self):
         timing = timings[self.trainer.precision_plugin.precision]
-        out = timing.rates()  # <variant>_steps_per_s and <variant>_samples_per_s, what the claims divide
+        # <variant>_steps_per_s and <variant>_samples_per_s, what the claims divide
+        out = timing.rates()
         out["fp32_automatic_steps_per_s"] = timings["32-true"].steps_per_s("automatic")
         out.update(
             benchmark=timing.summary(),
@@ -158,14 +177,17 @@ RUNS = [
     ("bench-fp16", "manual, carries the benchmark", "16-mixed", {"label": "16-mixed"}),
 ]
 CLAIMS = [
-    # On CPU: manual vs automatic in every precision; manual vs the plain loop where a step is long
-    # enough (fp32, 16-mixed) for Lightning's fixed per-step cost to stay small (see the tolerance).
+    # On CPU: manual vs automatic in every precision; manual vs the plain loop where a
+    # step is long
+    # enough (fp32, 16-mixed) for Lightning's fixed per-step cost to stay small (see the
+    # tolerance).
     ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU fp32: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
     ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU bf16-mixed: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
     ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
     ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu", "CPU fp32: manual as fast as a plain loop", {"only_on": "cpu"}),  # noqa: E501
     ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: manual as fast as a plain loop", {"only_on": "cpu"}),  # noqa: E501
-    # What PitfallChecks costs: the manual step with the check against the same step without it.
+    # What PitfallChecks costs: the manual step with the check against the same step
+    # without it.
     ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity-cpu", "CPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),  # noqa: E501
     ("rate_ratio", "bench-fp16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),  # noqa: E501
     ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity", "GPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cuda"}),  # noqa: E501
@@ -181,18 +203,26 @@ CLAIMS = [
 ]
 # fmt: on
 
-# Time rounds until every parity claim of this accelerator is decided (or the cap), then train and judge.
+# Time rounds until every parity claim of this accelerator is decided (or the cap), then
+# train and judge.
 started = time.perf_counter()
 timings = throughput.interleaved(
-    hardware.PRECISIONS, size, accelerator, until=throughput.claims_decided(RUNS, CLAIMS, accelerator)
+    hardware.PRECISIONS,
+    size,
+    accelerator,
+    until=throughput.claims_decided(RUNS, CLAIMS, accelerator),
 )
 print(
-    f"benchmark: {time.perf_counter() - started:.1f} s wall time, {len(timings['32-true'].seconds['manual'])} "
+    f"benchmark: {time.perf_counter() - started:.1f} s wall time, "
+    f"{len(timings['32-true'].seconds['manual'])} "
     f"rounds; timed steps per window: "
-    + ", ".join(f"{hardware.PRECISION_LABELS[p]} {t.size.steps}" for p, t in timings.items())
+    + ", ".join(
+        f"{hardware.PRECISION_LABELS[p]} {t.size.steps}" for p, t in timings.items()
+    )
 )
 peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
 record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS, probes=probes)
+
 
 # %%
 # Steps per second
@@ -205,29 +235,109 @@ import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 9, 4.6)
 plotting.describe(
-    fig, "Automatic and manual optimization run at the same speed; a plain loop wins where steps are very short"
+    fig,
+    "Automatic and manual optimization run "
+    "at the same speed; a plain loop wins "
+    "where steps are very short",
 )
-variants = [*throughput.VARIANTS, "manual, PitfallChecks", *(v for tuned in throughput.TUNED.values() for v in tuned)]
-colors = dict(zip(variants, ["#0072B2", "#D55E00", "#009E73", "#F0E442", "#CC79A7", "#E69F00", "#56B4E9", "#999999"]))
+variants = [
+    *throughput.VARIANTS,
+    "manual, PitfallChecks",
+    *(
+        v
+        for tuned in throughput.TUNED.values()
+        for v in tuned
+    ),
+]
+colors = dict(
+    zip(
+        variants,
+        [
+            "#0072B2",
+            "#D55E00",
+            "#009E73",
+            "#F0E442",
+            "#CC79A7",
+            "#E69F00",
+            "#56B4E9",
+            "#999999",
+        ],
+    )
+)
 labelled = set()
-for i, _precision in enumerate(hardware.PRECISIONS):
-    bench = plotting.run_by_id(record, RUNS[i][0])["extra"]["benchmark"]  # the variants timed here
+for i, _precision in enumerate(
+    hardware.PRECISIONS
+):
+    # the variants timed here
+    bench = plotting.run_by_id(
+        record, RUNS[i][0]
+    )["extra"]["benchmark"]
     width = 0.8 / len(bench)
-    for j, (variant, timed) in enumerate(bench.items()):
-        rates, median, x = timed["round_steps_per_s"], timed["steps_per_s"], i + (j - (len(bench) - 1) / 2) * width
-        label, whiskers = None if variant in labelled else variant, [[median - min(rates)], [max(rates) - median]]
-        ax.bar(x, median, width=width * 0.92, color=colors[variant], label=label, capsize=3, yerr=whiskers)
+    for j, (variant, timed) in enumerate(
+        bench.items()
+    ):
+        rates, median, x = (
+            timed["round_steps_per_s"],
+            timed["steps_per_s"],
+            i
+            + (j - (len(bench) - 1) / 2)
+            * width,
+        )
+        label, whiskers = (
+            None
+            if variant in labelled
+            else variant,
+            [
+                [median - min(rates)],
+                [max(rates) - median],
+            ],
+        )
+        ax.bar(
+            x,
+            median,
+            width=width * 0.92,
+            color=colors[variant],
+            label=label,
+            capsize=3,
+            yerr=whiskers,
+        )
         labelled.add(variant)
-ax.set_xticks(range(3), [hardware.PRECISION_LABELS[p] for p in hardware.PRECISIONS])
-clock = "GPU wall time" if accelerator == "cuda" else "CPU time, 1 thread"
+ax.set_xticks(
+    range(3),
+    [
+        hardware.PRECISION_LABELS[p]
+        for p in hardware.PRECISIONS
+    ],
+)
+clock = (
+    "GPU wall time"
+    if accelerator == "cuda"
+    else "CPU time, 1 thread"
+)
 ax.set(
     yscale="log",
-    ylabel=f"training steps per second\n(median; {clock})",
-    title=f"{size.layers} x Linear({size.width}), batch {size.batch}, {hardware.device_name(accelerator)}",
+    ylabel=(
+        "training steps per "
+        f"second\n(median; {clock})"
+    ),
+    title=(
+        f"{size.layers} x "
+        f"Linear({size.width}), batch "
+        f"{size.batch}, "
+        f"{hardware.device_name(accelerator)}"
+    ),
 )
-ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # constrained layout keeps it in view
-plotting.save_figure(fig, record["example"], "steps_per_s")
+# constrained layout keeps it in view
+ax.legend(
+    frameon=False,
+    loc="upper left",
+    bbox_to_anchor=(1.01, 1.0),
+)
+plotting.save_figure(
+    fig, record["example"], "steps_per_s"
+)
 plt.show()
+
 
 # %%
 # The numbers, and standard speed-ups
@@ -237,27 +347,60 @@ plt.show()
 # for bf16-mixed; each line says how far it moves the manual loop and what share of the bf16 peak it reaches.
 
 for run_id, _, precision, _ in RUNS:
-    bench = plotting.run_by_id(record, run_id)["extra"]["benchmark"]
+    bench = plotting.run_by_id(
+        record, run_id
+    )["extra"]["benchmark"]
     rates = [
-        f"{v} {bench[v]['steps_per_s']:.1f} steps/s ({bench[v]['samples_per_s']:.0f} samples/s)"
+        f"{v} {bench[v]['steps_per_s']:.1f} "
+        "steps/s "
+        f"({bench[v]['samples_per_s']:.0f} "
+        "samples/s)"
         for v in throughput.VARIANTS
     ]
-    print(f"{hardware.PRECISION_LABELS[precision]:>10}: " + ", ".join(rates))
-    for variant in (v for v in throughput.TUNED[precision] if v in bench):
-        gain = bench[variant]["steps_per_s"] / bench["manual"]["steps_per_s"]
-        share = f", {bench[variant]['tflops'] / peak:.0%} of the bf16 peak" if peak else ""
+    print(
+        f"{hardware.PRECISION_LABELS[precision]:>10}: "
+        + ", ".join(rates)
+    )
+    for variant in (
+        v
+        for v in throughput.TUNED[precision]
+        if v in bench
+    ):
+        gain = (
+            bench[variant]["steps_per_s"]
+            / bench["manual"]["steps_per_s"]
+        )
+        share = (
+            ", "
+            f"{bench[variant]['tflops'] / peak:.0%} of the bf16 peak"
+            if peak
+            else ""
+        )
         print(
             f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
-            f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}"
+            f"steps/s, x{gain:.2f} the "
+            "manual loop, "
+            f"{bench[variant]['tflops']:.1f} "
+            f"TFLOP/s{share}"
         )
 if peak is not None:
-    bf16 = plotting.run_by_id(record, "bench-bf16")["extra"]
+    bf16 = plotting.run_by_id(
+        record, "bench-bf16"
+    )["extra"]
     print(
-        f"bf16-mixed automatic: {bf16['automatic_tflops']:.0f} TFLOP/s of a measured {peak:.0f} TFLOP/s bf16 "
-        f"matmul peak ({bf16['automatic_tflops'] / peak:.0%})"
+        "bf16-mixed automatic: "
+        f"{bf16['automatic_tflops']:.0f} "
+        f"TFLOP/s of a measured {peak:.0f} "
+        "TFLOP/s bf16 "
+        "matmul peak "
+        f"({bf16['automatic_tflops'] / peak:.0%})"
     )
 if not size.tuned:
-    print(f"not timed on {hardware.device_name(accelerator)}: the speed-ups are measured on a GPU only")
+    print(
+        "not timed on "
+        f"{hardware.device_name(accelerator)}: the speed-ups are measured on a GPU only"
+    )
+
 
 # %%
 # Conclusion
@@ -266,6 +409,7 @@ if not size.tuned:
 # manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step
 # bookkeeping of either Lightning loop is small next to a real model's step. What changes speed is
 # the precision, on hardware built for it, and on a GPU the speed-ups measured above.
+
 
 # %%
 # Evidence: the verdicts
