@@ -393,7 +393,8 @@ def test_the_fabric_loop_of_the_guide_is_plot_14s():
     assert len(body) == 9
     # layout aside (the example is formatted for its page, the guide for its own): no whitespace, no magic commas
     flat = "".join(recipe.split()).replace(",)", ")")
-    assert all("".join(line.split()).replace(",)", ")") in flat for line in body), [line for line in body if line not in recipe]
+    missing = [line for line in body if "".join(line.split()).replace(",)", ")") not in flat]
+    assert not missing, missing
     assert 'precision="32-true"' in code and "GradScaler(dev)" in code and "GradScaler(fabric.device.type)" in flat
 
 

@@ -43,7 +43,8 @@ def build_line(prefix: str = "") -> str:
     span = min(dates) if len(dates) == 1 else f"{min(dates)} to {max(dates)}"
     return (
         f"**{held} of {judged} checks hold** in {len(names)} examples ({runs} training runs, "
-        f"{', '.join(sorted(where))}, {span}). Per example: <a href="{prefix}verification.html#verification-build">verification</a>."
+        f"{', '.join(sorted(where))}, {span}). Per example: "
+        f'<a href="{prefix}verification.html#verification-build">verification</a>.'
     )
 
 
