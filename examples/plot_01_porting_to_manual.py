@@ -290,7 +290,6 @@ recipes = {
     "scheduler every batch": SchedulerEveryBatch,
     "teacher update in hook": TeacherUpdateInHook,
 }
-# fmt: off
 RUNS = [
     # run id, recipe, precision, options
     ("auto-fp32", "automatic", "32-true", {"label": "automatic, 32-true"}),
@@ -299,22 +298,96 @@ RUNS = [
     ("manual-fp32", "manual port", "32-true", {"label": "manual port, 32-true"}),
     ("manual-bf16", "manual port", "bf16-mixed", {"label": "manual port, bf16-mixed"}),
     ("manual-fp16", "manual port", "16-mixed", {"label": "manual port, 16-mixed"}),
-    ("sched-fp32", "scheduler every batch", "32-true", {"label": "scheduler every batch, 32-true"}),
-    ("sched-bf16", "scheduler every batch", "bf16-mixed", {"label": "scheduler every batch, bf16-mixed"}),
-    ("teacher-fp32", "teacher update in hook", "32-true", {"label": "teacher update in hook, 32-true"}),
-    ("teacher-bf16", "teacher update in hook", "bf16-mixed", {"label": "teacher update in hook, bf16-mixed"}),
+    (
+        "sched-fp32",
+        "scheduler every batch",
+        "32-true",
+        {"label": "scheduler every batch, 32-true"},
+    ),
+    (
+        "sched-bf16",
+        "scheduler every batch",
+        "bf16-mixed",
+        {"label": "scheduler every batch, bf16-mixed"},
+    ),
+    (
+        "teacher-fp32",
+        "teacher update in hook",
+        "32-true",
+        {"label": "teacher update in hook, 32-true"},
+    ),
+    (
+        "teacher-bf16",
+        "teacher update in hook",
+        "bf16-mixed",
+        {"label": "teacher update in hook, bf16-mixed"},
+    ),
 ]
 CLAIMS = [
     # kind, runs..., parameters, title (the matrix compares by title), options
-    ("match", "manual-fp32", "auto-fp32", "same-precision", "manual port = automatic (fp32)"),
-    ("match", "manual-bf16", "auto-bf16", "same-precision", "manual port = automatic (bf16)"),
-    ("match", "manual-fp16", "auto-fp16", "same-precision", "manual port = automatic (fp16)"),
-    ("match", "auto-bf16", "auto-fp32", "mixed-vs-fp32", "automatic bf16 = automatic fp32"),
-    ("match", "auto-fp16", "auto-fp32", "mixed-vs-fp32", "automatic fp16 = automatic fp32"),
-    ("diverge", "sched-fp32", "auto-fp32", "pitfall-gap", "scheduler every batch diverges (fp32)"),
-    ("diverge", "sched-bf16", "auto-bf16", "pitfall-gap", "scheduler every batch diverges (bf16)"),
-    ("diverge", "teacher-fp32", "auto-fp32", "pitfall-gap", "teacher update in hook diverges (fp32)"),
-    ("diverge", "teacher-bf16", "auto-bf16", "pitfall-gap", "teacher update in hook diverges (bf16)"),
+    (
+        "match",
+        "manual-fp32",
+        "auto-fp32",
+        "same-precision",
+        "manual port = automatic (fp32)",
+    ),
+    (
+        "match",
+        "manual-bf16",
+        "auto-bf16",
+        "same-precision",
+        "manual port = automatic (bf16)",
+    ),
+    (
+        "match",
+        "manual-fp16",
+        "auto-fp16",
+        "same-precision",
+        "manual port = automatic (fp16)",
+    ),
+    (
+        "match",
+        "auto-bf16",
+        "auto-fp32",
+        "mixed-vs-fp32",
+        "automatic bf16 = automatic fp32",
+    ),
+    (
+        "match",
+        "auto-fp16",
+        "auto-fp32",
+        "mixed-vs-fp32",
+        "automatic fp16 = automatic fp32",
+    ),
+    (
+        "diverge",
+        "sched-fp32",
+        "auto-fp32",
+        "pitfall-gap",
+        "scheduler every batch diverges (fp32)",
+    ),
+    (
+        "diverge",
+        "sched-bf16",
+        "auto-bf16",
+        "pitfall-gap",
+        "scheduler every batch diverges (bf16)",
+    ),
+    (
+        "diverge",
+        "teacher-fp32",
+        "auto-fp32",
+        "pitfall-gap",
+        "teacher update in hook diverges (fp32)",
+    ),
+    (
+        "diverge",
+        "teacher-bf16",
+        "auto-bf16",
+        "pitfall-gap",
+        "teacher update in hook diverges (bf16)",
+    ),
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
     ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
@@ -324,7 +397,6 @@ CLAIMS = [
     ("flags", "teacher-fp32", "porting", "PitfallChecks flags teacher-fp32: porting"),
     ("flags", "teacher-bf16", "porting", "PitfallChecks flags teacher-bf16: porting"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_01_porting_to_manual",

@@ -20,8 +20,9 @@ line is cut at spaces into adjacent literals (Python joins them), in pieces of a
 characters. A code line still longer than its cell's width (docstrings, a string deep in a block) is
 reported (file, line, cell, width), and fails ``--check --max-line N`` when longer than N; the leading comment
 block of a cell (rendered as prose, not code) and the lines between ``sphinx_gallery_start_ignore`` and
-``..._end_ignore`` (hidden from the page) are not counted. ``# fmt: off`` regions stay as written (the
-Evidence cells' one-row-per-line tables: their fold wraps long lines, ``docs/_static/mpguide.css``).
+``..._end_ignore`` (hidden from the page) are not counted. ``# fmt: off``/``# fmt: on`` and E501 noqa
+comments go first (:func:`drop_layout_pragmas`): a table kept at one row per line is wider than the page, and
+code blocks scroll rather than wrap (wrapped Python loses its indentation).
 
 ``python -m mpguide_build.gallery_format [--check [--max-line N]] examples/*.py``: rewrite the files (or, with
 ``--check``, exit 1 and name each file that would change; with ``--max-line``, also each line longer than N).
@@ -233,10 +234,26 @@ def split_strings(code: str, width: int) -> str:
     return "\n".join(result) + "\n"
 
 
+#: Comments that only held a layout the page cannot show: ``# fmt: off``/``on`` (one table row per line, wider
+#: than the page) and a noqa comment for E501 alone (a line over the repository's 120 columns), both removed
+#: before ruff runs (a noqa naming other rules stays).
+_LAYOUT_PRAGMA = re.compile(r"^\s*# fmt: (off|on)\s*$|\s*# noqa: E501\s*(\(.*\))?\s*$")
+
+
+def drop_layout_pragmas(code: str) -> str:
+    """``code`` without :data:`_LAYOUT_PRAGMA` comments (a line that held only one of them goes)."""
+    out = []
+    for line in code.splitlines():
+        stripped = _LAYOUT_PRAGMA.sub("", line)
+        if stripped.strip() or not line.strip():
+            out.append(stripped.rstrip())
+    return "\n".join(out) + "\n"
+
+
 def format_cell(code: str, width: int, root: Path) -> str:
     """One cell: ruff at ``width``, long comments rewrapped (:func:`wrap_comments`), ruff again until stable."""
     # trailing comments move above their line before ruff lays the line out (and attaches them elsewhere)
-    text = format_code(wrap_comments(code if code.endswith("\n") else code + "\n", width), width, root)
+    text = format_code(wrap_comments(drop_layout_pragmas(code), width), width, root)
     for _ in range(3):
         again = format_code(split_strings(wrap_comments(text + "\n", width), width), width, root)
         if again == text:
