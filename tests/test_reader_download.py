@@ -193,7 +193,7 @@ class Cut(LightningModule):  # optimizer 1's loss reaches none of its parameters
 
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8)
 checks = PitfallChecks()
-Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, callbacks=[checks],
         enable_model_summary=False).fit(Cut(), data)
 print("lightning", lightning.__version__)
 print("sections", sorted({f.section for f in checks.findings}))
