@@ -293,11 +293,31 @@ recipes = {
 RUNS = [
     # run id, recipe, precision, options
     ("auto-fp32", "automatic", "32-true", {"label": "automatic, 32-true"}),
-    ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
+    (
+        "auto-bf16",
+        "automatic",
+        "bf16-mixed",
+        {"label": "automatic, bf16-mixed"},
+    ),
     ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
-    ("manual-fp32", "manual port", "32-true", {"label": "manual port, 32-true"}),
-    ("manual-bf16", "manual port", "bf16-mixed", {"label": "manual port, bf16-mixed"}),
-    ("manual-fp16", "manual port", "16-mixed", {"label": "manual port, 16-mixed"}),
+    (
+        "manual-fp32",
+        "manual port",
+        "32-true",
+        {"label": "manual port, 32-true"},
+    ),
+    (
+        "manual-bf16",
+        "manual port",
+        "bf16-mixed",
+        {"label": "manual port, bf16-mixed"},
+    ),
+    (
+        "manual-fp16",
+        "manual port",
+        "16-mixed",
+        {"label": "manual port, 16-mixed"},
+    ),
     (
         "sched-fp32",
         "scheduler every batch",
@@ -324,7 +344,8 @@ RUNS = [
     ),
 ]
 CLAIMS = [
-    # kind, runs..., parameters, title (the matrix compares by title), options
+    # kind, runs..., parameters, title (the matrix compares by title),
+    # options
     (
         "match",
         "manual-fp32",
@@ -394,8 +415,18 @@ CLAIMS = [
     ("clean", "manual-fp32", "PitfallChecks: manual-fp32 has no finding"),
     ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
     ("clean", "manual-fp16", "PitfallChecks: manual-fp16 has no finding"),
-    ("flags", "teacher-fp32", "porting", "PitfallChecks flags teacher-fp32: porting"),
-    ("flags", "teacher-bf16", "porting", "PitfallChecks flags teacher-bf16: porting"),
+    (
+        "flags",
+        "teacher-fp32",
+        "porting",
+        "PitfallChecks flags teacher-fp32: porting",
+    ),
+    (
+        "flags",
+        "teacher-bf16",
+        "porting",
+        "PitfallChecks flags teacher-bf16: porting",
+    ),
 ]
 
 record = runner.run_example(
@@ -403,8 +434,10 @@ record = runner.run_example(
     recipes,
     RUNS,
     CLAIMS,
-    probes=runner.with_checks(recipes),  # PitfallChecks on every run (mpguide.checks)
-    progress=lambda line: line.startswith("  [") or print(line),  # not one line per run
+    # PitfallChecks on every run (mpguide.checks)
+    probes=runner.with_checks(recipes),
+    # not one line per run
+    progress=lambda line: line.startswith("  [") or print(line),
 )
 
 

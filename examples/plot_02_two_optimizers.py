@@ -310,8 +310,13 @@ class GeneratorAndWeights(Callback):
         )
 
     def record_extra(self):
-        changed = parameter_digest(self.module.generator) != self.initial_generator
-        return {"generator_changed": changed, "weights": parameter_digest(self.module)}
+        changed = (
+            parameter_digest(self.module.generator) != self.initial_generator
+        )
+        return {
+            "generator_changed": changed,
+            "weights": parameter_digest(self.module),
+        }
 
 
 class WindowFactors(Callback):
@@ -325,7 +330,8 @@ class WindowFactors(Callback):
     def __init__(self):
         # per window: the weight of each generator micro-batch in the step
         self.window_factors = []
-        # per generator backward of the current window: (loss scale, {param: gradient})
+        # per generator backward of the current window: (loss scale, {param:
+        # gradient})
         self.pieces = []
 
     def setup(self, trainer, pl_module, stage):
@@ -350,7 +356,9 @@ class WindowFactors(Callback):
         # the generator's step, its gradients unscaled
         if optimizer is trainer.optimizers[1]:
             params = list(self.module.generator.parameters())
-            total = torch.cat([p.grad.detach().double().flatten() for p in params])
+            total = torch.cat(
+                [p.grad.detach().double().flatten() for p in params]
+            )
             parts = [
                 torch.cat([got[p].flatten() / scale for p in params])
                 for scale, got in self.pieces
@@ -362,7 +370,10 @@ class WindowFactors(Callback):
             self.pieces = []
 
     def record_extra(self):
-        window, overflow_batch = self.module.window, self.module.overflow_batch
+        window, overflow_batch = (
+            self.module.window,
+            self.module.overflow_batch,
+        )
         forced = self.window_factors[overflow_batch // window]
         others = [
             f
@@ -371,7 +382,9 @@ class WindowFactors(Callback):
         ]
         return {
             "forced_window_factors": forced,
-            "other_windows_constant": all(f == [1.0] * window for f in others),
+            "other_windows_constant": all(
+                f == [1.0] * window for f in others
+            ),
         }
 
 
@@ -386,12 +399,32 @@ probes = {name: [GeneratorAndWeights] for name in recipes}
 probes["windowed, D overflow"].append(WindowFactors)
 RUNS = [
     ("healthy-fp32", "healthy", "32-true", {"label": "healthy, 32-true"}),
-    ("healthy-bf16", "healthy", "bf16-mixed", {"label": "healthy, bf16-mixed"}),
+    (
+        "healthy-bf16",
+        "healthy",
+        "bf16-mixed",
+        {"label": "healthy, bf16-mixed"},
+    ),
     ("healthy-fp16", "healthy", "16-mixed", {"label": "healthy, 16-mixed"}),
-    ("window-fp32", "windowed", "32-true", {"label": "every 2nd batch, 32-true"}),
-    ("window-fp16", "windowed", "16-mixed", {"label": "every 2nd batch, 16-mixed"}),
+    (
+        "window-fp32",
+        "windowed",
+        "32-true",
+        {"label": "every 2nd batch, 32-true"},
+    ),
+    (
+        "window-fp16",
+        "windowed",
+        "16-mixed",
+        {"label": "every 2nd batch, 16-mixed"},
+    ),
     ("bug-fp32", "detached once", "32-true", {"label": "bug, 32-true"}),
-    ("bug-bf16", "detached once", "bf16-mixed", {"label": "bug, bf16-mixed"}),
+    (
+        "bug-bf16",
+        "detached once",
+        "bf16-mixed",
+        {"label": "bug, bf16-mixed"},
+    ),
     ("bug-fp16", "detached once", "16-mixed", {"label": "bug, 16-mixed"}),
     (
         "bug-fp32-plugin",
@@ -403,13 +436,19 @@ RUNS = [
         "bug-bf16-plugin",
         "detached once",
         "bf16-mixed",
-        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"},
+        {
+            "plugin": "ManualMixedPrecision",
+            "label": "bug + plugin, bf16-mixed",
+        },
     ),
     (
         "bug-fp16-plugin",
         "detached once",
         "16-mixed",
-        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"},
+        {
+            "plugin": "ManualMixedPrecision",
+            "label": "bug + plugin, 16-mixed",
+        },
     ),
     (
         "window-fp16-overflow",
@@ -524,7 +563,8 @@ CLAIMS = [
         "window-fp16-overflow",
         "forced_window_factors",
         [2.0, 1.0],
-        "two optimizers: a D overflow inside G's window doubles G's first micro-batch",
+        "two optimizers: a D overflow inside G's window doubles G's first "
+        "micro-batch",
     ),
     (
         "expect",
@@ -538,7 +578,8 @@ CLAIMS = [
         "window-fp16-overflow-plugin",
         "forced_window_factors",
         [1.0, 1.0],
-        "plugin: G's held micro-batch is brought to the new scale, both count once",
+        "plugin: G's held micro-batch is brought to the new scale, both "
+        "count once",
     ),
     ("clean", "healthy-fp32", "PitfallChecks: healthy-fp32 has no finding"),
     ("clean", "healthy-bf16", "PitfallChecks: healthy-bf16 has no finding"),
@@ -598,7 +639,12 @@ CLAIMS = [
 checked = runner.with_checks(recipes, probes)
 brief = lambda line: line.startswith("  [") or print(line)  # noqa: E731 (the page prints no line per run)
 record = runner.run_example(
-    "plot_02_two_optimizers", recipes, RUNS, CLAIMS, probes=checked, progress=brief
+    "plot_02_two_optimizers",
+    recipes,
+    RUNS,
+    CLAIMS,
+    probes=checked,
+    progress=brief,
 )
 
 

@@ -220,7 +220,9 @@ class HeadUpdate(Callback):
 
     def on_after_backward(self, trainer, pl_module):
         weight = pl_module.head.weight
-        self.true_grad = weight.grad.detach().clone() / self.scale_of_backward
+        self.true_grad = (
+            weight.grad.detach().clone() / self.scale_of_backward
+        )
         self.before = weight.detach().clone()
         self.finite = all(
             torch.isfinite(p.grad).all() for p in pl_module.head.parameters()
@@ -231,12 +233,20 @@ class HeadUpdate(Callback):
         if optimizer is trainer.optimizers[1]:
             self.scale_of_head_step = steps.loss_scale(trainer) or 1.0
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx
+    ):
         moved = (self.before - pl_module.head.weight.detach()).norm()
         if self.finite:
-            self.factors.append(float(moved / (pl_module.lr * self.true_grad.norm())))
-            self.predicted.append(self.scale_of_backward / self.scale_of_head_step)
-        else:  # a head gradient (weight or bias) overflowed: GradScaler skips the step
+            self.factors.append(
+                float(moved / (pl_module.lr * self.true_grad.norm()))
+            )
+            self.predicted.append(
+                self.scale_of_backward / self.scale_of_head_step
+            )
+        # a head gradient (weight or bias) overflowed: GradScaler skips the
+        # step
+        else:
             self.factors.append(float(moved))
             self.predicted.append(0.0)
 
@@ -261,12 +271,20 @@ PLUGINS = {
 RUNS = [
     # run id              recipe       precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
-    ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Lightning's plugin"}),
+    (
+        "fp16-stock",
+        "body+head",
+        "16-mixed",
+        {"label": "16-mixed, Lightning's plugin"},
+    ),
     (
         "fp16-plugin",
         "body+head",
         "16-mixed",
-        {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"},
+        {
+            "plugin": "ManualMixedPrecision",
+            "label": "16-mixed, ManualMixedPrecision",
+        },
     ),
     (
         "fp16-growth-stock",
@@ -295,7 +313,8 @@ CLAIMS = [
         "head_update_factor",
         "predicted_factor",
         "update-ratio",
-        "stock: head update = fp32 update x (scale of backward / scale at head step)",
+        "stock: head update = fp32 update x (scale of backward / scale at "
+        "head step)",
     ),
     (
         "expect",
@@ -336,7 +355,8 @@ CLAIMS = [
         "head_update_factor",
         "predicted_factor",
         "update-ratio",
-        "plugin, growth: = fp32 update, or no update where the head overflowed",
+        "plugin, growth: = fp32 update, or no update where the head "
+        "overflowed",
     ),
     (
         "expect",
@@ -352,11 +372,15 @@ CLAIMS = [
         "mixed-vs-fp32",
         "plugin: 16-mixed loss = fp32 loss",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("clean", "fp16-plugin", "PitfallChecks: fp16-plugin has no finding"),
-    ("clean", "fp16-growth-plugin", "PitfallChecks: fp16-growth-plugin has no finding"),
+    (
+        "clean",
+        "fp16-growth-plugin",
+        "PitfallChecks: fp16-growth-plugin has no finding",
+    ),
     (
         "flags",
         "fp16-stock",
@@ -374,9 +398,15 @@ CLAIMS = [
 recipes = {"body+head": BodyAndHead}
 probes = runner.with_checks(recipes, {"body+head": [HeadUpdate]})
 record = runner.run_example(
-    "plot_03_shared_backward", recipes, RUNS, CLAIMS, plugins=PLUGINS, probes=probes
+    "plot_03_shared_backward",
+    recipes,
+    RUNS,
+    CLAIMS,
+    plugins=PLUGINS,
+    probes=probes,
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

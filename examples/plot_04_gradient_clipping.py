@@ -307,24 +307,33 @@ from mpguide.verify.show import plotting, report
 
 
 class ClipProbe(Callback):
-    measures = {"seen_norm": "list[nonnegative]", "update_norm": "list[nonnegative]"}
+    measures = {
+        "seen_norm": "list[nonnegative]",
+        "update_norm": "list[nonnegative]",
+    }
 
     def setup(self, trainer, pl_module, stage):
         self.seen, self.updates, self.before = [], [], None
         clip_gradients = pl_module.clip_gradients
 
         def recorded_clip_gradients(optimizer, *args, **kwargs):
-            self.seen.append(pl_module.gradient_norm())  # what the clip is about to see
+            # what the clip is about to see
+            self.seen.append(pl_module.gradient_norm())
             return clip_gradients(optimizer, *args, **kwargs)
 
-        pl_module.clip_gradients = recorded_clip_gradients  # this instance only
+        # this instance only
+        pl_module.clip_gradients = recorded_clip_gradients
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.before = pl_module.weights()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx
+    ):
         if self.before is not None:
-            self.updates.append(float((pl_module.weights() - self.before).norm()))
+            self.updates.append(
+                float((pl_module.weights() - self.before).norm())
+            )
             self.before = None
 
     def record_extra(self):
@@ -355,14 +364,19 @@ class HookNorms(Callback):
         steps = zip(self.after_backward, self.before_step, self.scales)
         steps = [(a, b, s) for a, b, s in steps if math.isfinite(a + b)]
 
-        def every(ratio):  # the ratio holds on every step with finite gradients, to 1 %
+        # the ratio holds on every step with finite gradients, to 1 %
+        def every(ratio):
             return bool(steps) and all(
                 abs(ratio(a, b, s) - 1) < 1e-2 for a, b, s in steps
             )
 
         return {
-            "after_backward_is_scale_x_before_step": every(lambda a, b, s: a / (s * b)),
-            "before_step_equals_after_backward": every(lambda a, b, s: b / a),
+            "after_backward_is_scale_x_before_step": every(
+                lambda a, b, s: a / (s * b)
+            ),
+            "before_step_equals_after_backward": every(
+                lambda a, b, s: b / a
+            ),
             "finite_steps": len(steps),
         }
 
@@ -377,7 +391,8 @@ class GANClipProbe(Callback):
         "raw_comparison_once_per_batch": "bool",
         "d_clipped": "bool",
         "g_clipped": "bool",
-        # d_norm_max: None when no discriminator step had finite gradients
+        # d_norm_max: None when no discriminator step had finite
+        # gradients
         "d_norm_max": "nonnegative",
     }
 
@@ -395,13 +410,23 @@ class GANClipProbe(Callback):
         self.wrapper_hits += optimizer is wrapped_d
         self.raw_hits += optimizer is wrapped_d.optimizer
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        for key, part in (("g", pl_module.generator), ("d", pl_module.discriminator)):
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx
+    ):
+        for key, part in (
+            ("g", pl_module.generator),
+            ("d", pl_module.discriminator),
+        ):
             grads = [
-                p.grad.float().norm() for p in part.parameters() if p.grad is not None
+                p.grad.float().norm()
+                for p in part.parameters()
+                if p.grad is not None
             ]
-            norm = float(torch.stack(grads).norm()) if grads else float("nan")
-            if math.isfinite(norm):  # a step GradScaler skipped has inf/NaN gradients
+            norm = (
+                float(torch.stack(grads).norm()) if grads else float("nan")
+            )
+            # a step GradScaler skipped has inf/NaN gradients
+            if math.isfinite(norm):
                 self.norms[key].append(norm)
 
     def record_extra(self):
@@ -420,7 +445,10 @@ class GANClipProbe(Callback):
         }
 
 
-sgd, adamw = {"optimizer": "sgd", "lr": 0.05}, {"optimizer": "adamw", "lr": 3e-3}
+sgd, adamw = (
+    {"optimizer": "sgd", "lr": 0.05},
+    {"optimizer": "adamw", "lr": 3e-3},
+)
 fused = {"optimizer": "adamw-fused", "lr": 3e-3}
 recipes = {
     "clip before step, SGD": functools.partial(ClipBeforeStep, **sgd),
@@ -438,12 +466,19 @@ recipes = {
     "GAN, clip D, compare with .optimizer": GANClipFixed,
 }
 probes = {
-    name: [ClipProbe] for name in recipes if not name.startswith(("no clipping", "GAN"))
+    name: [ClipProbe]
+    for name in recipes
+    if not name.startswith(("no clipping", "GAN"))
 }
 probes.update(
-    {name: [HookNorms] for name in ("no clipping, AdamW", "no clipping, fused AdamW")}
+    {
+        name: [HookNorms]
+        for name in ("no clipping, AdamW", "no clipping, fused AdamW")
+    }
 )
-probes.update({name: [GANClipProbe] for name in recipes if name.startswith("GAN")})
+probes.update(
+    {name: [GANClipProbe] for name in recipes if name.startswith("GAN")}
+)
 RUNS = [
     # run id          recipe                        precision     options
     (
@@ -578,13 +613,15 @@ CLAIMS = [
         "fused-bf16",
         "RuntimeError",
         "does not allow for gradient clipping",
-        "a fused optimizer cannot be clipped under mixed precision (bf16 too)",
+        "a fused optimizer cannot be clipped under mixed precision (bf16 "
+        "too)",
     ),
     (
         "raises",
         "trainer-flag",
         "MisconfigurationException",
-        "Automatic gradient clipping is not supported for manual optimization",
+        "Automatic gradient clipping is not supported for manual "
+        "optimization",
         "Trainer(gradient_clip_val) is rejected in manual optimization",
     ),
     (
@@ -594,18 +631,46 @@ CLAIMS = [
         [],
         "manual optimization never calls configure_gradient_clipping",
     ),
-    # the hook-norm and GAN runs are printed below; tests/test_round4_facts.py and
-    # test_guide_page.py hold their facts
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # the hook-norm and GAN runs are printed below;
+    # tests/test_round4_facts.py and test_guide_page.py hold their facts
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "sgd-fp32", "PitfallChecks: sgd-fp32 has no finding"),
-    ("clean", "sgd-fp16-hook", "PitfallChecks: sgd-fp16-hook has no finding"),
-    ("clean", "sgd-fp16-plugin", "PitfallChecks: sgd-fp16-plugin has no finding"),
+    (
+        "clean",
+        "sgd-fp16-hook",
+        "PitfallChecks: sgd-fp16-hook has no finding",
+    ),
+    (
+        "clean",
+        "sgd-fp16-plugin",
+        "PitfallChecks: sgd-fp16-plugin has no finding",
+    ),
     ("clean", "adamw-fp32", "PitfallChecks: adamw-fp32 has no finding"),
-    ("flags", "sgd-fp16", "clipping", "PitfallChecks flags sgd-fp16: clipping"),
-    ("flags", "adamw-fp16", "clipping", "PitfallChecks flags adamw-fp16: clipping"),
-    ("flags", "fused-bf16", "clipping", "PitfallChecks flags fused-bf16: clipping"),
-    ("flags", "unscale-fp16", "clipping", "PitfallChecks flags unscale-fp16: clipping"),
+    (
+        "flags",
+        "sgd-fp16",
+        "clipping",
+        "PitfallChecks flags sgd-fp16: clipping",
+    ),
+    (
+        "flags",
+        "adamw-fp16",
+        "clipping",
+        "PitfallChecks flags adamw-fp16: clipping",
+    ),
+    (
+        "flags",
+        "fused-bf16",
+        "clipping",
+        "PitfallChecks flags fused-bf16: clipping",
+    ),
+    (
+        "flags",
+        "unscale-fp16",
+        "clipping",
+        "PitfallChecks flags unscale-fp16: clipping",
+    ),
     (
         "flags",
         "configure-hook-fp16",
@@ -613,17 +678,26 @@ CLAIMS = [
         "PitfallChecks flags configure-hook-fp16: porting",
     ),
     ("clean", "norms-fp16", "PitfallChecks: norms-fp16 has no finding"),
-    ("clean", "norms-fused-fp16", "PitfallChecks: norms-fused-fp16 has no finding"),
-    # gan-trap-fp16 is not declared: a clip that the reader's own condition never
-    # reaches is invisible from outside
-    ("clean", "gan-fixed-fp16", "PitfallChecks: gan-fixed-fp16 has no finding"),
+    (
+        "clean",
+        "norms-fused-fp16",
+        "PitfallChecks: norms-fused-fp16 has no finding",
+    ),
+    # gan-trap-fp16 is not declared: a clip that the reader's own condition
+    # never reaches is invisible from outside
+    (
+        "clean",
+        "gan-fixed-fp16",
+        "PitfallChecks: gan-fixed-fp16 has no finding",
+    ),
 ]
 
 probes = runner.with_checks(recipes, probes)
 record = runner.run_example(
     "plot_04_gradient_clipping", recipes, RUNS, CLAIMS, probes=probes
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

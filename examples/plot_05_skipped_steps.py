@@ -205,7 +205,8 @@ class AppliedLearningRates(Callback):
     }
 
     def __init__(self):
-        self.applied_lrs = []  # learning rate of every update that was really applied
+        # learning rate of every update that was really applied
+        self.applied_lrs = []
         self.skipped, self.lr, self.scale, self.trainer = 0, None, None, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -213,7 +214,9 @@ class AppliedLearningRates(Callback):
         self.lr = trainer.optimizers[0].param_groups[0]["lr"]
         self.scale = steps.loss_scale(trainer)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx
+    ):
         if self.scale is None or steps.loss_scale(trainer) >= self.scale:
             self.applied_lrs.append(self.lr)
         else:
@@ -221,7 +224,9 @@ class AppliedLearningRates(Callback):
 
     def record_extra(self):
         return {
-            "first_applied_lr": self.applied_lrs[0] if self.applied_lrs else None,
+            "first_applied_lr": self.applied_lrs[0]
+            if self.applied_lrs
+            else None,
             "first_applied_lr_is_base": bool(self.applied_lrs)
             and self.applied_lrs[0] == BASE_LR,
             "skipped_steps": self.skipped,
@@ -258,7 +263,8 @@ recipes = {
     "step in on_train_batch_end": StepInBatchEndHook,
 }
 probes = {
-    name: [AppliedLearningRates] for name in ("scheduler every batch", "skip-aware")
+    name: [AppliedLearningRates]
+    for name in ("scheduler every batch", "skip-aware")
 }
 probes["step in on_train_batch_end"] = [OptimizerStepCalls]
 RUNS = [
@@ -353,15 +359,24 @@ CLAIMS = [
         "hook-fp32",
         "step-fp32",
         "final_weights",
-        "opt.step() in on_train_batch_end: the same weights as from training_step, "
-        "bitwise",
+        "opt.step() in on_train_batch_end: the same weights as from "
+        "training_step, bitwise",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
-    ("clean", "fp16-skip-aware", "PitfallChecks: fp16-skip-aware has no finding"),
+    (
+        "clean",
+        "fp16-skip-aware",
+        "PitfallChecks: fp16-skip-aware has no finding",
+    ),
     ("clean", "step-fp32", "PitfallChecks: step-fp32 has no finding"),
-    ("flags", "fp16-naive", "schedulers", "PitfallChecks flags fp16-naive: schedulers"),
+    (
+        "flags",
+        "fp16-naive",
+        "schedulers",
+        "PitfallChecks flags fp16-naive: schedulers",
+    ),
     (
         "flags",
         "hook-fp32",
@@ -377,7 +392,8 @@ record = runner.run_example(
     CLAIMS,
     probes=runner.with_checks(recipes, probes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

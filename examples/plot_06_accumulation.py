@@ -174,20 +174,32 @@ class WindowProbe(Callback):
             self.start = pl_module.weights()
         self.scales.append(steps.loss_scale(trainer))
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx
+    ):
         if (batch_idx + 1) % N == 0:
-            self.window_moved.append(bool((pl_module.weights() != self.start).any()))
+            self.window_moved.append(
+                bool((pl_module.weights() != self.start).any())
+            )
 
     def record_extra(self):
-        windows = [self.scales[i : i + N] for i in range(0, len(self.scales), N)]
+        windows = [
+            self.scales[i : i + N] for i in range(0, len(self.scales), N)
+        ]
         return {
             "window_moved": self.window_moved,
-            "scale_constant_in_windows": all(len(set(w)) == 1 for w in windows),
-            "overflow_window_skipped": not self.window_moved[OVERFLOW_BATCH // N]
+            "scale_constant_in_windows": all(
+                len(set(w)) == 1 for w in windows
+            ),
+            "overflow_window_skipped": not self.window_moved[
+                OVERFLOW_BATCH // N
+            ]
             if self.window_moved
             else None,
             "other_windows_moved": all(
-                m for i, m in enumerate(self.window_moved) if i != OVERFLOW_BATCH // N
+                m
+                for i, m in enumerate(self.window_moved)
+                if i != OVERFLOW_BATCH // N
             ),
         }
 
@@ -196,14 +208,20 @@ sgd = {"optimizer": "sgd", "lr": 0.05}
 recipes = {
     "automatic": functools.partial(DigitsClassifier, manual=False, **sgd),
     "manual": functools.partial(ManualAccumulation, **sgd),
-    "manual, overflow": functools.partial(ManualAccumulation, overflow=True, **sgd),
+    "manual, overflow": functools.partial(
+        ManualAccumulation, overflow=True, **sgd
+    ),
     "no division": functools.partial(NoDivision, **sgd),
     "zero_grad every batch": functools.partial(ZeroGradEveryBatch, **sgd),
     "manual, lr x 4": functools.partial(
         ManualAccumulation, optimizer="sgd", lr=4 * sgd["lr"]
     ),
-    "manual, lr 0.5": functools.partial(ManualAccumulation, optimizer="sgd", lr=0.5),
-    "no division, lr 0.5": functools.partial(NoDivision, optimizer="sgd", lr=0.5),
+    "manual, lr 0.5": functools.partial(
+        ManualAccumulation, optimizer="sgd", lr=0.5
+    ),
+    "no division, lr 0.5": functools.partial(
+        NoDivision, optimizer="sgd", lr=0.5
+    ),
 }
 probes = {name: [WindowProbe] for name in recipes if name != "automatic"}
 RUNS = [
@@ -212,24 +230,38 @@ RUNS = [
         "auto-fp32",
         "automatic",
         "32-true",
-        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"},
+        {
+            "trainer": {"accumulate_grad_batches": 4},
+            "label": "automatic, 32-true",
+        },
     ),
     (
         "auto-bf16",
         "automatic",
         "bf16-mixed",
-        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"},
+        {
+            "trainer": {"accumulate_grad_batches": 4},
+            "label": "automatic, bf16-mixed",
+        },
     ),
     (
         "auto-fp16",
         "automatic",
         "16-mixed",
-        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"},
+        {
+            "trainer": {"accumulate_grad_batches": 4},
+            "label": "automatic, 16-mixed",
+        },
     ),
     ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
-    ("no-division", "no division", "32-true", {"label": "no division, fp32"}),
+    (
+        "no-division",
+        "no division",
+        "32-true",
+        {"label": "no division, fp32"},
+    ),
     (
         "zero-grad",
         "zero_grad every batch",
@@ -242,7 +274,12 @@ RUNS = [
         "32-true",
         {"label": "manual, lr 0.2 (4 x 0.05), fp32"},
     ),
-    ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
+    (
+        "manual-lr-0.5",
+        "manual, lr 0.5",
+        "32-true",
+        {"label": "manual, lr 0.5, fp32"},
+    ),
     (
         "no-division-lr-0.5",
         "no division, lr 0.5",
@@ -340,11 +377,13 @@ CLAIMS = [
         "raises",
         "trainer-flag",
         "MisconfigurationException",
-        "Automatic gradient accumulation is not supported for manual optimization",
-        "Trainer(accumulate_grad_batches) is rejected in manual optimization",
+        "Automatic gradient accumulation is not supported for manual "
+        "optimization",
+        "Trainer(accumulate_grad_batches) is rejected in manual "
+        "optimization",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
     ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
@@ -352,8 +391,16 @@ CLAIMS = [
     ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
     ("clean", "manual-fp16", "PitfallChecks: manual-fp16 has no finding"),
     ("clean", "manual-lr-x4", "PitfallChecks: manual-lr-x4 has no finding"),
-    ("clean", "manual-lr-0.5", "PitfallChecks: manual-lr-0.5 has no finding"),
-    ("clean", "overflow-fp16", "PitfallChecks: overflow-fp16 has no finding"),
+    (
+        "clean",
+        "manual-lr-0.5",
+        "PitfallChecks: manual-lr-0.5 has no finding",
+    ),
+    (
+        "clean",
+        "overflow-fp16",
+        "PitfallChecks: overflow-fp16 has no finding",
+    ),
     (
         "flags",
         "zero-grad",
@@ -369,7 +416,8 @@ record = runner.run_example(
     CLAIMS,
     probes=runner.with_checks(recipes, probes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

@@ -208,8 +208,8 @@ CLAIMS = [
         "GPU: the plain flag has a GradScaler",
         {"only_on": "cuda"},
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     (
         "clean",
         "fp16-manual-backward",
@@ -220,7 +220,11 @@ CLAIMS = [
         "bf16-manual-backward",
         "PitfallChecks: bf16-manual-backward has no finding",
     ),
-    ("clean", "flag-16-mixed", "PitfallChecks: flag-16-mixed has no finding"),
+    (
+        "clean",
+        "flag-16-mixed",
+        "PitfallChecks: flag-16-mixed has no finding",
+    ),
     (
         "flags",
         "fp16-loss-backward",
@@ -242,7 +246,8 @@ record = runner.run_example(
     CLAIMS,
     probes=runner.with_checks(recipes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

@@ -172,7 +172,9 @@ class StaleAfterStep(Callback):
 
 adamw = {"optimizer": "adamw", "lr": 3e-3}
 recipes = {
-    "Lightning's autocast only": functools.partial(SelfDistillation, **adamw),
+    "Lightning's autocast only": functools.partial(
+        SelfDistillation, **adamw
+    ),
     "own caching autocast": functools.partial(CachingAutocast, **adamw),
 }
 probes = {name: [StaleAfterStep] for name in recipes}
@@ -198,10 +200,16 @@ CLAIMS = [
         "caching-bf16",
         "lightning-bf16",
         "same-precision",
-        "no_grad then graded forward in a caching autocast trains normally (installed "
-        "torch)",
+        "no_grad then graded forward in a caching autocast trains normally "
+        "(installed torch)",
     ),
-    ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
+    (
+        "match",
+        "lightning-bf16",
+        "fp32",
+        "mixed-vs-fp32",
+        "bf16-mixed follows fp32",
+    ),
     (
         "expect",
         "caching-bf16",
@@ -216,9 +224,13 @@ CLAIMS = [
         False,
         "safe: without a caching autocast it sees new ones",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
-    ("clean", "lightning-bf16", "PitfallChecks: lightning-bf16 has no finding"),
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
+    (
+        "clean",
+        "lightning-bf16",
+        "PitfallChecks: lightning-bf16 has no finding",
+    ),
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     (
         "flags",
@@ -235,7 +247,8 @@ record = runner.run_example(
     CLAIMS,
     probes=runner.with_checks(recipes, probes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

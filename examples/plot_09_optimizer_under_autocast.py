@@ -168,7 +168,9 @@ class DriftProbe(Callback):
     def __init__(self):
         self.steps, self.trainer, self.module = [], None, None
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx
+    ):
         self.trainer, self.module = trainer, pl_module
         self.steps.append(
             torch.cat([p.detach().flatten() for p in pl_module.parameters()])
@@ -182,7 +184,9 @@ class DriftProbe(Callback):
             AUTOMATIC[setting] = self.steps
             return extra
         auto = AUTOMATIC[setting]
-        drift = [float((m - a).abs().max()) for m, a in zip(self.steps, auto)]
+        drift = [
+            float((m - a).abs().max()) for m, a in zip(self.steps, auto)
+        ]
         return {
             **extra,
             "max_abs_diff_vs_automatic": drift,
@@ -193,23 +197,34 @@ class DriftProbe(Callback):
 recipes = {"automatic": MuonMLP, "manual": lambda: MuonMLP(manual=True)}
 probes = {"automatic": [DriftProbe], "manual": [DriftProbe]}
 RUNS = [
-    # run id               recipe       precision   options (each automatic run trains
-    # before its manual twin)
+    # run id               recipe       precision   options (each automatic
+    # run trains before its manual twin)
     ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
     (
         "auto-fp16-plugin",
         "automatic",
         "16-mixed",
-        {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"},
+        {
+            "plugin": "ManualMixedPrecision",
+            "label": "automatic, 16-mixed + plugin",
+        },
     ),
     (
         "manual-fp16-plugin",
         "manual",
         "16-mixed",
-        {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"},
+        {
+            "plugin": "ManualMixedPrecision",
+            "label": "manual, 16-mixed + plugin",
+        },
     ),
-    ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
+    (
+        "auto-bf16",
+        "automatic",
+        "bf16-mixed",
+        {"label": "automatic, bf16-mixed"},
+    ),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
 ]
 CLAIMS = [
@@ -248,11 +263,19 @@ CLAIMS = [
         "mixed-vs-fp32",
         "the drift does not show in the loss curve",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "auto-fp16", "PitfallChecks: auto-fp16 has no finding"),
-    ("clean", "auto-fp16-plugin", "PitfallChecks: auto-fp16-plugin has no finding"),
-    ("clean", "manual-fp16-plugin", "PitfallChecks: manual-fp16-plugin has no finding"),
+    (
+        "clean",
+        "auto-fp16-plugin",
+        "PitfallChecks: auto-fp16-plugin has no finding",
+    ),
+    (
+        "clean",
+        "manual-fp16-plugin",
+        "PitfallChecks: manual-fp16-plugin has no finding",
+    ),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
     ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
     (
@@ -270,7 +293,8 @@ record = runner.run_example(
     CLAIMS,
     probes=runner.with_checks(recipes, probes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

@@ -216,15 +216,30 @@ from mpguide.verify.show import plotting, report
 recipes = {"naive penalty": R1GAN, "scaled penalty": ScaledR1GAN}
 RUNS = [
     # run id            recipe            precision     options
-    ("naive-fp32", "naive penalty", "32-true", {"label": "naive penalty, fp32"}),
+    (
+        "naive-fp32",
+        "naive penalty",
+        "32-true",
+        {"label": "naive penalty, fp32"},
+    ),
     (
         "naive-bf16",
         "naive penalty",
         "bf16-mixed",
         {"label": "naive penalty, bf16-mixed"},
     ),
-    ("naive-fp16", "naive penalty", "16-mixed", {"label": "naive penalty, 16-mixed"}),
-    ("scaled-fp32", "scaled penalty", "32-true", {"label": "scaled penalty, fp32"}),
+    (
+        "naive-fp16",
+        "naive penalty",
+        "16-mixed",
+        {"label": "naive penalty, 16-mixed"},
+    ),
+    (
+        "scaled-fp32",
+        "scaled penalty",
+        "32-true",
+        {"label": "scaled penalty, fp32"},
+    ),
     (
         "scaled-bf16",
         "scaled penalty",
@@ -274,8 +289,8 @@ CLAIMS = [
         "mixed-vs-fp32",
         "16-mixed, naive penalty = fp32 on this model",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "naive-fp32", "PitfallChecks: naive-fp32 has no finding"),
     ("clean", "naive-bf16", "PitfallChecks: naive-bf16 has no finding"),
     ("clean", "scaled-fp32", "PitfallChecks: scaled-fp32 has no finding"),
@@ -296,7 +311,8 @@ record = runner.run_example(
     CLAIMS,
     probes=runner.with_checks(recipes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

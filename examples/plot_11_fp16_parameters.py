@@ -158,12 +158,19 @@ from mpguide.verify.show import plotting, report
 
 recipes = {
     "half adapter": lambda: BodyAndAdapter(half_adapter=True),
-    "half adapter, no clipping": lambda: BodyAndAdapter(half_adapter=True, clip=False),
+    "half adapter, no clipping": lambda: BodyAndAdapter(
+        half_adapter=True, clip=False
+    ),
     "fp32 adapter": lambda: BodyAndAdapter(half_adapter=False),
 }
 RUNS = [
     # run id              recipe                       precision     options
-    ("half-fp16", "half adapter", "16-mixed", {"label": "fp16 adapter, 16-mixed"}),
+    (
+        "half-fp16",
+        "half adapter",
+        "16-mixed",
+        {"label": "fp16 adapter, 16-mixed"},
+    ),
     (
         "half-bf16",
         "half adapter",
@@ -180,8 +187,18 @@ RUNS = [
         },
     ),
     ("fp32", "fp32 adapter", "32-true", {"label": "fp32 adapter, fp32"}),
-    ("fixed-bf16", "fp32 adapter", "bf16-mixed", {"label": "fp32 adapter, bf16-mixed"}),
-    ("fixed-fp16", "fp32 adapter", "16-mixed", {"label": "fp32 adapter, 16-mixed"}),
+    (
+        "fixed-bf16",
+        "fp32 adapter",
+        "bf16-mixed",
+        {"label": "fp32 adapter, bf16-mixed"},
+    ),
+    (
+        "fixed-fp16",
+        "fp32 adapter",
+        "16-mixed",
+        {"label": "fp32 adapter, 16-mixed"},
+    ),
 ]
 CLAIMS = [
     (
@@ -196,16 +213,16 @@ CLAIMS = [
         "half-bf16",
         "RuntimeError",
         "Unexpected floating ScalarType in at::autocast::prioritize",
-        "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 "
-        "gradients fails",
+        "fp16 parameters, bf16-mixed + clipping: the norm of mixed "
+        "fp16/fp32 gradients fails",
     ),
     (
         "raises",
         "half-bf16-noclip",
         "RuntimeError",
         "returned nan values",
-        "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into "
-        "inf/NaN",
+        "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights "
+        "into inf/NaN",
     ),
     (
         "match",
@@ -221,8 +238,8 @@ CLAIMS = [
         "mixed-vs-fp32",
         "fix: fp32 parameters, 16-mixed = fp32",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("clean", "fixed-bf16", "PitfallChecks: fixed-bf16 has no finding"),
     ("clean", "fixed-fp16", "PitfallChecks: fixed-fp16 has no finding"),
@@ -247,9 +264,14 @@ CLAIMS = [
 ]
 
 record = runner.run_example(
-    "plot_11_fp16_parameters", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes)
+    "plot_11_fp16_parameters",
+    recipes,
+    RUNS,
+    CLAIMS,
+    probes=runner.with_checks(recipes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

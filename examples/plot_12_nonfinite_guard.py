@@ -166,13 +166,36 @@ class StepAndDetect(SkipIfNotFinite):
 
 from mpguide.verify.show import plotting, report
 
-recipes = {"skip if not finite": SkipIfNotFinite, "step and detect": StepAndDetect}
+recipes = {
+    "skip if not finite": SkipIfNotFinite,
+    "step and detect": StepAndDetect,
+}
 RUNS = [
     # run id          recipe                 precision     options
-    ("habit-fp32", "skip if not finite", "32-true", {"label": "habit, fp32"}),
-    ("habit-bf16", "skip if not finite", "bf16-mixed", {"label": "habit, bf16-mixed"}),
-    ("habit-fp16", "skip if not finite", "16-mixed", {"label": "habit, 16-mixed"}),
-    ("detect-fp32", "step and detect", "32-true", {"label": "step and detect, fp32"}),
+    (
+        "habit-fp32",
+        "skip if not finite",
+        "32-true",
+        {"label": "habit, fp32"},
+    ),
+    (
+        "habit-bf16",
+        "skip if not finite",
+        "bf16-mixed",
+        {"label": "habit, bf16-mixed"},
+    ),
+    (
+        "habit-fp16",
+        "skip if not finite",
+        "16-mixed",
+        {"label": "habit, 16-mixed"},
+    ),
+    (
+        "detect-fp32",
+        "step and detect",
+        "32-true",
+        {"label": "step and detect, fp32"},
+    ),
     (
         "detect-fp16",
         "step and detect",
@@ -237,8 +260,8 @@ CLAIMS = [
         False,
         "step and detect, 16-mixed: some steps skipped",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "habit-fp32", "PitfallChecks: habit-fp32 has no finding"),
     ("clean", "habit-bf16", "PitfallChecks: habit-bf16 has no finding"),
     ("clean", "detect-fp32", "PitfallChecks: detect-fp32 has no finding"),
@@ -252,9 +275,14 @@ CLAIMS = [
 ]
 
 record = runner.run_example(
-    "plot_12_nonfinite_guard", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes)
+    "plot_12_nonfinite_guard",
+    recipes,
+    RUNS,
+    CLAIMS,
+    probes=runner.with_checks(recipes),
 )
-runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+# what PitfallChecks told each run (mpguide.checks)
+runner.print_findings(record)
 
 
 # %%

@@ -163,10 +163,13 @@ recipes = {
     "sync at window end, overflow on rank 0": overflow_on_rank_zero(
         AccumulateSyncAtWindowEnd
     ),
-    "never sync, overflow on rank 0": overflow_on_rank_zero(AccumulateNeverSync),
+    "never sync, overflow on rank 0": overflow_on_rank_zero(
+        AccumulateNeverSync
+    ),
 }
 RUNS = [
-    # run id               recipe                                    precision   options
+    # run id               recipe
+    # precision   options
     (
         "single-fp32",
         "sync at window end",
@@ -284,7 +287,11 @@ CLAIMS = [
 ]
 
 record = runner.run_example(
-    "plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, train=distributed.train_run
+    "plot_13_ddp_accumulation",
+    recipes,
+    RUNS,
+    CLAIMS,
+    train=distributed.train_run,
 )
 
 

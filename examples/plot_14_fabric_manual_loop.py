@@ -316,7 +316,9 @@ class FabricAutocast32(LibraryFree):
 # :func:`mpguide.verify.run.fabric.train_run` drives the loops; the probes are Fabric callbacks.
 # SGD moves the head by ``lr`` x its true gradient x the **update factor** (predicted: backward's scale / step's).
 
-from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision as TrainerMixedPrecision,
+)
 
 from mpguide import fabric
 from mpguide.verify.run import fabric as fabric_runs
@@ -339,14 +341,19 @@ class HeadUpdate:
             return body_step(*args, **kwargs)
 
         def recorded_head_step(*args, **kwargs):
-            weight, scale_at_step = recipe.head.weight, loss_scale(recipe.fabric) or 1.0
+            weight, scale_at_step = (
+                recipe.head.weight,
+                loss_scale(recipe.fabric) or 1.0,
+            )
             true_grad, before = (
                 weight.grad.detach().clone() / self.scale_of_backward,
                 weight.detach().clone(),
             )
             output = head_step(*args, **kwargs)
             moved = (before - weight.detach()).norm()
-            self.factors.append(float(moved / (recipe.lr * true_grad.norm())))
+            self.factors.append(
+                float(moved / (recipe.lr * true_grad.norm()))
+            )
             self.predicted.append(self.scale_of_backward / scale_at_step)
             return output
 
@@ -383,7 +390,10 @@ class UnusedModelMoved:
     measures = {"unused_model_moved": "bool"}
 
     def on_train_start(self, recipe):
-        self.recipe, self.initial = recipe, recipe.unused.weight.detach().clone()
+        self.recipe, self.initial = (
+            recipe,
+            recipe.unused.weight.detach().clone(),
+        )
 
     def record_extra(self):
         return {
@@ -410,7 +420,8 @@ PLUGINS = {
     "Trainer's MixedPrecision": TrainerMixedPrecision,
 }
 RUNS = [
-    # run id                     recipe                           precision   options
+    # run id                     recipe                           precision
+    # options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     (
         "fp16-stock",

@@ -134,8 +134,8 @@ from mpguide.verify.show import plotting, report
 accelerator, preset = hardware.select_accelerator(), hardware.select_preset()
 size = throughput.SIZES[(accelerator, preset.name)]
 print(
-    f"{size.layers} x Linear({size.width}), batch {size.batch}, {size.rounds} to "
-    f"{size.max_rounds} rounds per "
+    f"{size.layers} x Linear({size.width}), batch {size.batch}, "
+    f"{size.rounds} to {size.max_rounds} rounds per "
     f"variant and precision, on {hardware.device_name(accelerator)}"
 )
 
@@ -155,9 +155,12 @@ class CarriesTheBenchmark(Callback):
 
     def record_extra(self):
         timing = timings[self.trainer.precision_plugin.precision]
-        # <variant>_steps_per_s and <variant>_samples_per_s, what the claims divide
+        # <variant>_steps_per_s and <variant>_samples_per_s, what the claims
+        # divide
         out = timing.rates()
-        out["fp32_automatic_steps_per_s"] = timings["32-true"].steps_per_s("automatic")
+        out["fp32_automatic_steps_per_s"] = timings["32-true"].steps_per_s(
+            "automatic"
+        )
         out.update(
             benchmark=timing.summary(),
             size=dataclasses.asdict(size),
@@ -174,20 +177,30 @@ recipes = {"manual, carries the benchmark": TimedManual}
 probes = {"manual, carries the benchmark": [CarriesTheBenchmark]}
 RUNS = [
     # run id         recipe                            precision     options
-    ("bench-fp32", "manual, carries the benchmark", "32-true", {"label": "fp32"}),
+    (
+        "bench-fp32",
+        "manual, carries the benchmark",
+        "32-true",
+        {"label": "fp32"},
+    ),
     (
         "bench-bf16",
         "manual, carries the benchmark",
         "bf16-mixed",
         {"label": "bf16-mixed"},
     ),
-    ("bench-fp16", "manual, carries the benchmark", "16-mixed", {"label": "16-mixed"}),
+    (
+        "bench-fp16",
+        "manual, carries the benchmark",
+        "16-mixed",
+        {"label": "16-mixed"},
+    ),
 ]
 CLAIMS = [
-    # On CPU: manual vs automatic in every precision; manual vs the plain loop where a
-    # step is long
-    # enough (fp32, 16-mixed) for Lightning's fixed per-step cost to stay small (see the
-    # tolerance).
+    # On CPU: manual vs automatic in every precision; manual vs the plain
+    # loop where a step is long
+    # enough (fp32, 16-mixed) for Lightning's fixed per-step cost to stay
+    # small (see the tolerance).
     (
         "rate_ratio",
         "bench-fp32",
@@ -228,8 +241,8 @@ CLAIMS = [
         "CPU 16-mixed: manual as fast as a plain loop",
         {"only_on": "cpu"},
     ),
-    # What PitfallChecks costs: the manual step with the check against the same step
-    # without it.
+    # What PitfallChecks costs: the manual step with the check against the
+    # same step without it.
     (
         "rate_ratio",
         "bench-bf16",
@@ -262,7 +275,8 @@ CLAIMS = [
         "GPU 16-mixed: PitfallChecks costs no speed",
         {"only_on": "cuda"},
     ),
-    # On CUDA: every pair within a few percent, and bf16-mixed faster than fp32.
+    # On CUDA: every pair within a few percent, and bf16-mixed faster than
+    # fp32.
     (
         "rate_ratio",
         "bench-fp32",
@@ -321,8 +335,8 @@ CLAIMS = [
     ),
 ]
 
-# Time rounds until every parity claim of this accelerator is decided (or the cap), then
-# train and judge.
+# Time rounds until every parity claim of this accelerator is decided (or the
+# cap), then train and judge.
 started = time.perf_counter()
 timings = throughput.interleaved(
     hardware.PRECISIONS,
@@ -335,11 +349,14 @@ print(
     f"{len(timings['32-true'].seconds['manual'])} "
     f"rounds; timed steps per window: "
     + ", ".join(
-        f"{hardware.PRECISION_LABELS[p]} {t.size.steps}" for p, t in timings.items()
+        f"{hardware.PRECISION_LABELS[p]} {t.size.steps}"
+        for p, t in timings.items()
     )
 )
 peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
-record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS, probes=probes)
+record = runner.run_example(
+    "plot_15_throughput", recipes, RUNS, CLAIMS, probes=probes
+)
 
 
 # %%

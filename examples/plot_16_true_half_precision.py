@@ -207,7 +207,8 @@ class WeightsMoved(Callback):
     def on_fit_start(self, trainer, pl_module):
         self.module = pl_module
         self.start = {
-            name: p.detach().float().clone() for name, p in pl_module.named_parameters()
+            name: p.detach().float().clone()
+            for name, p in pl_module.named_parameters()
         }
 
     def record_extra(self):
@@ -224,7 +225,10 @@ class WeightsMoved(Callback):
 
         student, teacher = moved("student."), moved("teacher.")
         weights = torch.cat(
-            [p.detach().float().flatten() for p in self.module.student.parameters()]
+            [
+                p.detach().float().flatten()
+                for p in self.module.student.parameters()
+            ]
         )
         return {
             "student_moved": int(student.sum()),
@@ -236,9 +240,9 @@ class WeightsMoved(Callback):
             "weight_dtype": str(self.module.student[0].weight.dtype).replace(
                 "torch.", ""
             ),
-            "teacher_dtype": str(self.module.teacher[0].weight.dtype).replace(
-                "torch.", ""
-            ),
+            "teacher_dtype": str(
+                self.module.teacher[0].weight.dtype
+            ).replace("torch.", ""),
             "nonfinite_weights": int((~torch.isfinite(weights)).sum()),
         }
 
@@ -248,13 +252,20 @@ recipes = {
     "fp32 teacher from bf16 weights": FP32Teacher,
     "fp32 teacher from weights cast to fp32": FP32TeacherFromCast,
     "AdamW": lambda: StudentTeacher(optimizer="adamw", lr=1e-3),
-    "AdamW with eps 1e-4": lambda: StudentTeacher(optimizer="adamw", lr=1e-3, eps=1e-4),
+    "AdamW with eps 1e-4": lambda: StudentTeacher(
+        optimizer="adamw", lr=1e-3, eps=1e-4
+    ),
 }
 probes = {name: [WeightsMoved] for name in recipes}
 RUNS = [
-    # run id               recipe                                    precision
-    # options
-    ("fp32", "teacher in the module's dtype", "32-true", {"label": "SGD, fp32"}),
+    # run id               recipe
+    # precision     options
+    (
+        "fp32",
+        "teacher in the module's dtype",
+        "32-true",
+        {"label": "SGD, fp32"},
+    ),
     (
         "bf16-mixed",
         "teacher in the module's dtype",
@@ -364,7 +375,8 @@ CLAIMS = [
         "adamw-16-true-eps",
         "adamw-fp32",
         "pitfall-gap",
-        "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW",
+        "16-true, AdamW eps=1e-4: finite, but another optimizer than "
+        "fp32's AdamW",
     ),
     (
         "match",
@@ -373,13 +385,21 @@ CLAIMS = [
         "mixed-vs-fp32",
         "fix: AdamW under 16-mixed = fp32",
     ),
-    # PitfallChecks on every run (runner.with_checks): each buggy run flags its section,
-    # each correct run is clean
+    # PitfallChecks on every run (runner.with_checks): each buggy run flags
+    # its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("clean", "bf16-mixed", "PitfallChecks: bf16-mixed has no finding"),
     ("clean", "adamw-fp32", "PitfallChecks: adamw-fp32 has no finding"),
-    ("clean", "adamw-16-mixed", "PitfallChecks: adamw-16-mixed has no finding"),
-    ("clean", "adamw-16-true-eps", "PitfallChecks: adamw-16-true-eps has no finding"),
+    (
+        "clean",
+        "adamw-16-mixed",
+        "PitfallChecks: adamw-16-mixed has no finding",
+    ),
+    (
+        "clean",
+        "adamw-16-true-eps",
+        "PitfallChecks: adamw-16-true-eps has no finding",
+    ),
     (
         "flags",
         "bf16-true",

@@ -531,7 +531,9 @@ recipes = {
     "two towers, automatic": TwoTowerEMA,
     "#20970 as posted": ReporterStep,
     "#20970, no own autocast": variant_of(ReporterStep, own_autocast=False),
-    "#20970, teacher with grad": variant_of(ReporterStep, teacher_no_grad=False),
+    "#20970, teacher with grad": variant_of(
+        ReporterStep, teacher_no_grad=False
+    ),
     "#20970, zero_grad before backward": variant_of(
         ReporterStep, zero_grad_after_step=False
     ),
@@ -540,9 +542,13 @@ recipes = {
     ),
     "#20970 fixed": ReporterFixed,
     "two updates, caching autocast": CachingTwoUpdates,
-    "two updates, no own autocast": variant_of(CachingTwoUpdates, own_autocast=False),
+    "two updates, no own autocast": variant_of(
+        CachingTwoUpdates, own_autocast=False
+    ),
     "shared teacher, caching autocast": SharedTeacher,
-    "shared teacher, no own autocast": variant_of(SharedTeacher, own_autocast=False),
+    "shared teacher, no own autocast": variant_of(
+        SharedTeacher, own_autocast=False
+    ),
 }
 probes = {name: [WeightsDigest] for name in recipes}
 RUNS = [
@@ -657,7 +663,8 @@ RUNS = [
     ),
 ]
 CLAIMS = [
-    # kind, runs..., parameters, title (the matrix compares by title), options
+    # kind, runs..., parameters, title (the matrix compares by title),
+    # options
     (
         "match",
         "reporter-fp32",
@@ -670,8 +677,8 @@ CLAIMS = [
         "reporter-bf16",
         "towers-auto-bf16",
         "same-precision",
-        "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not "
-        "reproduce)",
+        "#20970 as posted: bf16-mixed manual = automatic (the reported "
+        "drift does not reproduce)",
     ),
     (
         "match",
@@ -685,7 +692,8 @@ CLAIMS = [
         "reporter-bf16",
         "towers-auto-bf16",
         "weights",
-        "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise",
+        "#20970 as posted: bf16-mixed manual = automatic, final weights "
+        "bitwise",
     ),
     (
         "same",
@@ -706,8 +714,8 @@ CLAIMS = [
         "rep-zerobefore-bf16",
         "reporter-bf16",
         "weights",
-        "zero_grad(set_to_none=True) after the step = zero_grad() before backward "
-        "(bitwise)",
+        "zero_grad(set_to_none=True) after the step = zero_grad() before "
+        "backward (bitwise)",
     ),
     (
         "diverge",
@@ -749,8 +757,8 @@ CLAIMS = [
         "shared-bf16",
         "shared-plain-bf16",
         "weights",
-        "a teacher sharing the student's weights in a caching autocast changes no "
-        "weight (installed torch)",
+        "a teacher sharing the student's weights in a caching autocast "
+        "changes no weight (installed torch)",
     ),
     (
         "same",
@@ -767,10 +775,26 @@ CLAIMS = [
         "mixed-vs-fp32",
         "seed 1: bf16-mixed follows fp32",
     ),
-    ("clean", "towers-auto-fp32", "PitfallChecks: towers-auto-fp32 has no finding"),
-    ("clean", "towers-auto-bf16", "PitfallChecks: towers-auto-bf16 has no finding"),
-    ("clean", "reporter-fp32", "PitfallChecks: reporter-fp32 has no finding"),
-    ("clean", "reporter-bf16", "PitfallChecks: reporter-bf16 has no finding"),
+    (
+        "clean",
+        "towers-auto-fp32",
+        "PitfallChecks: towers-auto-fp32 has no finding",
+    ),
+    (
+        "clean",
+        "towers-auto-bf16",
+        "PitfallChecks: towers-auto-bf16 has no finding",
+    ),
+    (
+        "clean",
+        "reporter-fp32",
+        "PitfallChecks: reporter-fp32 has no finding",
+    ),
+    (
+        "clean",
+        "reporter-bf16",
+        "PitfallChecks: reporter-bf16 has no finding",
+    ),
     (
         "clean",
         "rep-noautocast-bf16",
@@ -786,7 +810,11 @@ CLAIMS = [
         "rep-zerobefore-bf16",
         "PitfallChecks: rep-zerobefore-bf16 has no finding",
     ),
-    ("clean", "rep-fixed-bf16", "PitfallChecks: rep-fixed-bf16 has no finding"),
+    (
+        "clean",
+        "rep-fixed-bf16",
+        "PitfallChecks: rep-fixed-bf16 has no finding",
+    ),
     (
         "flags",
         "cache2-bf16",
@@ -832,7 +860,8 @@ record = runner.run_example(
     CLAIMS,
     # PitfallChecks on every run (mpguide.checks)
     probes=runner.with_checks(recipes, probes),
-    progress=lambda line: line.startswith("  [") or print(line),  # not one line per run
+    # not one line per run
+    progress=lambda line: line.startswith("  [") or print(line),
 )
 
 

@@ -414,8 +414,13 @@ class GeneratorAndWeights(Callback):
         )
 
     def record_extra(self):
-        changed = parameter_digest(self.module.generator) != self.initial_generator
-        return {"generator_changed": changed, "weights": parameter_digest(self.module)}
+        changed = (
+            parameter_digest(self.module.generator) != self.initial_generator
+        )
+        return {
+            "generator_changed": changed,
+            "weights": parameter_digest(self.module),
+        }
 
 
 def flat_grad(opt):
@@ -441,10 +446,11 @@ class MicroBatches(Callback):
     }
 
     def __init__(self):
-        # optimizer -> [(gradient one backward added, loss scale of that backward)]
+        # optimizer -> [(gradient one backward added, loss scale of that
+        # backward)]
         self.added = {}
-        # per step: (micro-batches kept, micro-batches since the last step, scale
-        # factors)
+        # per step: (micro-batches kept, micro-batches since the last step,
+        # scale factors)
         self.windows = []
 
     def on_before_backward(self, trainer, pl_module, loss):
@@ -465,18 +471,29 @@ class MicroBatches(Callback):
 
         def holds(k):  # the gradient is the sum of the last k micro-batches
             return torch.allclose(
-                grad, sum(a for a, _ in added[-k:]), rtol=1e-4, atol=1e-6 * scale
+                grad,
+                sum(a for a, _ in added[-k:]),
+                rtol=1e-4,
+                atol=1e-6 * scale,
             )
 
         kept = next((k for k in range(len(added), 0, -1) if holds(k)), 0)
         self.windows.append(
-            (kept, len(added), [s / scale for _, s in added[len(added) - kept :]])
+            (
+                kept,
+                len(added),
+                [s / scale for _, s in added[len(added) - kept :]],
+            )
         )
 
     def record_extra(self):
         return {
-            "micro_batches_kept": sorted({k for k, n, _ in self.windows if n}),
-            "micro_batches_per_window": sorted({n for _, n, _ in self.windows}),
+            "micro_batches_kept": sorted(
+                {k for k, n, _ in self.windows if n}
+            ),
+            "micro_batches_per_window": sorted(
+                {n for _, n, _ in self.windows}
+            ),
             "windows_with_scale_change": sum(
                 any(f != 1.0 for f in fs) for _, _, fs in self.windows
             ),
@@ -491,8 +508,12 @@ recipes = {
     "#20116 as posted": ReporterAlternation,
     "#20116, N=1": variant(n_batches_per_optimizer=1),
     "#20116, no toggle_model": variant(toggle=False),
-    "#20116, model 2 loss detached": variant(toggle=False, detach_for_model_2=True),
-    "#20116, model 2 loss detached, toggle_model": variant(detach_for_model_2=True),
+    "#20116, model 2 loss detached": variant(
+        toggle=False, detach_for_model_2=True
+    ),
+    "#20116, model 2 loss detached, toggle_model": variant(
+        detach_for_model_2=True
+    ),
     "#20116, model 2 loss detached, guard": variant(
         toggle=False, detach_for_model_2=True, guard=True
     ),
@@ -510,7 +531,12 @@ recipes = {
 }
 probes = {name: [GeneratorAndWeights, MicroBatches] for name in recipes}
 RUNS = [
-    ("rep-fp32", "#20116 as posted", "32-true", {"label": "#20116 as posted, 32-true"}),
+    (
+        "rep-fp32",
+        "#20116 as posted",
+        "32-true",
+        {"label": "#20116 as posted, 32-true"},
+    ),
     (
         "rep-fp16",
         "#20116 as posted",
@@ -568,8 +594,18 @@ RUNS = [
             "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed",
         },
     ),
-    ("fixed-fp32", "#20116 fixed", "32-true", {"label": "#20116 fixed, 32-true"}),
-    ("fixed-fp16", "#20116 fixed", "16-mixed", {"label": "#20116 fixed, 16-mixed"}),
+    (
+        "fixed-fp32",
+        "#20116 fixed",
+        "32-true",
+        {"label": "#20116 fixed, 32-true"},
+    ),
+    (
+        "fixed-fp16",
+        "#20116 fixed",
+        "16-mixed",
+        {"label": "#20116 fixed, 16-mixed"},
+    ),
     (
         "fixed-unreached-fp16",
         "#20116 fixed, model 2's loss reaches none of it",
@@ -601,7 +637,8 @@ CLAIMS = [
         "rep-fp16",
         "generator_changed",
         True,
-        "#20116 as posted trains both models under 16-mixed (no AssertionError here)",
+        "#20116 as posted trains both models under 16-mixed (no "
+        "AssertionError here)",
     ),
     (
         "match",
@@ -615,8 +652,8 @@ CLAIMS = [
         "rep-fp32",
         "micro_batches_kept",
         [1],
-        "#20116 as posted: zero_grad() at the top leaves only the window's last "
-        "micro-batch in each step",
+        "#20116 as posted: zero_grad() at the top leaves only the window's "
+        "last micro-batch in each step",
     ),
     (
         "expect",
@@ -637,8 +674,8 @@ CLAIMS = [
         "unreached-fp16",
         "AssertionError",
         "No inf checks were recorded for this optimizer",
-        "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's "
-        "first step",
+        "model 2's loss reaches none of its parameters: 16-mixed raises at "
+        "model 2's first step",
     ),
     (
         "expect",
@@ -652,14 +689,16 @@ CLAIMS = [
         "unreached-toggle-fp32",
         "RuntimeError",
         "does not require grad",
-        "with toggle_model the same mistake stops in backward instead (fp32)",
+        "with toggle_model the same mistake stops in backward instead "
+        "(fp32)",
     ),
     (
         "raises",
         "unreached-toggle-fp16",
         "RuntimeError",
         "does not require grad",
-        "with toggle_model the same mistake stops in backward instead (16-mixed)",
+        "with toggle_model the same mistake stops in backward instead "
+        "(16-mixed)",
     ),
     (
         "match",
@@ -680,8 +719,8 @@ CLAIMS = [
         "fixed-unreached-fp16",
         "UserWarning",
         "optimizer 1 skipped at batch 5",
-        "the fix, model 2's loss missing it: the skip is visible (a warning naming "
-        "optimizer and batch)",
+        "the fix, model 2's loss missing it: the skip is visible (a "
+        "warning naming optimizer and batch)",
     ),
     (
         "expect",
@@ -695,7 +734,8 @@ CLAIMS = [
         "fixed-detached-fp16",
         "UserWarning",
         "optimizer 1 skipped at batch 5",
-        "the fix, model 2's loss detached: no RuntimeError, the skip is visible",
+        "the fix, model 2's loss detached: no RuntimeError, the skip is "
+        "visible",
     ),
     (
         "expect",
@@ -738,26 +778,37 @@ CLAIMS = [
         True,
         "the fix trains both models under 16-mixed",
     ),
-    ("match", "fixed-fp16", "fixed-fp32", "mixed-vs-fp32", "the fix: 16-mixed = fp32"),
+    (
+        "match",
+        "fixed-fp16",
+        "fixed-fp32",
+        "mixed-vs-fp32",
+        "the fix: 16-mixed = fp32",
+    ),
     (
         "expect",
         "fixed-fp16-growth",
         "scale_changed_inside_a_window",
         False,
-        "one optimizer per window: the scale never changes inside a window, even when "
-        "it changes every step",
+        "one optimizer per window: the scale never changes inside a "
+        "window, even when it changes every step",
     ),
     (
         "expect",
         "overlap-fp16-growth",
         "scale_changed_inside_a_window",
         True,
-        "D stepping inside G's window: a scale change lands inside G's windows",
+        "D stepping inside G's window: a scale change lands inside G's "
+        "windows",
     ),
     ("clean", "rep-n1-fp16", "PitfallChecks: rep-n1-fp16 has no finding"),
     ("clean", "fixed-fp32", "PitfallChecks: fixed-fp32 has no finding"),
     ("clean", "fixed-fp16", "PitfallChecks: fixed-fp16 has no finding"),
-    ("clean", "fixed-fp16-growth", "PitfallChecks: fixed-fp16-growth has no finding"),
+    (
+        "clean",
+        "fixed-fp16-growth",
+        "PitfallChecks: fixed-fp16-growth has no finding",
+    ),
     (
         "flags",
         "unreached-fp32",
@@ -782,8 +833,18 @@ CLAIMS = [
         "scale-changes",
         "PitfallChecks flags overlap-fp16-growth: scale-changes",
     ),
-    ("flags", "rep-fp32", "accumulation", "PitfallChecks flags rep-fp32: accumulation"),
-    ("flags", "rep-fp16", "accumulation", "PitfallChecks flags rep-fp16: accumulation"),
+    (
+        "flags",
+        "rep-fp32",
+        "accumulation",
+        "PitfallChecks flags rep-fp32: accumulation",
+    ),
+    (
+        "flags",
+        "rep-fp16",
+        "accumulation",
+        "PitfallChecks flags rep-fp16: accumulation",
+    ),
     (
         "flags",
         "rep-notoggle-fp16",
@@ -812,15 +873,15 @@ CLAIMS = [
         "flags",
         "fixed-unreached-fp16",
         "no-gradient-step",
-        "PitfallChecks flags fixed-unreached-fp16: the guard skipped every step of "
-        "model 2",
+        "PitfallChecks flags fixed-unreached-fp16: the guard skipped every "
+        "step of model 2",
     ),
     (
         "flags",
         "fixed-detached-fp16",
         "no-gradient-step",
-        "PitfallChecks flags fixed-detached-fp16: the guard skipped every step of "
-        "model 2",
+        "PitfallChecks flags fixed-detached-fp16: the guard skipped every "
+        "step of model 2",
     ),
 ]
 

@@ -477,7 +477,7 @@ def test_the_example_measure_fails_on_a_late_call_to_copy(server, browser):
 
 # --------------------------------------------------------------- gallery code that fits (issue 36)
 #: Gallery code blocks that may scroll sideways with every fold open: none at 1400 px, at most 10 % at 412 px
-#: (the reader's cells are formatted at 46 columns, Evidence at 88: ``mpguide_build.gallery_format``).
+#: (the reader's cells are formatted at 46 columns, Evidence at 77: ``mpguide_build.gallery_format``).
 GALLERY_SCROLL_LIMITS = {"desktop": 0.0, "phone": 0.10}
 _SCROLLING_BLOCKS = """
 for (const d of document.querySelectorAll('details')) d.open = true;

@@ -1,4 +1,4 @@
-"""mpguide_build.gallery_format: reader cells at 46 columns, Evidence at 88, the code unchanged, the check fails."""
+"""mpguide_build.gallery_format: reader cells at 46 columns, Evidence at 77, the code unchanged, the check fails."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def shown_lines(text, evidence):
     return [line for cell in cells[1:] if cell.evidence == evidence for line in cell.text.splitlines()[4:]]
 
 
-def test_reader_cells_fit_46_columns_evidence_88_and_the_tree_is_the_same(tmp_path):
+def test_reader_cells_fit_46_columns_evidence_77_and_the_tree_is_the_same(tmp_path):
     path = tmp_path / "plot_99_example.py"
     path.write_text(EXAMPLE)
     assert gallery_format.main([str(path)]) == 0
@@ -52,7 +52,7 @@ def test_reader_cells_fit_46_columns_evidence_88_and_the_tree_is_the_same(tmp_pa
     assert max(len(line) for line in shown_lines(text, evidence=False)) <= gallery_format.READER_WIDTH
     evidence = shown_lines(text, evidence=True)
     assert max(len(line) for line in evidence) <= gallery_format.EVIDENCE_WIDTH
-    assert any(len(line) > gallery_format.READER_WIDTH for line in evidence)  # formatted at 88, not 46
+    assert any(len(line) > gallery_format.READER_WIDTH for line in evidence)  # formatted at 77, not 46
     assert "# a trailing comment that makes" in text.split("def helper")[1].split("return")[0]  # moved above
     assert "however long its lines are: it is rendered as text on the page, not shown as code." in text
     assert gallery_format.main(["--check", str(path)]) == 0  # idempotent
