@@ -263,21 +263,24 @@ def format_cell(code: str, width: int, root: Path) -> str:
     return text
 
 
-def format_source(source: str, root: Path) -> str:
-    """``source`` with every cell formatted at its width; cells joined by two blank lines."""
+def format_source(source: str, root: Path, widths: tuple[int, int] = (READER_WIDTH, EVIDENCE_WIDTH)) -> str:
+    """``source`` with every cell formatted at its width (``widths``: reader cells, Evidence cells); cells
+    joined by two blank lines."""
     parts = []
     for cell in split(source):
         if not cell.text.strip():
             continue
-        parts.append(format_cell(cell.text, EVIDENCE_WIDTH if cell.evidence else READER_WIDTH, root))
+        parts.append(format_cell(cell.text, widths[cell.evidence], root))
     return "\n\n\n".join(parts) + "\n"
 
 
-def long_lines(source: str) -> list[tuple[int, int, int, bool]]:
+def long_lines(
+    source: str, widths: tuple[int, int] = (READER_WIDTH, EVIDENCE_WIDTH)
+) -> list[tuple[int, int, int, bool]]:
     """``(line, length, width, evidence)`` of each shown code line longer than its cell's width."""
     found = []
     for index, cell in enumerate(split(source)):
-        width = EVIDENCE_WIDTH if cell.evidence else READER_WIDTH
+        width = widths[cell.evidence]
         lines = cell.text.splitlines()
         if index == 0:
             continue  # the page header: a docstring, rendered as text
@@ -313,9 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-line", type=int, metavar="N", help="with --check: also fail on a shown code line longer than N"
     )
+    parser.add_argument("--reader-width", type=int, default=READER_WIDTH, help="columns of the reader's cells")
+    parser.add_argument("--evidence-width", type=int, default=EVIDENCE_WIDTH, help="columns of Evidence cells")
     parser.add_argument("files", nargs="+", type=Path, help="gallery scripts (examples/plot_*.py)")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[3]
+    widths = (args.reader_width, args.evidence_width)
     failed = 0
     for path in args.files:
         if not path.is_file():
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         source = path.read_text()
         try:
             same_tree(source, source, str(path))  # a syntax error: one line, before any tool reads the file
-            formatted = format_source(source, root)
+            formatted = format_source(source, root, widths)
             if not same_tree(source, formatted, str(path)):
                 raise FormatError("formatting would change the syntax tree; file left as it is")
         except FormatError as error:
@@ -339,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 path.write_text(formatted)
                 print(f"{path}: formatted")
-        for line, length, width, evidence in long_lines(formatted):
+        for line, length, width, evidence in long_lines(formatted, widths):
             kind = "Evidence" if evidence else "reader"
             print(f"{path}:{line}: {length} characters in a {kind} cell of {width} columns (split it by hand)")
             failed += bool(args.check and args.max_line is not None and length > args.max_line)
