@@ -48,9 +48,11 @@ def build_line(prefix: str = "") -> str:
     )
 
 
-def _short(example: str) -> str:
-    """``plot_08_autocast_cache`` -> ``08 autocast cache``."""
-    return example.removeprefix("plot_").replace("_", " ")
+def _short(example: str, prefix: str = "") -> str:
+    """``plot_08_autocast_cache`` -> a link ``08`` to its page, titled ``autocast cache`` (a row of a dozen
+    examples stays one line)."""
+    number, _, words = example.removeprefix("plot_").partition("_")
+    return f'<a href="{prefix}auto_examples/{example}.html" title="{words.replace("_", " ")}">{number}</a>'
 
 
 def _stale_examples(summary: dict[str, Any]) -> set[str]:
@@ -105,8 +107,14 @@ def release_summary(summaries: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return "*No version-matrix column is committed (results/matrix/).*"
     columns = tuple(rows[0])
+    names = ", ".join(
+        f"{e.removeprefix('plot_')[:2]} {e.removeprefix('plot_')[3:].replace('_', ' ')}"
+        for e in sorted({e for summary in summaries for e in summary["examples"]})
+    )
     return (
         "Per release, the examples whose pitfalls (the checks that a bug still reproduces) all hold, those "
         "where one no longer reproduces, and those not re-run since their example changed or that cannot "
-        "run there. Each cell's reason is in the full table below.\n\n" + markdown_table(rows, columns)
+        "run there. Each cell's reason is in the full table below.\n\n"
+        + markdown_table(rows, columns)
+        + f"\n\nExamples: {names}."
     )
