@@ -397,243 +397,54 @@ recipes = {
 # and per recipe what its section measures:
 probes = {name: [GeneratorAndWeights] for name in recipes}
 probes["windowed, D overflow"].append(WindowFactors)
+# fmt: off
 RUNS = [
     ("healthy-fp32", "healthy", "32-true", {"label": "healthy, 32-true"}),
-    (
-        "healthy-bf16",
-        "healthy",
-        "bf16-mixed",
-        {"label": "healthy, bf16-mixed"},
-    ),
+    ("healthy-bf16", "healthy", "bf16-mixed", {"label": "healthy, bf16-mixed"}),
     ("healthy-fp16", "healthy", "16-mixed", {"label": "healthy, 16-mixed"}),
-    (
-        "window-fp32",
-        "windowed",
-        "32-true",
-        {"label": "every 2nd batch, 32-true"},
-    ),
-    (
-        "window-fp16",
-        "windowed",
-        "16-mixed",
-        {"label": "every 2nd batch, 16-mixed"},
-    ),
+    ("window-fp32", "windowed", "32-true", {"label": "every 2nd batch, 32-true"}),
+    ("window-fp16", "windowed", "16-mixed", {"label": "every 2nd batch, 16-mixed"}),
     ("bug-fp32", "detached once", "32-true", {"label": "bug, 32-true"}),
-    (
-        "bug-bf16",
-        "detached once",
-        "bf16-mixed",
-        {"label": "bug, bf16-mixed"},
-    ),
+    ("bug-bf16", "detached once", "bf16-mixed", {"label": "bug, bf16-mixed"}),
     ("bug-fp16", "detached once", "16-mixed", {"label": "bug, 16-mixed"}),
-    (
-        "bug-fp32-plugin",
-        "detached once",
-        "32-true",
-        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 32-true"},
-    ),
-    (
-        "bug-bf16-plugin",
-        "detached once",
-        "bf16-mixed",
-        {
-            "plugin": "ManualMixedPrecision",
-            "label": "bug + plugin, bf16-mixed",
-        },
-    ),
-    (
-        "bug-fp16-plugin",
-        "detached once",
-        "16-mixed",
-        {
-            "plugin": "ManualMixedPrecision",
-            "label": "bug + plugin, 16-mixed",
-        },
-    ),
-    (
-        "window-fp16-overflow",
-        "windowed, D overflow",
-        "16-mixed",
-        {"label": "every 2nd batch, D overflow in window 2, 16-mixed"},
-    ),
-    (
-        "window-fp16-overflow-plugin",
-        "windowed, D overflow",
-        "16-mixed",
-        {
-            "plugin": "ManualMixedPrecision",
-            "label": "same + ManualMixedPrecision, 16-mixed",
-        },
-    ),
+    ("bug-fp32-plugin", "detached once", "32-true", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 32-true"}),  # noqa: E501
+    ("bug-bf16-plugin", "detached once", "bf16-mixed", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"}),  # noqa: E501
+    ("bug-fp16-plugin", "detached once", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"}),  # noqa: E501
+    ("window-fp16-overflow", "windowed, D overflow", "16-mixed", {"label": "every 2nd batch, D overflow in window 2, 16-mixed"}),  # noqa: E501
+    ("window-fp16-overflow-plugin", "windowed, D overflow", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "same + ManualMixedPrecision, 16-mixed"}),  # noqa: E501
 ]
 CLAIMS = [
-    (
-        "raises",
-        "bug-fp16",
-        "AssertionError",
-        "No inf checks were recorded for this optimizer",
-        "the bug crashes under 16-mixed",
-    ),
-    (
-        "expect",
-        "bug-fp32",
-        "generator_changed",
-        False,
-        "the bug is silent in fp32: generator never changes",
-    ),
-    (
-        "expect",
-        "bug-bf16",
-        "generator_changed",
-        False,
-        "the bug is silent in bf16-mixed too",
-    ),
-    (
-        "expect",
-        "healthy-fp32",
-        "generator_changed",
-        True,
-        "the healthy GAN trains its generator",
-    ),
-    (
-        "match",
-        "healthy-bf16",
-        "healthy-fp32",
-        "mixed-vs-fp32",
-        "healthy: bf16-mixed = fp32",
-    ),
-    (
-        "match",
-        "healthy-fp16",
-        "healthy-fp32",
-        "mixed-vs-fp32",
-        "healthy: 16-mixed = fp32",
-    ),
-    (
-        "match",
-        "window-fp16",
-        "window-fp32",
-        "mixed-vs-fp32",
-        "every 2nd batch: 16-mixed = fp32",
-    ),
-    (
-        "match",
-        "bug-fp16-plugin",
-        "bug-fp32",
-        "mixed-vs-fp32",
-        "plugin: 16-mixed completes and = fp32",
-    ),
-    (
-        "expect",
-        "bug-fp16-plugin",
-        "generator_changed",
-        False,
-        "plugin: the empty step is a no-op",
-    ),
-    (
-        "warns",
-        "bug-fp16-plugin",
-        "NoGradientStepWarning",
-        "was stepped but none of its parameters has a gradient",
-        "plugin warns under 16-mixed",
-    ),
-    (
-        "warns",
-        "bug-fp32-plugin",
-        "NoGradientStepWarning",
-        "was stepped but none of its parameters has a gradient",
-        "plugin warns in fp32 as well",
-    ),
-    (
-        "same",
-        "bug-fp32-plugin",
-        "bug-fp32",
-        "weights",
-        "plugin leaves fp32 bitwise unchanged",
-    ),
-    (
-        "same",
-        "bug-bf16-plugin",
-        "bug-bf16",
-        "weights",
-        "plugin leaves bf16-mixed bitwise unchanged",
-    ),
-    (
-        "expect",
-        "window-fp16-overflow",
-        "forced_window_factors",
-        [2.0, 1.0],
-        "two optimizers: a D overflow inside G's window doubles G's first "
-        "micro-batch",
-    ),
-    (
-        "expect",
-        "window-fp16-overflow",
-        "other_windows_constant",
-        True,
-        "without an overflow the scale is constant inside G's windows",
-    ),
-    (
-        "expect",
-        "window-fp16-overflow-plugin",
-        "forced_window_factors",
-        [1.0, 1.0],
-        "plugin: G's held micro-batch is brought to the new scale, both "
-        "count once",
-    ),
+    ("raises", "bug-fp16", "AssertionError", "No inf checks were recorded for this optimizer", "the bug crashes under 16-mixed"),  # noqa: E501
+    ("expect", "bug-fp32", "generator_changed", False, "the bug is silent in fp32: generator never changes"),
+    ("expect", "bug-bf16", "generator_changed", False, "the bug is silent in bf16-mixed too"),
+    ("expect", "healthy-fp32", "generator_changed", True, "the healthy GAN trains its generator"),
+    ("match", "healthy-bf16", "healthy-fp32", "mixed-vs-fp32", "healthy: bf16-mixed = fp32"),
+    ("match", "healthy-fp16", "healthy-fp32", "mixed-vs-fp32", "healthy: 16-mixed = fp32"),
+    ("match", "window-fp16", "window-fp32", "mixed-vs-fp32", "every 2nd batch: 16-mixed = fp32"),
+    ("match", "bug-fp16-plugin", "bug-fp32", "mixed-vs-fp32", "plugin: 16-mixed completes and = fp32"),
+    ("expect", "bug-fp16-plugin", "generator_changed", False, "plugin: the empty step is a no-op"),
+    ("warns", "bug-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient", "plugin warns under 16-mixed"),  # noqa: E501
+    ("warns", "bug-fp32-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient", "plugin warns in fp32 as well"),  # noqa: E501
+    ("same", "bug-fp32-plugin", "bug-fp32", "weights", "plugin leaves fp32 bitwise unchanged"),
+    ("same", "bug-bf16-plugin", "bug-bf16", "weights", "plugin leaves bf16-mixed bitwise unchanged"),
+    ("expect", "window-fp16-overflow", "forced_window_factors", [2.0, 1.0], "two optimizers: a D overflow inside G's window doubles G's first micro-batch"),  # noqa: E501
+    ("expect", "window-fp16-overflow", "other_windows_constant", True, "without an overflow the scale is constant inside G's windows"),  # noqa: E501
+    ("expect", "window-fp16-overflow-plugin", "forced_window_factors", [1.0, 1.0], "plugin: G's held micro-batch is brought to the new scale, both count once"),  # noqa: E501
     ("clean", "healthy-fp32", "PitfallChecks: healthy-fp32 has no finding"),
     ("clean", "healthy-bf16", "PitfallChecks: healthy-bf16 has no finding"),
     ("clean", "healthy-fp16", "PitfallChecks: healthy-fp16 has no finding"),
     ("clean", "window-fp32", "PitfallChecks: window-fp32 has no finding"),
     ("clean", "window-fp16", "PitfallChecks: window-fp16 has no finding"),
-    (
-        "clean",
-        "window-fp16-overflow-plugin",
-        "PitfallChecks: window-fp16-overflow-plugin has no finding",
-    ),
-    (
-        "flags",
-        "bug-fp32",
-        "no-gradient-step",
-        "PitfallChecks flags bug-fp32: no-gradient-step",
-    ),
-    (
-        "flags",
-        "bug-bf16",
-        "no-gradient-step",
-        "PitfallChecks flags bug-bf16: no-gradient-step",
-    ),
-    (
-        "flags",
-        "bug-fp16",
-        "no-gradient-step",
-        "PitfallChecks flags bug-fp16: no-gradient-step",
-    ),
-    (
-        "flags",
-        "bug-fp32-plugin",
-        "no-gradient-step",
-        "PitfallChecks flags bug-fp32-plugin: no-gradient-step",
-    ),
-    (
-        "flags",
-        "bug-bf16-plugin",
-        "no-gradient-step",
-        "PitfallChecks flags bug-bf16-plugin: no-gradient-step",
-    ),
-    (
-        "flags",
-        "bug-fp16-plugin",
-        "no-gradient-step",
-        "PitfallChecks flags bug-fp16-plugin: no-gradient-step",
-    ),
-    (
-        "flags",
-        "window-fp16-overflow",
-        "scale-changes",
-        "PitfallChecks flags window-fp16-overflow: scale-changes",
-    ),
+    ("clean", "window-fp16-overflow-plugin", "PitfallChecks: window-fp16-overflow-plugin has no finding"),
+    ("flags", "bug-fp32", "no-gradient-step", "PitfallChecks flags bug-fp32: no-gradient-step"),
+    ("flags", "bug-bf16", "no-gradient-step", "PitfallChecks flags bug-bf16: no-gradient-step"),
+    ("flags", "bug-fp16", "no-gradient-step", "PitfallChecks flags bug-fp16: no-gradient-step"),
+    ("flags", "bug-fp32-plugin", "no-gradient-step", "PitfallChecks flags bug-fp32-plugin: no-gradient-step"),
+    ("flags", "bug-bf16-plugin", "no-gradient-step", "PitfallChecks flags bug-bf16-plugin: no-gradient-step"),
+    ("flags", "bug-fp16-plugin", "no-gradient-step", "PitfallChecks flags bug-fp16-plugin: no-gradient-step"),
+    ("flags", "window-fp16-overflow", "scale-changes", "PitfallChecks flags window-fp16-overflow: scale-changes"),
 ]
+# fmt: on
 
 # and PitfallChecks on every run (mpguide.checks)
 checked = runner.with_checks(recipes, probes)

@@ -343,11 +343,10 @@ class ClipProbe(Callback):
 class HookNorms(Callback):
     """The gradient norm a logging callback sees in ``on_after_backward`` and in ``on_before_optimizer_step``."""
 
-    measures = {
-        "after_backward_is_scale_x_before_step": "bool",
-        "before_step_equals_after_backward": "bool",
-        "finite_steps": "count",
-    }
+    # fmt: off
+    measures = {"after_backward_is_scale_x_before_step": "bool", "before_step_equals_after_backward": "bool",
+                "finite_steps": "count"}
+    # fmt: on
 
     def setup(self, trainer, pl_module, stage):
         self.after_backward, self.before_step, self.scales = [], [], []
@@ -384,17 +383,13 @@ class HookNorms(Callback):
 class GANClipProbe(Callback):
     """What the hook receives, and the gradient norms each optimizer stepped with (after the hook)."""
 
-    measures = {
-        "hook_calls": "count",
-        "wrapper_comparison_true": "count",
-        "raw_comparison_true": "count",
-        "raw_comparison_once_per_batch": "bool",
-        "d_clipped": "bool",
-        "g_clipped": "bool",
-        # d_norm_max: None when no discriminator step had finite
-        # gradients
-        "d_norm_max": "nonnegative",
-    }
+    # fmt: off
+    measures = {"hook_calls": "count", "wrapper_comparison_true": "count", "raw_comparison_true": "count",
+                "raw_comparison_once_per_batch": "bool", "d_clipped": "bool", "g_clipped": "bool",
+                # d_norm_max: None when no discriminator step had finite
+                # gradients
+                "d_norm_max": "nonnegative"}
+    # fmt: on
 
     def setup(self, trainer, pl_module, stage):
         self.calls, self.wrapper_hits, self.raw_hits, self.norms = (
@@ -479,218 +474,53 @@ probes.update(
 probes.update(
     {name: [GANClipProbe] for name in recipes if name.startswith("GAN")}
 )
+# fmt: off
 RUNS = [
     # run id          recipe                        precision     options
-    (
-        "sgd-fp32",
-        "clip before step, SGD",
-        "32-true",
-        {"label": "SGD, fp32, clip before step"},
-    ),
-    (
-        "sgd-fp16",
-        "clip before step, SGD",
-        "16-mixed",
-        {"label": "SGD, 16-mixed, clip before step"},
-    ),
-    (
-        "sgd-fp16-hook",
-        "clip in hook, SGD",
-        "16-mixed",
-        {"label": "SGD, 16-mixed, clip in hook"},
-    ),
-    (
-        "sgd-fp16-plugin",
-        "clip before step, SGD",
-        "16-mixed",
-        {
-            "plugin": "ManualMixedPrecision",
-            "label": "SGD, 16-mixed, clip before step + ManualMixedPrecision",
-        },
-    ),
-    (
-        "adamw-fp32",
-        "clip before step, AdamW",
-        "32-true",
-        {"label": "AdamW, fp32, clip before step"},
-    ),
-    (
-        "adamw-fp16",
-        "clip before step, AdamW",
-        "16-mixed",
-        {"label": "AdamW, 16-mixed, clip before step"},
-    ),
-    (
-        "unscale-fp16",
-        "unscale yourself, SGD",
-        "16-mixed",
-        {"label": "unscale_ by hand"},
-    ),
-    (
-        "fused-bf16",
-        "clip in hook, fused AdamW",
-        "bf16-mixed",
-        {"label": "fused AdamW, bf16-mixed"},
-    ),
-    (
-        "trainer-flag",
-        "no clipping, SGD",
-        "32-true",
-        {
-            "trainer": {"gradient_clip_val": 0.5},
-            "label": "Trainer(gradient_clip_val=0.5)",
-        },
-    ),
-    (
-        "configure-hook-fp16",
-        "clip in configure_gradient_clipping, SGD",
-        "16-mixed",
-        {"label": "configure hook"},
-    ),
-    (
-        "norms-fp16",
-        "no clipping, AdamW",
-        "16-mixed",
-        {"label": "AdamW, norms logged in two hooks"},
-    ),
-    (
-        "norms-fused-fp16",
-        "no clipping, fused AdamW",
-        "16-mixed",
-        {"label": "fused AdamW, norms in two hooks"},
-    ),
-    (
-        "gan-trap-fp16",
-        "GAN, clip D, compare with the wrapper",
-        "16-mixed",
-        {"label": "GAN, is optimizers()[1]"},
-    ),
-    (
-        "gan-fixed-fp16",
-        "GAN, clip D, compare with .optimizer",
-        "16-mixed",
-        {"label": "GAN, is ...[1].optimizer"},
-    ),
+    ("sgd-fp32", "clip before step, SGD", "32-true", {"label": "SGD, fp32, clip before step"}),
+    ("sgd-fp16", "clip before step, SGD", "16-mixed", {"label": "SGD, 16-mixed, clip before step"}),
+    ("sgd-fp16-hook", "clip in hook, SGD", "16-mixed", {"label": "SGD, 16-mixed, clip in hook"}),
+    ("sgd-fp16-plugin", "clip before step, SGD", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "SGD, 16-mixed, clip before step + ManualMixedPrecision"}),  # noqa: E501
+    ("adamw-fp32", "clip before step, AdamW", "32-true", {"label": "AdamW, fp32, clip before step"}),
+    ("adamw-fp16", "clip before step, AdamW", "16-mixed", {"label": "AdamW, 16-mixed, clip before step"}),
+    ("unscale-fp16", "unscale yourself, SGD", "16-mixed", {"label": "unscale_ by hand"}),
+    ("fused-bf16", "clip in hook, fused AdamW", "bf16-mixed", {"label": "fused AdamW, bf16-mixed"}),
+    ("trainer-flag", "no clipping, SGD", "32-true", {"trainer": {"gradient_clip_val": 0.5}, "label": "Trainer(gradient_clip_val=0.5)"}),  # noqa: E501
+    ("configure-hook-fp16", "clip in configure_gradient_clipping, SGD", "16-mixed", {"label": "configure hook"}),
+    ("norms-fp16", "no clipping, AdamW", "16-mixed", {"label": "AdamW, norms logged in two hooks"}),
+    ("norms-fused-fp16", "no clipping, fused AdamW", "16-mixed", {"label": "fused AdamW, norms in two hooks"}),
+    ("gan-trap-fp16", "GAN, clip D, compare with the wrapper", "16-mixed", {"label": "GAN, is optimizers()[1]"}),
+    ("gan-fixed-fp16", "GAN, clip D, compare with .optimizer", "16-mixed", {"label": "GAN, is ...[1].optimizer"}),
 ]
 CLAIMS = [
-    (
-        "diverge",
-        "sgd-fp16",
-        "sgd-fp32",
-        "pitfall-gap",
-        "SGD: clipping scaled gradients stalls training",
-    ),
-    (
-        "match",
-        "sgd-fp16-hook",
-        "sgd-fp32",
-        "mixed-vs-fp32",
-        "SGD: clipping in on_before_optimizer_step = fp32",
-    ),
-    (
-        "match",
-        "sgd-fp16-plugin",
-        "sgd-fp32",
-        "mixed-vs-fp32",
-        "SGD: clip before step with the plugin = fp32",
-    ),
-    (
-        "match",
-        "adamw-fp16",
-        "adamw-fp32",
-        "adam-scaled-clip",
-        "AdamW: the same mistake does not show as a stall",
-    ),
-    (
-        "raises",
-        "unscale-fp16",
-        "RuntimeError",
-        "unscale_() has already been called on this optimizer",
-        "unscale_ by hand, then opt.step(), raises",
-    ),
-    (
-        "raises",
-        "fused-bf16",
-        "RuntimeError",
-        "does not allow for gradient clipping",
-        "a fused optimizer cannot be clipped under mixed precision (bf16 "
-        "too)",
-    ),
-    (
-        "raises",
-        "trainer-flag",
-        "MisconfigurationException",
-        "Automatic gradient clipping is not supported for manual "
-        "optimization",
-        "Trainer(gradient_clip_val) is rejected in manual optimization",
-    ),
-    (
-        "expect",
-        "configure-hook-fp16",
-        "seen_norm",
-        [],
-        "manual optimization never calls configure_gradient_clipping",
-    ),
+    ("diverge", "sgd-fp16", "sgd-fp32", "pitfall-gap", "SGD: clipping scaled gradients stalls training"),
+    ("match", "sgd-fp16-hook", "sgd-fp32", "mixed-vs-fp32", "SGD: clipping in on_before_optimizer_step = fp32"),
+    ("match", "sgd-fp16-plugin", "sgd-fp32", "mixed-vs-fp32", "SGD: clip before step with the plugin = fp32"),
+    ("match", "adamw-fp16", "adamw-fp32", "adam-scaled-clip", "AdamW: the same mistake does not show as a stall"),
+    ("raises", "unscale-fp16", "RuntimeError", "unscale_() has already been called on this optimizer", "unscale_ by hand, then opt.step(), raises"),  # noqa: E501
+    ("raises", "fused-bf16", "RuntimeError", "does not allow for gradient clipping", "a fused optimizer cannot be clipped under mixed precision (bf16 too)"),  # noqa: E501
+    ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient clipping is not supported for manual optimization", "Trainer(gradient_clip_val) is rejected in manual optimization"),  # noqa: E501
+    ("expect", "configure-hook-fp16", "seen_norm", [], "manual optimization never calls configure_gradient_clipping"),
     # the hook-norm and GAN runs are printed below;
     # tests/test_round4_facts.py and test_guide_page.py hold their facts
     # PitfallChecks on every run (runner.with_checks): each buggy run flags
     # its section, each correct run is clean
     ("clean", "sgd-fp32", "PitfallChecks: sgd-fp32 has no finding"),
-    (
-        "clean",
-        "sgd-fp16-hook",
-        "PitfallChecks: sgd-fp16-hook has no finding",
-    ),
-    (
-        "clean",
-        "sgd-fp16-plugin",
-        "PitfallChecks: sgd-fp16-plugin has no finding",
-    ),
+    ("clean", "sgd-fp16-hook", "PitfallChecks: sgd-fp16-hook has no finding"),
+    ("clean", "sgd-fp16-plugin", "PitfallChecks: sgd-fp16-plugin has no finding"),
     ("clean", "adamw-fp32", "PitfallChecks: adamw-fp32 has no finding"),
-    (
-        "flags",
-        "sgd-fp16",
-        "clipping",
-        "PitfallChecks flags sgd-fp16: clipping",
-    ),
-    (
-        "flags",
-        "adamw-fp16",
-        "clipping",
-        "PitfallChecks flags adamw-fp16: clipping",
-    ),
-    (
-        "flags",
-        "fused-bf16",
-        "clipping",
-        "PitfallChecks flags fused-bf16: clipping",
-    ),
-    (
-        "flags",
-        "unscale-fp16",
-        "clipping",
-        "PitfallChecks flags unscale-fp16: clipping",
-    ),
-    (
-        "flags",
-        "configure-hook-fp16",
-        "porting",
-        "PitfallChecks flags configure-hook-fp16: porting",
-    ),
+    ("flags", "sgd-fp16", "clipping", "PitfallChecks flags sgd-fp16: clipping"),
+    ("flags", "adamw-fp16", "clipping", "PitfallChecks flags adamw-fp16: clipping"),
+    ("flags", "fused-bf16", "clipping", "PitfallChecks flags fused-bf16: clipping"),
+    ("flags", "unscale-fp16", "clipping", "PitfallChecks flags unscale-fp16: clipping"),
+    ("flags", "configure-hook-fp16", "porting", "PitfallChecks flags configure-hook-fp16: porting"),
     ("clean", "norms-fp16", "PitfallChecks: norms-fp16 has no finding"),
-    (
-        "clean",
-        "norms-fused-fp16",
-        "PitfallChecks: norms-fused-fp16 has no finding",
-    ),
+    ("clean", "norms-fused-fp16", "PitfallChecks: norms-fused-fp16 has no finding"),
     # gan-trap-fp16 is not declared: a clip that the reader's own condition
     # never reaches is invisible from outside
-    (
-        "clean",
-        "gan-fixed-fp16",
-        "PitfallChecks: gan-fixed-fp16 has no finding",
-    ),
+    ("clean", "gan-fixed-fp16", "PitfallChecks: gan-fixed-fp16 has no finding"),
 ]
+# fmt: on
 
 probes = runner.with_checks(recipes, probes)
 record = runner.run_example(

@@ -158,12 +158,10 @@ from mpguide.verify.show import plotting, report
 
 
 class WindowProbe(Callback):
-    measures = {
-        "window_moved": "list[bool]",
-        "scale_constant_in_windows": "bool",
-        "overflow_window_skipped": "bool",
-        "other_windows_moved": "bool",
-    }
+    # fmt: off
+    measures = {"window_moved": "list[bool]", "scale_constant_in_windows": "bool", "overflow_window_skipped": "bool",
+                "other_windows_moved": "bool"}
+    # fmt: on
 
     def __init__(self):
         # moved per window; scale per micro-batch
@@ -224,164 +222,35 @@ recipes = {
     ),
 }
 probes = {name: [WindowProbe] for name in recipes if name != "automatic"}
+# fmt: off
 RUNS = [
     # run id           recipe                   precision     options
-    (
-        "auto-fp32",
-        "automatic",
-        "32-true",
-        {
-            "trainer": {"accumulate_grad_batches": 4},
-            "label": "automatic, 32-true",
-        },
-    ),
-    (
-        "auto-bf16",
-        "automatic",
-        "bf16-mixed",
-        {
-            "trainer": {"accumulate_grad_batches": 4},
-            "label": "automatic, bf16-mixed",
-        },
-    ),
-    (
-        "auto-fp16",
-        "automatic",
-        "16-mixed",
-        {
-            "trainer": {"accumulate_grad_batches": 4},
-            "label": "automatic, 16-mixed",
-        },
-    ),
+    ("auto-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"}),
+    ("auto-bf16", "automatic", "bf16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"}),  # noqa: E501
+    ("auto-fp16", "automatic", "16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"}),
     ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
-    (
-        "no-division",
-        "no division",
-        "32-true",
-        {"label": "no division, fp32"},
-    ),
-    (
-        "zero-grad",
-        "zero_grad every batch",
-        "32-true",
-        {"label": "zero_grad every batch, fp32"},
-    ),
-    (
-        "manual-lr-x4",
-        "manual, lr x 4",
-        "32-true",
-        {"label": "manual, lr 0.2 (4 x 0.05), fp32"},
-    ),
-    (
-        "manual-lr-0.5",
-        "manual, lr 0.5",
-        "32-true",
-        {"label": "manual, lr 0.5, fp32"},
-    ),
-    (
-        "no-division-lr-0.5",
-        "no division, lr 0.5",
-        "32-true",
-        {"label": "no division, lr 0.5, fp32"},
-    ),
-    (
-        "overflow-fp16",
-        "manual, overflow",
-        "16-mixed",
-        {"label": "16-mixed, overflow in window 5"},
-    ),
-    (
-        "trainer-flag",
-        "manual",
-        "32-true",
-        {
-            "trainer": {"accumulate_grad_batches": 4},
-            "label": "Trainer(accumulate_grad_batches=4)",
-        },
-    ),
+    ("no-division", "no division", "32-true", {"label": "no division, fp32"}),
+    ("zero-grad", "zero_grad every batch", "32-true", {"label": "zero_grad every batch, fp32"}),
+    ("manual-lr-x4", "manual, lr x 4", "32-true", {"label": "manual, lr 0.2 (4 x 0.05), fp32"}),
+    ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
+    ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
+    ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
+    ("trainer-flag", "manual", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),  # noqa: E501
 ]
 CLAIMS = [
-    (
-        "match",
-        "manual-fp32",
-        "auto-fp32",
-        "same-precision",
-        "manual accumulation = automatic (fp32)",
-    ),
-    (
-        "match",
-        "manual-bf16",
-        "auto-bf16",
-        "same-precision",
-        "manual accumulation = automatic (bf16)",
-    ),
-    (
-        "match",
-        "manual-fp16",
-        "auto-fp16",
-        "same-precision",
-        "manual accumulation = automatic (fp16)",
-    ),
-    (
-        "diverge",
-        "no-division",
-        "manual-fp32",
-        "pitfall-gap",
-        "not dividing the loss diverges",
-    ),
-    (
-        "diverge",
-        "zero-grad",
-        "manual-fp32",
-        "pitfall-gap",
-        "zero_grad every batch diverges",
-    ),
-    (
-        "same",
-        "no-division",
-        "manual-lr-x4",
-        "final_weights",
-        "not dividing = dividing with a 4 x larger lr, bitwise",
-    ),
-    (
-        "diverge",
-        "no-division-lr-0.5",
-        "manual-lr-0.5",
-        "pitfall-gap",
-        "at lr 0.5, not dividing diverges",
-    ),
-    (
-        "expect",
-        "overflow-fp16",
-        "scale_constant_in_windows",
-        True,
-        "the loss scale is constant inside each window",
-    ),
-    (
-        "expect",
-        "overflow-fp16",
-        "overflow_window_skipped",
-        True,
-        "one overflowing micro-batch skips its window",
-    ),
-    (
-        "expect",
-        "overflow-fp16",
-        "other_windows_moved",
-        True,
-        "every other window is applied",
-    ),
-    (
-        "raises",
-        "trainer-flag",
-        "MisconfigurationException",
-        "Automatic gradient accumulation is not supported for manual "
-        "optimization",
-        "Trainer(accumulate_grad_batches) is rejected in manual "
-        "optimization",
-    ),
+    ("match", "manual-fp32", "auto-fp32", "same-precision", "manual accumulation = automatic (fp32)"),
+    ("match", "manual-bf16", "auto-bf16", "same-precision", "manual accumulation = automatic (bf16)"),
+    ("match", "manual-fp16", "auto-fp16", "same-precision", "manual accumulation = automatic (fp16)"),
+    ("diverge", "no-division", "manual-fp32", "pitfall-gap", "not dividing the loss diverges"),
+    ("diverge", "zero-grad", "manual-fp32", "pitfall-gap", "zero_grad every batch diverges"),
+    ("same", "no-division", "manual-lr-x4", "final_weights", "not dividing = dividing with a 4 x larger lr, bitwise"),
+    ("diverge", "no-division-lr-0.5", "manual-lr-0.5", "pitfall-gap", "at lr 0.5, not dividing diverges"),
+    ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
+    ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
+    ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
+    ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient accumulation is not supported for manual optimization", "Trainer(accumulate_grad_batches) is rejected in manual optimization"),  # noqa: E501
     # PitfallChecks on every run (runner.with_checks): each buggy run flags
     # its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
@@ -391,23 +260,11 @@ CLAIMS = [
     ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
     ("clean", "manual-fp16", "PitfallChecks: manual-fp16 has no finding"),
     ("clean", "manual-lr-x4", "PitfallChecks: manual-lr-x4 has no finding"),
-    (
-        "clean",
-        "manual-lr-0.5",
-        "PitfallChecks: manual-lr-0.5 has no finding",
-    ),
-    (
-        "clean",
-        "overflow-fp16",
-        "PitfallChecks: overflow-fp16 has no finding",
-    ),
-    (
-        "flags",
-        "zero-grad",
-        "accumulation",
-        "PitfallChecks flags zero-grad: accumulation",
-    ),
+    ("clean", "manual-lr-0.5", "PitfallChecks: manual-lr-0.5 has no finding"),
+    ("clean", "overflow-fp16", "PitfallChecks: overflow-fp16 has no finding"),
+    ("flags", "zero-grad", "accumulation", "PitfallChecks flags zero-grad: accumulation"),
 ]
+# fmt: on
 
 record = runner.run_example(
     "plot_06_accumulation",

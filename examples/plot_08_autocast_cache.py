@@ -178,67 +178,25 @@ recipes = {
     "own caching autocast": functools.partial(CachingAutocast, **adamw),
 }
 probes = {name: [StaleAfterStep] for name in recipes}
+# fmt: off
 RUNS = [
     # run id            recipe                        precision     options
-    (
-        "lightning-bf16",
-        "Lightning's autocast only",
-        "bf16-mixed",
-        {"label": "bf16-mixed, Lightning's autocast"},
-    ),
-    (
-        "caching-bf16",
-        "own caching autocast",
-        "bf16-mixed",
-        {"label": "bf16-mixed, own caching autocast"},
-    ),
+    ("lightning-bf16", "Lightning's autocast only", "bf16-mixed", {"label": "bf16-mixed, Lightning's autocast"}),
+    ("caching-bf16", "own caching autocast", "bf16-mixed", {"label": "bf16-mixed, own caching autocast"}),
     ("fp32", "Lightning's autocast only", "32-true", {"label": "fp32"}),
 ]
 CLAIMS = [
-    (
-        "match",
-        "caching-bf16",
-        "lightning-bf16",
-        "same-precision",
-        "no_grad then graded forward in a caching autocast trains normally "
-        "(installed torch)",
-    ),
-    (
-        "match",
-        "lightning-bf16",
-        "fp32",
-        "mixed-vs-fp32",
-        "bf16-mixed follows fp32",
-    ),
-    (
-        "expect",
-        "caching-bf16",
-        "stale_after_step",
-        True,
-        "hazard: a forward after opt.step() sees old weights",
-    ),
-    (
-        "expect",
-        "lightning-bf16",
-        "stale_after_step",
-        False,
-        "safe: without a caching autocast it sees new ones",
-    ),
+    ("match", "caching-bf16", "lightning-bf16", "same-precision", "no_grad then graded forward in a caching autocast trains normally (installed torch)"),  # noqa: E501
+    ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
+    ("expect", "caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
+    ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags
     # its section, each correct run is clean
-    (
-        "clean",
-        "lightning-bf16",
-        "PitfallChecks: lightning-bf16 has no finding",
-    ),
+    ("clean", "lightning-bf16", "PitfallChecks: lightning-bf16 has no finding"),
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
-    (
-        "flags",
-        "caching-bf16",
-        "autocast-cache",
-        "PitfallChecks flags caching-bf16: autocast-cache",
-    ),
+    ("flags", "caching-bf16", "autocast-cache", "PitfallChecks flags caching-bf16: autocast-cache"),
 ]
+# fmt: on
 
 record = runner.run_example(
     "plot_08_autocast_cache",

@@ -214,81 +214,22 @@ import math
 from mpguide.verify.show import plotting, report
 
 recipes = {"naive penalty": R1GAN, "scaled penalty": ScaledR1GAN}
+# fmt: off
 RUNS = [
     # run id            recipe            precision     options
-    (
-        "naive-fp32",
-        "naive penalty",
-        "32-true",
-        {"label": "naive penalty, fp32"},
-    ),
-    (
-        "naive-bf16",
-        "naive penalty",
-        "bf16-mixed",
-        {"label": "naive penalty, bf16-mixed"},
-    ),
-    (
-        "naive-fp16",
-        "naive penalty",
-        "16-mixed",
-        {"label": "naive penalty, 16-mixed"},
-    ),
-    (
-        "scaled-fp32",
-        "scaled penalty",
-        "32-true",
-        {"label": "scaled penalty, fp32"},
-    ),
-    (
-        "scaled-bf16",
-        "scaled penalty",
-        "bf16-mixed",
-        {"label": "scaled penalty, bf16-mixed"},
-    ),
-    (
-        "scaled-fp16",
-        "scaled penalty",
-        "16-mixed",
-        {"label": "scaled penalty, 16-mixed"},
-    ),
+    ("naive-fp32", "naive penalty", "32-true", {"label": "naive penalty, fp32"}),
+    ("naive-bf16", "naive penalty", "bf16-mixed", {"label": "naive penalty, bf16-mixed"}),
+    ("naive-fp16", "naive penalty", "16-mixed", {"label": "naive penalty, 16-mixed"}),
+    ("scaled-fp32", "scaled penalty", "32-true", {"label": "scaled penalty, fp32"}),
+    ("scaled-bf16", "scaled penalty", "bf16-mixed", {"label": "scaled penalty, bf16-mixed"}),
+    ("scaled-fp16", "scaled penalty", "16-mixed", {"label": "scaled penalty, 16-mixed"}),
 ]
 CLAIMS = [
-    (
-        "same",
-        "scaled-fp32",
-        "naive-fp32",
-        "final_weights",
-        "fp32: scaled penalty = naive one, bitwise",
-    ),
-    (
-        "same",
-        "scaled-bf16",
-        "naive-bf16",
-        "final_weights",
-        "bf16-mixed: no GradScaler, no change, bitwise",
-    ),
-    (
-        "match",
-        "naive-bf16",
-        "naive-fp32",
-        "mixed-vs-fp32",
-        "bf16-mixed, naive penalty = fp32",
-    ),
-    (
-        "match",
-        "scaled-fp16",
-        "naive-fp32",
-        "mixed-vs-fp32",
-        "16-mixed, scaled penalty = fp32",
-    ),
-    (
-        "match",
-        "naive-fp16",
-        "naive-fp32",
-        "mixed-vs-fp32",
-        "16-mixed, naive penalty = fp32 on this model",
-    ),
+    ("same", "scaled-fp32", "naive-fp32", "final_weights", "fp32: scaled penalty = naive one, bitwise"),
+    ("same", "scaled-bf16", "naive-bf16", "final_weights", "bf16-mixed: no GradScaler, no change, bitwise"),
+    ("match", "naive-bf16", "naive-fp32", "mixed-vs-fp32", "bf16-mixed, naive penalty = fp32"),
+    ("match", "scaled-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, scaled penalty = fp32"),
+    ("match", "naive-fp16", "naive-fp32", "mixed-vs-fp32", "16-mixed, naive penalty = fp32 on this model"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags
     # its section, each correct run is clean
     ("clean", "naive-fp32", "PitfallChecks: naive-fp32 has no finding"),
@@ -296,13 +237,9 @@ CLAIMS = [
     ("clean", "scaled-fp32", "PitfallChecks: scaled-fp32 has no finding"),
     ("clean", "scaled-bf16", "PitfallChecks: scaled-bf16 has no finding"),
     ("clean", "scaled-fp16", "PitfallChecks: scaled-fp16 has no finding"),
-    (
-        "flags",
-        "naive-fp16",
-        "gradient-penalty",
-        "PitfallChecks flags naive-fp16: gradient-penalty",
-    ),
+    ("flags", "naive-fp16", "gradient-penalty", "PitfallChecks flags naive-fp16: gradient-penalty"),
 ]
+# fmt: on
 
 record = runner.run_example(
     "plot_10_gradient_penalty",

@@ -170,109 +170,33 @@ recipes = {
     "skip if not finite": SkipIfNotFinite,
     "step and detect": StepAndDetect,
 }
+# fmt: off
 RUNS = [
     # run id          recipe                 precision     options
-    (
-        "habit-fp32",
-        "skip if not finite",
-        "32-true",
-        {"label": "habit, fp32"},
-    ),
-    (
-        "habit-bf16",
-        "skip if not finite",
-        "bf16-mixed",
-        {"label": "habit, bf16-mixed"},
-    ),
-    (
-        "habit-fp16",
-        "skip if not finite",
-        "16-mixed",
-        {"label": "habit, 16-mixed"},
-    ),
-    (
-        "detect-fp32",
-        "step and detect",
-        "32-true",
-        {"label": "step and detect, fp32"},
-    ),
-    (
-        "detect-fp16",
-        "step and detect",
-        "16-mixed",
-        {"label": "step and detect, 16-mixed"},
-    ),
+    ("habit-fp32", "skip if not finite", "32-true", {"label": "habit, fp32"}),
+    ("habit-bf16", "skip if not finite", "bf16-mixed", {"label": "habit, bf16-mixed"}),
+    ("habit-fp16", "skip if not finite", "16-mixed", {"label": "habit, 16-mixed"}),
+    ("detect-fp32", "step and detect", "32-true", {"label": "step and detect, fp32"}),
+    ("detect-fp16", "step and detect", "16-mixed", {"label": "step and detect, 16-mixed"}),
 ]
 CLAIMS = [
-    (
-        "expect",
-        "habit-fp16",
-        "updates_applied",
-        0,
-        "habit, 16-mixed: not a single update is applied",
-    ),
-    (
-        "expect",
-        "habit-fp16",
-        "final_loss_scale",
-        65536.0,
-        "habit, 16-mixed: the loss scale never leaves 65536",
-    ),
-    (
-        "diverge",
-        "habit-fp16",
-        "habit-fp32",
-        "pitfall-gap",
-        "habit, 16-mixed: the loss stays where it started",
-    ),
-    (
-        "expect",
-        "habit-fp32",
-        "all_updates_applied",
-        True,
-        "habit, fp32: every step applied (gradients finite)",
-    ),
-    (
-        "match",
-        "habit-bf16",
-        "habit-fp32",
-        "mixed-vs-fp32",
-        "habit, bf16-mixed = fp32 (no loss scale)",
-    ),
-    (
-        "same",
-        "detect-fp32",
-        "habit-fp32",
-        "applied_per_step",
-        "step and detect, fp32: same steps as the habit",
-    ),
-    (
-        "match",
-        "detect-fp16",
-        "habit-fp32",
-        "mixed-vs-fp32",
-        "step and detect, 16-mixed = fp32",
-    ),
-    (
-        "expect",
-        "detect-fp16",
-        "all_updates_applied",
-        False,
-        "step and detect, 16-mixed: some steps skipped",
-    ),
+    ("expect", "habit-fp16", "updates_applied", 0, "habit, 16-mixed: not a single update is applied"),
+    ("expect", "habit-fp16", "final_loss_scale", 65536.0, "habit, 16-mixed: the loss scale never leaves 65536"),
+    ("diverge", "habit-fp16", "habit-fp32", "pitfall-gap", "habit, 16-mixed: the loss stays where it started"),
+    ("expect", "habit-fp32", "all_updates_applied", True, "habit, fp32: every step applied (gradients finite)"),
+    ("match", "habit-bf16", "habit-fp32", "mixed-vs-fp32", "habit, bf16-mixed = fp32 (no loss scale)"),
+    ("same", "detect-fp32", "habit-fp32", "applied_per_step", "step and detect, fp32: same steps as the habit"),
+    ("match", "detect-fp16", "habit-fp32", "mixed-vs-fp32", "step and detect, 16-mixed = fp32"),
+    ("expect", "detect-fp16", "all_updates_applied", False, "step and detect, 16-mixed: some steps skipped"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags
     # its section, each correct run is clean
     ("clean", "habit-fp32", "PitfallChecks: habit-fp32 has no finding"),
     ("clean", "habit-bf16", "PitfallChecks: habit-bf16 has no finding"),
     ("clean", "detect-fp32", "PitfallChecks: detect-fp32 has no finding"),
     ("clean", "detect-fp16", "PitfallChecks: detect-fp16 has no finding"),
-    (
-        "flags",
-        "habit-fp16",
-        "nonfinite-guard",
-        "PitfallChecks flags habit-fp16: nonfinite-guard",
-    ),
+    ("flags", "habit-fp16", "nonfinite-guard", "PitfallChecks flags habit-fp16: nonfinite-guard"),
 ]
+# fmt: on
 
 record = runner.run_example(
     "plot_12_nonfinite_guard",

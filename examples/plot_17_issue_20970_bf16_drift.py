@@ -551,307 +551,65 @@ recipes = {
     ),
 }
 probes = {name: [WeightsDigest] for name in recipes}
+# fmt: off
 RUNS = [
     # run id, recipe, precision, options
-    (
-        "towers-auto-fp32",
-        "two towers, automatic",
-        "32-true",
-        {"label": "#20970's model, automatic, 32-true"},
-    ),
-    (
-        "towers-auto-bf16",
-        "two towers, automatic",
-        "bf16-mixed",
-        {"label": "#20970's model, automatic, bf16-mixed"},
-    ),
-    (
-        "reporter-fp32",
-        "#20970 as posted",
-        "32-true",
-        {"label": "#20970 as posted, 32-true"},
-    ),
-    (
-        "reporter-bf16",
-        "#20970 as posted",
-        "bf16-mixed",
-        {"label": "#20970 as posted, bf16-mixed"},
-    ),
-    (
-        "rep-noautocast-bf16",
-        "#20970, no own autocast",
-        "bf16-mixed",
-        {"label": "without the own autocast, bf16-mixed"},
-    ),
-    (
-        "rep-gradteacher-bf16",
-        "#20970, teacher with grad",
-        "bf16-mixed",
-        {"label": "teachers without no_grad, bf16-mixed"},
-    ),
-    (
-        "rep-zerobefore-bf16",
-        "#20970, zero_grad before backward",
-        "bf16-mixed",
-        {"label": "zero_grad() before backward, bf16-mixed"},
-    ),
-    (
-        "rep-epochsched-bf16",
-        "#20970, scheduler per epoch",
-        "bf16-mixed",
-        {"label": "scheduler per epoch, bf16-mixed"},
-    ),
-    (
-        "rep-fixed-bf16",
-        "#20970 fixed",
-        "bf16-mixed",
-        {"label": "the step to paste, bf16-mixed"},
-    ),
-    (
-        "cache2-bf16",
-        "two updates, caching autocast",
-        "bf16-mixed",
-        {"label": "two updates, caching autocast, bf16"},
-    ),
-    (
-        "cache2-fp32",
-        "two updates, caching autocast",
-        "32-true",
-        {"label": "two updates, caching autocast, fp32"},
-    ),
-    (
-        "plain2-bf16",
-        "two updates, no own autocast",
-        "bf16-mixed",
-        {"label": "two updates, no own autocast, bf16"},
-    ),
-    (
-        "plain2-fp32",
-        "two updates, no own autocast",
-        "32-true",
-        {"label": "two updates, no own autocast, fp32"},
-    ),
-    (
-        "shared-bf16",
-        "shared teacher, caching autocast",
-        "bf16-mixed",
-        {"label": "shared teacher, caching autocast"},
-    ),
-    (
-        "shared-plain-bf16",
-        "shared teacher, no own autocast",
-        "bf16-mixed",
-        {"label": "shared, no own autocast"},
-    ),
-    (
-        "reporter-bf16-again",
-        "#20970 as posted",
-        "bf16-mixed",
-        {"label": "#20970 as posted, bf16, same seed again"},
-    ),
-    (
-        "reporter-bf16-seed1",
-        "#20970 as posted",
-        "bf16-mixed",
-        {"seed": 1, "label": "#20970 as posted, bf16, seed 1"},
-    ),
-    (
-        "reporter-fp32-seed1",
-        "#20970 as posted",
-        "32-true",
-        {"seed": 1, "label": "#20970 as posted, fp32, seed 1"},
-    ),
+    ("towers-auto-fp32", "two towers, automatic", "32-true", {"label": "#20970's model, automatic, 32-true"}),
+    ("towers-auto-bf16", "two towers, automatic", "bf16-mixed", {"label": "#20970's model, automatic, bf16-mixed"}),
+    ("reporter-fp32", "#20970 as posted", "32-true", {"label": "#20970 as posted, 32-true"}),
+    ("reporter-bf16", "#20970 as posted", "bf16-mixed", {"label": "#20970 as posted, bf16-mixed"}),
+    ("rep-noautocast-bf16", "#20970, no own autocast", "bf16-mixed", {"label": "without the own autocast, bf16-mixed"}),
+    ("rep-gradteacher-bf16", "#20970, teacher with grad", "bf16-mixed", {"label": "teachers without no_grad, bf16-mixed"}),  # noqa: E501
+    ("rep-zerobefore-bf16", "#20970, zero_grad before backward", "bf16-mixed", {"label": "zero_grad() before backward, bf16-mixed"}),  # noqa: E501
+    ("rep-epochsched-bf16", "#20970, scheduler per epoch", "bf16-mixed", {"label": "scheduler per epoch, bf16-mixed"}),
+    ("rep-fixed-bf16", "#20970 fixed", "bf16-mixed", {"label": "the step to paste, bf16-mixed"}),
+    ("cache2-bf16", "two updates, caching autocast", "bf16-mixed", {"label": "two updates, caching autocast, bf16"}),
+    ("cache2-fp32", "two updates, caching autocast", "32-true", {"label": "two updates, caching autocast, fp32"}),
+    ("plain2-bf16", "two updates, no own autocast", "bf16-mixed", {"label": "two updates, no own autocast, bf16"}),
+    ("plain2-fp32", "two updates, no own autocast", "32-true", {"label": "two updates, no own autocast, fp32"}),
+    ("shared-bf16", "shared teacher, caching autocast", "bf16-mixed", {"label": "shared teacher, caching autocast"}),
+    ("shared-plain-bf16", "shared teacher, no own autocast", "bf16-mixed", {"label": "shared, no own autocast"}),
+    ("reporter-bf16-again", "#20970 as posted", "bf16-mixed", {"label": "#20970 as posted, bf16, same seed again"}),
+    ("reporter-bf16-seed1", "#20970 as posted", "bf16-mixed", {"seed": 1, "label": "#20970 as posted, bf16, seed 1"}),
+    ("reporter-fp32-seed1", "#20970 as posted", "32-true", {"seed": 1, "label": "#20970 as posted, fp32, seed 1"}),
 ]
 CLAIMS = [
     # kind, runs..., parameters, title (the matrix compares by title),
     # options
-    (
-        "match",
-        "reporter-fp32",
-        "towers-auto-fp32",
-        "same-precision",
-        "#20970 as posted: fp32 manual = automatic",
-    ),
-    (
-        "match",
-        "reporter-bf16",
-        "towers-auto-bf16",
-        "same-precision",
-        "#20970 as posted: bf16-mixed manual = automatic (the reported "
-        "drift does not reproduce)",
-    ),
-    (
-        "match",
-        "reporter-bf16",
-        "reporter-fp32",
-        "mixed-vs-fp32",
-        "#20970 as posted: bf16-mixed = fp32",
-    ),
-    (
-        "same",
-        "reporter-bf16",
-        "towers-auto-bf16",
-        "weights",
-        "#20970 as posted: bf16-mixed manual = automatic, final weights "
-        "bitwise",
-    ),
-    (
-        "same",
-        "rep-noautocast-bf16",
-        "reporter-bf16",
-        "weights",
-        "the own autocast changes no weight (bitwise)",
-    ),
-    (
-        "same",
-        "rep-gradteacher-bf16",
-        "reporter-bf16",
-        "weights",
-        "no_grad on the teachers changes no weight (bitwise)",
-    ),
-    (
-        "same",
-        "rep-zerobefore-bf16",
-        "reporter-bf16",
-        "weights",
-        "zero_grad(set_to_none=True) after the step = zero_grad() before "
-        "backward (bitwise)",
-    ),
-    (
-        "diverge",
-        "rep-epochsched-bf16",
-        "towers-auto-bf16",
-        "pitfall-gap",
-        "a per-step schedule stepped per epoch diverges",
-    ),
-    (
-        "match",
-        "rep-fixed-bf16",
-        "towers-auto-bf16",
-        "same-precision",
-        "the step to paste = automatic (bf16)",
-    ),
-    (
-        "same",
-        "cache2-fp32",
-        "plain2-fp32",
-        "weights",
-        "two updates in a caching autocast: fp32 unchanged (bitwise)",
-    ),
-    (
-        "diverge",
-        "cache2-bf16",
-        "plain2-bf16",
-        "pitfall-gap",
-        "two updates in a caching autocast: bf16-mixed drifts (stale casts)",
-    ),
-    (
-        "match",
-        "plain2-bf16",
-        "plain2-fp32",
-        "mixed-vs-fp32",
-        "two updates without own autocast: bf16 follows fp32",
-    ),
-    (
-        "same",
-        "shared-bf16",
-        "shared-plain-bf16",
-        "weights",
-        "a teacher sharing the student's weights in a caching autocast "
-        "changes no weight (installed torch)",
-    ),
-    (
-        "same",
-        "reporter-bf16-again",
-        "reporter-bf16",
-        "weights",
-        "the same seed twice in bf16-mixed: bitwise identical on a CPU",
-        {"only_on": "cpu"},
-    ),
-    (
-        "match",
-        "reporter-bf16-seed1",
-        "reporter-fp32-seed1",
-        "mixed-vs-fp32",
-        "seed 1: bf16-mixed follows fp32",
-    ),
-    (
-        "clean",
-        "towers-auto-fp32",
-        "PitfallChecks: towers-auto-fp32 has no finding",
-    ),
-    (
-        "clean",
-        "towers-auto-bf16",
-        "PitfallChecks: towers-auto-bf16 has no finding",
-    ),
-    (
-        "clean",
-        "reporter-fp32",
-        "PitfallChecks: reporter-fp32 has no finding",
-    ),
-    (
-        "clean",
-        "reporter-bf16",
-        "PitfallChecks: reporter-bf16 has no finding",
-    ),
-    (
-        "clean",
-        "rep-noautocast-bf16",
-        "PitfallChecks: rep-noautocast-bf16 has no finding",
-    ),
-    (
-        "clean",
-        "rep-gradteacher-bf16",
-        "PitfallChecks: rep-gradteacher-bf16 has no finding",
-    ),
-    (
-        "clean",
-        "rep-zerobefore-bf16",
-        "PitfallChecks: rep-zerobefore-bf16 has no finding",
-    ),
-    (
-        "clean",
-        "rep-fixed-bf16",
-        "PitfallChecks: rep-fixed-bf16 has no finding",
-    ),
-    (
-        "flags",
-        "cache2-bf16",
-        "autocast-cache",
-        "PitfallChecks flags cache2-bf16: autocast-cache",
-    ),
+    ("match", "reporter-fp32", "towers-auto-fp32", "same-precision", "#20970 as posted: fp32 manual = automatic"),
+    ("match", "reporter-bf16", "towers-auto-bf16", "same-precision", "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)"),  # noqa: E501
+    ("match", "reporter-bf16", "reporter-fp32", "mixed-vs-fp32", "#20970 as posted: bf16-mixed = fp32"),
+    ("same", "reporter-bf16", "towers-auto-bf16", "weights", "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise"),  # noqa: E501
+    ("same", "rep-noautocast-bf16", "reporter-bf16", "weights", "the own autocast changes no weight (bitwise)"),
+    ("same", "rep-gradteacher-bf16", "reporter-bf16", "weights", "no_grad on the teachers changes no weight (bitwise)"),
+    ("same", "rep-zerobefore-bf16", "reporter-bf16", "weights", "zero_grad(set_to_none=True) after the step = zero_grad() before backward (bitwise)"),  # noqa: E501
+    ("diverge", "rep-epochsched-bf16", "towers-auto-bf16", "pitfall-gap", "a per-step schedule stepped per epoch diverges"),  # noqa: E501
+    ("match", "rep-fixed-bf16", "towers-auto-bf16", "same-precision", "the step to paste = automatic (bf16)"),
+    ("same", "cache2-fp32", "plain2-fp32", "weights", "two updates in a caching autocast: fp32 unchanged (bitwise)"),
+    ("diverge", "cache2-bf16", "plain2-bf16", "pitfall-gap", "two updates in a caching autocast: bf16-mixed drifts (stale casts)"),  # noqa: E501
+    ("match", "plain2-bf16", "plain2-fp32", "mixed-vs-fp32", "two updates without own autocast: bf16 follows fp32"),
+    ("same", "shared-bf16", "shared-plain-bf16", "weights", "a teacher sharing the student's weights in a caching autocast changes no weight (installed torch)"),  # noqa: E501
+    ("same", "reporter-bf16-again", "reporter-bf16", "weights", "the same seed twice in bf16-mixed: bitwise identical on a CPU", {"only_on": "cpu"}),  # noqa: E501
+    ("match", "reporter-bf16-seed1", "reporter-fp32-seed1", "mixed-vs-fp32", "seed 1: bf16-mixed follows fp32"),
+    ("clean", "towers-auto-fp32", "PitfallChecks: towers-auto-fp32 has no finding"),
+    ("clean", "towers-auto-bf16", "PitfallChecks: towers-auto-bf16 has no finding"),
+    ("clean", "reporter-fp32", "PitfallChecks: reporter-fp32 has no finding"),
+    ("clean", "reporter-bf16", "PitfallChecks: reporter-bf16 has no finding"),
+    ("clean", "rep-noautocast-bf16", "PitfallChecks: rep-noautocast-bf16 has no finding"),
+    ("clean", "rep-gradteacher-bf16", "PitfallChecks: rep-gradteacher-bf16 has no finding"),
+    ("clean", "rep-zerobefore-bf16", "PitfallChecks: rep-zerobefore-bf16 has no finding"),
+    ("clean", "rep-fixed-bf16", "PitfallChecks: rep-fixed-bf16 has no finding"),
+    ("flags", "cache2-bf16", "autocast-cache", "PitfallChecks flags cache2-bf16: autocast-cache"),
     ("clean", "cache2-fp32", "PitfallChecks: cache2-fp32 has no finding"),
     ("clean", "plain2-bf16", "PitfallChecks: plain2-bf16 has no finding"),
     ("clean", "plain2-fp32", "PitfallChecks: plain2-fp32 has no finding"),
-    (
-        "flags",
-        "shared-bf16",
-        "porting",
-        "PitfallChecks flags shared-bf16: porting (unused EMA copies)",
-    ),
-    (
-        "flags",
-        "shared-plain-bf16",
-        "porting",
-        "PitfallChecks flags shared-plain-bf16: porting (unused EMA copies)",
-    ),
-    (
-        "clean",
-        "reporter-bf16-again",
-        "PitfallChecks: reporter-bf16-again has no finding",
-    ),
-    (
-        "clean",
-        "reporter-bf16-seed1",
-        "PitfallChecks: reporter-bf16-seed1 has no finding",
-    ),
-    (
-        "clean",
-        "reporter-fp32-seed1",
-        "PitfallChecks: reporter-fp32-seed1 has no finding",
-    ),
+    ("flags", "shared-bf16", "porting", "PitfallChecks flags shared-bf16: porting (unused EMA copies)"),
+    ("flags", "shared-plain-bf16", "porting", "PitfallChecks flags shared-plain-bf16: porting (unused EMA copies)"),
+    ("clean", "reporter-bf16-again", "PitfallChecks: reporter-bf16-again has no finding"),
+    ("clean", "reporter-bf16-seed1", "PitfallChecks: reporter-bf16-seed1 has no finding"),
+    ("clean", "reporter-fp32-seed1", "PitfallChecks: reporter-fp32-seed1 has no finding"),
 ]
+# fmt: on
 
 record = runner.run_example(
     "plot_17_issue_20970_bf16_drift",

@@ -92,3 +92,17 @@ def test_a_missing_file_and_a_syntax_error_are_one_line_each(tmp_path, capsys):
 def test_strings_are_cut_only_where_the_tree_stays_the_same(code):
     out = gallery_format.split_strings(code + "\n", 46)
     assert ast.dump(ast.parse(out)) == ast.dump(ast.parse(code))
+
+
+def test_fmt_off_tables_stay_unless_asked(tmp_path):
+    row = '    ("run-a", "a recipe name", "32-true", {"label": "a label long enough to pass the width"}),'
+    table = f'"""\nT\n=\n"""\n\n# %%\n# Evidence: runs\n# --------------\n\n# fmt: off\nRUNS = [\n{row}\n]\n# fmt: on\n'
+    path = tmp_path / "plot_97_table.py"
+    path.write_text(table)
+    assert gallery_format.main([str(path)]) == 0
+    assert row in path.read_text()  # the authored one-row-per-line table stays
+    assert gallery_format.main(["--tables", str(path)]) == 0
+    text = path.read_text()
+    assert "fmt: off" not in text and row not in text
+    assert max(len(line) for line in text.splitlines()) <= gallery_format.EVIDENCE_WIDTH
+    assert ast.dump(ast.parse(text)) == ast.dump(ast.parse(table))

@@ -20,9 +20,11 @@ line is cut at spaces into adjacent literals (Python joins them), in pieces of a
 characters. A code line still longer than its cell's width (docstrings, a string deep in a block) is
 reported (file, line, cell, width), and fails ``--check --max-line N`` when longer than N; the leading comment
 block of a cell (rendered as prose, not code) and the lines between ``sphinx_gallery_start_ignore`` and
-``..._end_ignore`` (hidden from the page) are not counted. ``# fmt: off``/``# fmt: on`` and E501 noqa
-comments go first (:func:`drop_layout_pragmas`): a table kept at one row per line is wider than the page, and
-code blocks scroll rather than wrap (wrapped Python loses its indentation).
+``..._end_ignore`` (hidden from the page) are not counted. ``# fmt: off`` regions (the Evidence cells'
+one-row-per-line ``RUNS``/``CLAIMS`` tables) stay as written, so their rows scroll inside the open fold.
+``--tables`` lays them out too (:func:`drop_layout_pragmas` removes the ``fmt`` and E501 noqa comments first):
+nothing of theirs scrolls at 1400 px then, but each table grows to several lines a row, which costs the
+examples their teaching share (``mpguide_build.lessons``: 13 of 18 fall under 60 %), so it is off by default.
 
 ``python -m mpguide_build.gallery_format [--check [--max-line N]] examples/*.py``: rewrite the files (or, with
 ``--check``, exit 1 and name each file that would change; with ``--max-line``, also each line longer than N).
@@ -251,10 +253,12 @@ def drop_layout_pragmas(code: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def format_cell(code: str, width: int, root: Path) -> str:
-    """One cell: ruff at ``width``, long comments rewrapped (:func:`wrap_comments`), ruff again until stable."""
+def format_cell(code: str, width: int, root: Path, tables: bool = False) -> str:
+    """One cell: ruff at ``width``, long comments rewrapped (:func:`wrap_comments`), ruff again until stable;
+    with ``tables``, :func:`drop_layout_pragmas` first."""
+    code = drop_layout_pragmas(code) if tables else (code if code.endswith("\n") else code + "\n")
     # trailing comments move above their line before ruff lays the line out (and attaches them elsewhere)
-    text = format_code(wrap_comments(drop_layout_pragmas(code), width), width, root)
+    text = format_code(wrap_comments(code, width), width, root)
     for _ in range(3):
         again = format_code(split_strings(wrap_comments(text + "\n", width), width), width, root)
         if again == text:
@@ -263,14 +267,16 @@ def format_cell(code: str, width: int, root: Path) -> str:
     return text
 
 
-def format_source(source: str, root: Path, widths: tuple[int, int] = (READER_WIDTH, EVIDENCE_WIDTH)) -> str:
+def format_source(
+    source: str, root: Path, widths: tuple[int, int] = (READER_WIDTH, EVIDENCE_WIDTH), tables: bool = False
+) -> str:
     """``source`` with every cell formatted at its width (``widths``: reader cells, Evidence cells); cells
     joined by two blank lines."""
     parts = []
     for cell in split(source):
         if not cell.text.strip():
             continue
-        parts.append(format_cell(cell.text, widths[cell.evidence], root))
+        parts.append(format_cell(cell.text, widths[cell.evidence], root, tables))
     return "\n\n\n".join(parts) + "\n"
 
 
@@ -318,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reader-width", type=int, default=READER_WIDTH, help="columns of the reader's cells")
     parser.add_argument("--evidence-width", type=int, default=EVIDENCE_WIDTH, help="columns of Evidence cells")
+    parser.add_argument(
+        "--tables",
+        action="store_true",
+        help="also lay out the '# fmt: off' tables (RUNS, CLAIMS) at the cell's width (see the module docstring)",
+    )
     parser.add_argument("files", nargs="+", type=Path, help="gallery scripts (examples/plot_*.py)")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[3]
@@ -331,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         source = path.read_text()
         try:
             same_tree(source, source, str(path))  # a syntax error: one line, before any tool reads the file
-            formatted = format_source(source, root, widths)
+            formatted = format_source(source, root, widths, args.tables)
             if not same_tree(source, formatted, str(path)):
                 raise FormatError("formatting would change the syntax tree; file left as it is")
         except FormatError as error:
