@@ -154,6 +154,7 @@ html_static_path = [str(DOCS / "_static")]
 html_favicon = str(DOCS / "_static" / "favicon.png")
 html_css_files = ["mpguide.css"]  # code scrolls sideways, wide tables show a scroll hint, compact page TOC
 html_js_files = ["mpguide.js"]  # figures enlarge on click/tap, wide-table hint, the page TOC follows the reader
+html_search_scorer = str(DOCS / "_search" / "scorer.js")  # the guide answers first, then examples (by role)
 html_scaled_image_link = False  # a figure shrunk with :width: enlarges in place (mpguide.js), no link away
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True

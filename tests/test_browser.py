@@ -473,3 +473,160 @@ def test_the_example_measure_fails_on_a_late_call_to_copy(server, browser):
         probe.unlink()
     assert screens > EXAMPLE_MAX_SCREENS, screens
     assert copy_top is not None and copy_top >= COPY_WITHIN_SCREENS * SCREEN[1], copy_top
+
+
+# --------------------------------------------------------------- gallery code that fits (issue 36)
+#: Gallery code blocks that may scroll sideways with every fold open: none at 1400 px, at most 10 % at 412 px
+#: (the reader's cells are formatted at 46 columns, Evidence at 77: ``mpguide_build.gallery_format``).
+GALLERY_SCROLL_LIMITS = {"desktop": 0.0, "phone": 0.10}
+_SCROLLING_BLOCKS = """
+for (const d of document.querySelectorAll('details')) d.open = true;
+const blocks = Array.from(document.querySelectorAll('.bd-article div.highlight pre, .bd-article pre.literal-block'));
+return [blocks.length, blocks.filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.innerText.split('\\n')
+  .reduce((a, b) => (b.length > a.length ? b : a), '').slice(0, 60))];"""
+
+
+def scrolling_blocks(browser, url: str, viewport: str) -> tuple[int, list[str]]:
+    """``(code blocks, the longest line of each block that scrolls sideways)`` of a page at ``viewport``, with
+    every ``<details>`` fold opened (the Evidence cells' code counts)."""
+    _open(browser, url, viewport)
+    total, wide = browser.execute_script(_SCROLLING_BLOCKS)
+    return total, wide
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 36, not reached yet (preview build of this branch, folds open): 56 of 140 blocks scroll at 1400 "
+    "px, 74 of 140 at 412 px (112 and 120 before gallery_format). Left: each page header's 99-character install "
+    "line, 20 one-line docstrings of 80-110 characters in reader cells (rewording them changes the code), the "
+    "Evidence cells' '# fmt: off' tables, and on a phone the Evidence cells formatted at the desktop's 77 columns",
+)
+@pytest.mark.parametrize("viewport", list(VIEWPORTS), indirect=True)
+def test_gallery_code_fits_its_column(server, browser, viewport):
+    base, html = server
+    pages = sorted((html / "auto_examples").glob("plot_*.html"))
+    assert len(pages) >= 18, f"expected the 18 gallery pages, found {len(pages)}"
+    total = 0
+    wide: list[str] = []
+    for page in pages:
+        blocks, scrolling = scrolling_blocks(browser, f"{base}auto_examples/{page.name}", viewport)
+        total += blocks
+        wide += [f"{page.stem}: {line}" for line in scrolling]
+    print(f"{viewport}: {len(wide)} of {total} gallery code blocks scroll sideways")
+    limit = GALLERY_SCROLL_LIMITS[viewport]
+    assert len(wide) <= limit * total, (
+        f"at {VIEWPORTS[viewport][0]} px {len(wide)} of {total} gallery code blocks scroll sideways (at most "
+        f"{limit:.0%}); run python -m mpguide_build.gallery_format examples/*.py, then split what it reports:\n"
+        + "\n".join(wide[:20])
+    )
+
+
+@pytest.mark.parametrize("viewport", ["desktop"], indirect=True)
+def test_the_scroll_measure_counts_a_block_that_scrolls(server, browser, viewport):
+    """The measure itself: one block with a 200-character line inside a closed fold scrolls and is counted."""
+    base, root = server
+    probe = root / "_scroll_probe.html"
+    probe.write_text(
+        '<html><head><link rel="stylesheet" href="_static/mpguide.css"></head><body><div class="bd-article">'
+        '<div class="highlight"><pre>short = 1</pre></div><details><summary>s</summary><div class="highlight">'
+        f"<pre>long = '{'x' * 200}'</pre></div></details></div></body></html>"
+    )
+    try:
+        total, wide = scrolling_blocks(browser, base + "_scroll_probe.html", viewport)
+    finally:
+        probe.unlink()
+    assert total == 2 and len(wide) == 1 and wide[0].startswith("long = 'x"), (total, wide)
+
+
+@pytest.mark.parametrize("viewport", ["phone"], indirect=True)
+def test_figures_drawn_small_say_they_enlarge(server, browser, viewport):
+    """A 1400 px figure drawn in a phone's column gets the hint line; a small one does not (mpguide.js)."""
+    base, root = server
+    probe, wide = root / "_zoom_probe.html", root / "_zoom_probe.svg"
+    wide.write_text(
+        '<svg xmlns="http://www.w3.org/2000/svg" width="1400" height="350"><rect width="1400" height="350"/></svg>'
+    )
+    probe.write_text(
+        '<html><head><script src="_static/mpguide.js"></script></head><body><div class="bd-article">'
+        '<img class="align-center" src="_zoom_probe.svg" style="max-width:100%">'
+        '<img class="align-center" src="_zoom_probe.svg" style="width:1400px"></div></body></html>'
+    )
+    try:
+        _open(browser, base + "_zoom_probe.html", viewport)
+        browser.execute_script("return new Promise(r => setTimeout(r, 300));")
+        hints = browser.execute_script(
+            "return [...document.querySelectorAll('.bd-article img')].map(i => !!(i.nextElementSibling && "
+            "i.nextElementSibling.classList.contains('mpguide-zoom-hint')));"
+        )
+    finally:
+        probe.unlink()
+        wide.unlink()
+    assert hints == [True, False], hints
+
+
+@pytest.mark.parametrize("viewport", ["phone"], indirect=True)
+def test_the_front_page_reads_on_a_phone(server, browser, viewport):
+    """At 412x915 the guide link is on the first screen and no table is wider than the column."""
+    base, _ = server
+    _open(browser, base + "index.html", viewport)
+    top, tables, column = browser.execute_script(
+        "const a = document.querySelector('.bd-article');"
+        "const g = [...a.querySelectorAll('a')]"
+        ".find(x => (x.getAttribute('href') || '').includes('manual_optimization'));"
+        "return [g ? g.getBoundingClientRect().top + scrollY : null,"
+        " [...a.querySelectorAll('table')].map(t => t.getBoundingClientRect().width), a.getBoundingClientRect().width];"
+    )
+    assert top is not None and top < VIEWPORTS["phone"][1], f"the guide link starts at {top} px"
+    assert all(w <= column + 1 for w in tables), f"tables {tables} in a {column} px column"
+
+
+@pytest.mark.parametrize("viewport", ["desktop"], indirect=True)
+def test_the_release_summary_fits_one_screen(server, browser, viewport):
+    base, _ = server
+    _open(browser, base + "releases.html", viewport)
+    height = browser.execute_script(
+        "const s = document.getElementById('release-pitfalls'); const t = s && s.querySelector('table');"
+        "return t ? t.getBoundingClientRect().bottom - s.getBoundingClientRect().top : null;"
+    )
+    assert height is not None and height <= VIEWPORTS["desktop"][1], f"the summary is {height} px tall"
+
+
+def symptom_messages() -> list[str]:
+    """The bold opening of each bullet of the guide's "Find your symptom" list, as a reader would type it."""
+    import re
+
+    text = (ROOT / "docs" / "model" / "manual_optimization.md").read_text()
+    section = text[text.index("(symptoms)=") : text.index("\n## ", text.index("(symptoms)=") + 20)]
+    return [re.sub(r"[`*]", "", m).strip().rstrip(".") for m in re.findall(r"^\* \*\*(.+?)\*\*", section, re.M)]
+
+
+def search_rank(browser, base: str, query: str, page: str) -> tuple[int | None, list[str]]:
+    """Rank of ``page`` among the distinct pages the site's own search lists for ``query`` (1 = first)."""
+    import time
+    from urllib.parse import quote
+
+    browser.get(base + "search.html?q=" + quote(query))
+    for _ in range(120):
+        if browser.execute_script(
+            "const s = document.querySelector('.search-summary');"
+            "return !!s && !/Preparing|Searching/.test(s.textContent);"
+        ):
+            break
+        time.sleep(0.25)
+    hrefs = browser.execute_script(
+        "return [...document.querySelectorAll('ul.search li > a')].map(a => a.getAttribute('href'));"
+    )
+    pages = list(dict.fromkeys(h.split("#")[0].split("?")[0] for h in hrefs))
+    return next((i + 1 for i, p in enumerate(pages) if page in p), None), pages
+
+
+@pytest.mark.parametrize("viewport", ["desktop"], indirect=True)
+def test_search_finds_the_guide_first_for_every_symptom(server, browser, viewport):
+    base, _ = server
+    messages = symptom_messages()
+    assert len(messages) >= 10, messages
+    ranks = {m: search_rank(browser, base, m, "model/manual_optimization") for m in messages}
+    for m, (rank, pages) in ranks.items():
+        print(f"{rank}\t{len(pages)}\t{m}")
+    late = {m: (rank, pages[:3]) for m, (rank, pages) in ranks.items() if rank != 1}
+    assert not late, f"the guide is not the first result for: {late}"

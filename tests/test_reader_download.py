@@ -171,3 +171,91 @@ def test_page_instruction_fails_without_install_line_or_wheel(tmp_path):
     page.write_text(f'<pre>{download.INSTALL_LINE}</pre><a href="../_static/{download.WHEEL_NAME}">wheel</a>')
     with pytest.raises(AssertionError, match="points to nothing"):
         _page_instruction(page)
+
+
+#: The Lightning release the PitfallChecks install test starts from: older than the site's, one where the
+#: matrix's PitfallChecks claims on stock runs hold (results/matrix/lightning-2.5.5.json).
+OLDER_LIGHTNING = "2.5.5"
+
+CHECKS_PROGRAM = """
+import lightning, torch
+from lightning.pytorch import LightningModule, Trainer
+from mpguide.checks import PitfallChecks
+
+class Cut(LightningModule):  # optimizer 1's loss reaches none of its parameters
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.a, self.b = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        opt_a, opt_b = self.optimizers()
+        loss = self.a(batch[0]).pow(2).mean()
+        for opt in (opt_a, opt_b):
+            opt.zero_grad()
+        self.manual_backward(loss)
+        opt_a.step()
+        opt_b.step()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.a.parameters(), lr=0.1), torch.optim.SGD(self.b.parameters(), lr=0.1)
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8)
+checks = PitfallChecks()
+Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, callbacks=[checks],
+        enable_model_summary=False).fit(Cut(), data)
+print("lightning", lightning.__version__)
+print("sections", sorted({f.section for f in checks.findings}))
+"""
+
+
+def test_checks_install_line_pins_nothing():
+    """The PitfallChecks line installs no dependency and replaces an older copy; the wheel pins nothing exactly."""
+    assert download.CHECKS_INSTALL_LINE.split()[:4] == ["pip", "install", "--force-reinstall", "--no-deps"]
+    assert "==" not in download.CHECKS_INSTALL_LINE
+    assert not any("==" in r for r in download.WHEEL_REQUIREMENTS)
+    for page in (ROOT / "docs" / "index.md", ROOT / "docs" / "model" / "manual_optimization.md"):
+        assert download.CHECKS_INSTALL_LINE in page.read_text(), f"{page.name}: lacks {download.CHECKS_INSTALL_LINE}"
+
+
+@pytest.mark.slow
+def test_checks_install_keeps_the_readers_lightning(tmp_path):
+    """A fresh venv with an older Lightning: the PitfallChecks line keeps its version, and a fit reports a finding.
+
+    torch comes first (the workplace's local CPU wheel when pip finds one), then Lightning, then the line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "MPGUIDE_", "VIRTUAL_ENV"))}
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    _run([*pip, "torch==2.13.0"], tmp_path, env)
+    _run([*pip, f"lightning=={OLDER_LIGHTNING}"], tmp_path, env)
+    download.write_wheel(tmp_path)
+    old = download.write_wheel(tmp_path / "old")  # an older copy of the same version, installed first
+    _run([*pip, "--no-deps", str(old)], tmp_path, env)
+    site = Path(
+        _run(
+            [python, "-c", "import mpguide, pathlib; print(pathlib.Path(mpguide.__file__).parent)"], tmp_path, env
+        ).stdout.strip()
+    )
+    (site / "checks.py").write_text("raise ImportError('the older copy')\n")
+    _run([python, "-m", "pip", *download.CHECKS_INSTALL_LINE.split()[1:]], tmp_path, env)
+    (tmp_path / "fit.py").write_text(CHECKS_PROGRAM)
+    out = _run([python, "fit.py"], tmp_path, env).stdout
+    assert f"lightning {OLDER_LIGHTNING}" in out, out
+    assert "no-gradient-step" in out, out
+
+
+def test_checks_releases_are_where_the_matrix_pitfallchecks_claims_hold():
+    """Every release the pages name for PitfallChecks: all its PitfallChecks claims on stock runs pass."""
+    import json
+
+    for release in download.CHECKS_RELEASES:
+        column = json.loads((ROOT / "results" / "matrix" / f"lightning-{release}.json").read_text())
+        claims = [
+            c
+            for example in column["examples"].values()
+            for c in example.get("claims", [])
+            if c["kind"] in ("clean", "flags") and not any("plugin" in run for run in c["runs"])
+        ]
+        assert claims, f"lightning-{release}.json: no PitfallChecks claim"
+        failed = [c["title"] for c in claims if c["verdict"] != "pass"]
+        assert not failed, f"lightning {release}: PitfallChecks claims that do not hold: {failed}"

@@ -2,7 +2,8 @@
  *
  * 1. Figures enlarge on click, tap, Enter or Space: an overlay shows the image at its own pixel size
  *    (scaled down only to fit a desktop window; on a phone it keeps its size and the overlay scrolls),
- *    so that legends and axis labels are readable. Escape, a click or the close button closes it.
+ *    so that legends and axis labels are readable. Escape, a click or the close button closes it. A
+ *    figure drawn at under 3/4 of its own width says so in a hint line under it.
  * 2. A table wider than its column gets a "scroll sideways" hint above it and shadows on the sides
  *    that hide content (the scroll container itself is the theme's .pst-scrollable-table-container).
  * 3. The in-page table of contents keeps the highlighted section in view: when the reader scrolls
@@ -56,6 +57,23 @@
     close.focus();
   }
 
+  // A figure drawn at under 3/4 of its own width (a phone shows most at a third) says that it enlarges:
+  // a hint line under it, removed again when the window grows (its labels are readable inline then).
+  function markShrunk(img) {
+    var shrunk = img.naturalWidth > 0 && img.getBoundingClientRect().width < 0.75 * img.naturalWidth;
+    var hint = img.nextElementSibling;
+    var has = hint && hint.classList.contains("mpguide-zoom-hint");
+    if (shrunk && !has) {
+      hint = document.createElement("span");
+      hint.className = "mpguide-zoom-hint";
+      hint.setAttribute("aria-hidden", "true");
+      hint.textContent = "Tap or click the figure to enlarge it";
+      img.insertAdjacentElement("afterend", hint);
+    } else if (!shrunk && has) {
+      hint.remove();
+    }
+  }
+
   function setupFigures() {
     document.querySelectorAll(FIGURES).forEach(function (img) {
       if (img.closest("a")) return; // thumbnails and logos that are links keep their link
@@ -64,6 +82,7 @@
       img.setAttribute("role", "button");
       img.title = "Click or tap to enlarge";
       img.addEventListener("click", function () { openLightbox(img); });
+      if (img.complete) markShrunk(img); else img.addEventListener("load", function () { markShrunk(img); });
       img.addEventListener("keydown", function (event) {
         if (event.key === "Enter" || event.key === " ") {
           event.preventDefault();
@@ -116,6 +135,9 @@
     markWideTables();
     followToc();
     window.addEventListener("resize", markWideTables);
+    window.addEventListener("resize", function () {
+      document.querySelectorAll(".mpguide-zoomable").forEach(markShrunk);
+    });
     window.addEventListener("load", markWideTables);
   }
 

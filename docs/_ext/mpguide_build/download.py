@@ -27,11 +27,22 @@ WHEEL_NAME = f"{DIST}-{__version__}-py3-none-any.whl"
 #: What the examples import besides mpguide and torch, pinned as in ``requirements.txt``.
 READER_REQUIREMENTS = ("lightning==2.6.6", "scikit-learn==1.9.1", "matplotlib==3.11.2")
 #: What the library itself imports besides torch and Lightning, declared as ``Requires-Dist`` in the
-#: wheel's ``METADATA`` so that the install line pulls it in (pinned as in ``requirements.txt``):
-#: pydantic validates every record an example writes (:mod:`mpguide.verify.records.schema`).
-WHEEL_REQUIREMENTS = ("pydantic==2.14.3",)
+#: wheel's ``METADATA`` so that the install line pulls it in: pydantic validates every record an example
+#: writes (:mod:`mpguide.verify.records.schema`, pydantic 2's API). A lower bound, never an exact pin: the
+#: wheel goes into a reader's own environment (``requirements.txt`` pins the site's version).
+WHEEL_REQUIREMENTS = ("pydantic>=2",)
 #: The instruction printed on every example page and in the header of every downloaded file.
 INSTALL_LINE = f"pip install {WHEEL_NAME} {' '.join(READER_REQUIREMENTS)}"
+#: The instruction wherever ``PitfallChecks`` is offered on its own. ``mpguide.checks`` imports torch and
+#: Lightning only (the import contract in pyproject.toml), which a reader who trains with Lightning has:
+#: ``--no-deps`` installs nothing else and changes none of their versions. The wheel's version is fixed
+#: (the examples' headers name its file), so ``--force-reinstall`` makes pip replace an older copy of the
+#: same version instead of keeping it ("Requirement already satisfied").
+CHECKS_INSTALL_LINE = f"pip install --force-reinstall --no-deps {WHEEL_NAME}"
+#: Lightning releases on which every PitfallChecks claim of the version matrix holds for the runs without
+#: ``ManualMixedPrecision`` (which refuses releases it was not tested on); tests/test_reader_download.py
+#: reads results/matrix/ to keep this true.
+CHECKS_RELEASES = ("2.5.4", "2.5.5", "2.6.6")
 _DATE = (2026, 1, 1, 0, 0, 0)  # fixed entry date: reproducible bytes
 
 

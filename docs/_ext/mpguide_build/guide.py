@@ -61,8 +61,8 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             ("plot_04_gradient_clipping", "match(sgd-fp16-hook, sgd-fp32)"),
         ],
     ),
-    "no_gradient_step": (
-        "plot_02_two_optimizers",
+    "no_gradient_step": (  # the section's footer cites #20116's own example (its figure is the section's)
+        "plot_18_issue_20116_alternating_optimizers",
         [
             ("plot_02_two_optimizers", "raises(bug-fp16)"),
             ("plot_18_issue_20116_alternating_optimizers", "raises(unreached-fp16)"),

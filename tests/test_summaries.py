@@ -1,0 +1,53 @@
+"""mpguide_build.summaries: the per-release pitfall summary never calls a stale or unrun cell holding or fixed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from mpguide_build import matrix_summary, summaries
+
+EXAMPLE = "plot_18_issue_20116_alternating_optimizers"
+
+
+@pytest.fixture
+def column():
+    return matrix_summary.load(matrix_summary.summary_path("2.6.6"))
+
+
+def _cells(rows):
+    row = rows[0]
+    return [row[k] for k in list(row)[1:]]
+
+
+def test_a_stale_example_is_listed_as_not_rerun_only(column, monkeypatch):
+    monkeypatch.setattr(
+        "mpguide_build.matrix_summary.staleness",
+        lambda summary, examples=None: [
+            f"Lightning 2.6.6: examples/{EXAMPLE}.py changed since the matrix was produced"
+        ],
+    )
+    reproduce, differs, other = _cells(summaries.release_rows([column]))
+    assert f"{EXAMPLE}.html" in other
+    assert f"{EXAMPLE}.html" not in reproduce and f"{EXAMPLE}.html" not in differs
+
+
+def test_a_changed_library_makes_every_example_not_rerun(column, monkeypatch):
+    monkeypatch.setattr(
+        "mpguide_build.matrix_summary.staleness",
+        lambda summary, examples=None: ["Lightning 2.6.6: the mpguide library changed since the matrix was produced"],
+    )
+    reproduce, differs, other = _cells(summaries.release_rows([column]))
+    assert reproduce == "none" and differs == "none" and EXAMPLE in other
+
+
+def test_a_pitfall_that_no_longer_reproduces_is_listed_as_differs(column, monkeypatch):
+    monkeypatch.setattr("mpguide_build.matrix_summary.staleness", lambda summary, examples=None: [])
+    reproduce, _, _ = _cells(summaries.release_rows([column]))
+    assert f"{EXAMPLE}.html" in reproduce  # every pitfall check of example 18 holds on 2.6.6
+    changed = copy.deepcopy(column)
+    claim = next(c for c in changed["examples"][EXAMPLE]["claims"] if c["kind"] == "raises")
+    claim["verdict"] = "fail"
+    reproduce, differs, _ = _cells(summaries.release_rows([changed]))
+    assert f"{EXAMPLE}.html" in differs and f"{EXAMPLE}.html" not in reproduce
