@@ -428,6 +428,8 @@ class PitfallChecks(Callback):
         self._active = False
         self._outside: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._dead_hooks: list[tuple[str, str]] = []
+        self._guard_pending: dict[int, tuple[Any, int]] = {}  # optimizer -> where non-finite grads were zeroed
+        self._applied_steps: dict[int, int] = {}  # optimizer -> steps not skipped (fused steps count as applied)
         self._raw_steps: dict[int, int] = {}  # optimizer index -> steps through the torch optimizer's own step()
         self._versions: list[int] = []  # per optimizer: the sum of its parameters' in-place version counters
         self._sched_candidates: dict[int, tuple] = {}  # scheduler stepped on a skipped step, judged at epoch end
@@ -722,6 +724,11 @@ class PitfallChecks(Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         end = _clock()
         self._batch_end = end
+        if self._guard_pending:
+            with self._rule["nonfinite-guard"]:
+                for owner in list(self._guard_pending):
+                    self._flag_guard(owner)
+            self._guard_pending = {}
         skipped, self._skipped_in_batch = self._skipped_in_batch, set()  # a scheduler stepped after the batch
         # (ReduceLROnPlateau in on_train_epoch_end) is not charged with this batch's skip
         if self._lost_sample:
@@ -802,6 +809,9 @@ class PitfallChecks(Callback):
                     optimizer=index,
                 )
         for index, scheduler in enumerate(self._schedulers):
+            owner = self._opt_index.get(id(getattr(scheduler, "optimizer", None)))
+            if owner is not None and not self._applied_steps.get(owner):
+                continue  # every step of its optimizer was skipped: a skip-aware scheduler rightly never stepped
             if self._scheduler_steps.get(id(scheduler)) == 0:
                 self._find(
                     "porting",
@@ -1070,6 +1080,17 @@ class PitfallChecks(Callback):
 
         return zero_grad
 
+    def _flag_guard(self, owner: Any) -> None:
+        self._find(
+            "nonfinite-guard",
+            owner,
+            f"{self._name(owner)}: gradients that are not finite were zeroed {self._where()} without an "
+            f"opt.step() on them (loss scale {_fmt(self._scale)}): a guard that skips the step also "
+            f"skips the only call that lowers the scale, so it stays too high. Fix: always call "
+            f"opt.step() and ask afterwards whether GradScaler skipped it (mpguide.steps.step_skip_aware).",
+            optimizer=owner,
+        )
+
     def _discard(self, params: list[torch.Tensor], index: int | None) -> None:
         """Gradients are about to be zeroed: were they stepped on, or thrown away?"""
         thrown: list[torch.Tensor] = []
@@ -1105,16 +1126,13 @@ class PitfallChecks(Callback):
             return
         finite = bool(torch.stack([torch.isfinite(p.grad).all() for p in thrown]).all())
         if not finite:
-            if self._scaler is not None:
-                self._find(
-                    "nonfinite-guard",
-                    owner,
-                    f"{self._name(owner)}: gradients that are not finite were zeroed {self._where()} without an "
-                    f"opt.step() on them (loss scale {_fmt(self._scale)}): a guard that skips the step also "
-                    f"skips the only call that lowers the scale, so it stays too high. Fix: always call "
-                    f"opt.step() and ask afterwards whether GradScaler skipped it (mpguide.steps.step_skip_aware).",
-                    optimizer=owner,
-                )
+            if self._scaler is not None and earlier:
+                with self._rule["nonfinite-guard"]:
+                    self._flag_guard(owner)
+            elif self._scaler is not None and owner is not None:
+                # zeroed in the batch that made them: a finding only if this optimizer does not step in this
+                # batch (gradient surgery reads them, writes its own gradients and steps: GradScaler sees the inf)
+                self._guard_pending.setdefault(owner, (self._batch, self._epoch))
             self._consumed |= thrown_backwards
             return
         if owner is not None and earlier:
@@ -1289,6 +1307,9 @@ class PitfallChecks(Callback):
         )
 
     def _after_step(self, index: int, optimizer: Any) -> None:
+        self._guard_pending.pop(index, None)
+        if self._applied is not False:
+            self._applied_steps[index] = self._applied_steps.get(index, 0) + 1
         self._seq += 1
         self._last_step_seq[index] = self._seq
         self._stepped_in_batch.add(index)
@@ -1330,6 +1351,10 @@ class PitfallChecks(Callback):
                     self._applied = True  # GradScaler calls the optimizer's step only for finite gradients
                 if not self._in_lightning and self._batch is not None:
                     self._raw_steps[index] = self._raw_steps.get(index, 0) + 1
+                    for p in self._opt_params[index]:  # the gradients were used: not thrown away by a zero_grad
+                        state = self._params.get(id(p))
+                        if state is not None:
+                            self._consumed |= state.backwards
                     if not self._known("step-frequencies", f"bypass {index}"):
                         with self._rule["step-frequencies"]:
                             self._find(
