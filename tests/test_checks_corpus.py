@@ -5,10 +5,10 @@ without a finding, every buggy one with exactly its sections, no crash; and the 
 from __future__ import annotations
 
 import pytest
+from checks_corpus import all_cases, run_case
+from checks_corpus.compare import checks_at, judge
 
 from mpguide.checks import PitfallChecks
-from tests.checks_corpus import all_cases, run_case
-from tests.checks_corpus.compare import checks_at, judge
 
 CASES = all_cases()
 
