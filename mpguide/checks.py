@@ -484,7 +484,7 @@ class PitfallChecks(Callback):
         self._active = False
         self._outside: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._dead_hooks: list[tuple[str, str]] = []
-        self._guard_pending: dict[int, tuple[Any, int]] = {}  # optimizer -> where non-finite grads were zeroed
+        self._guard_pending: dict[int, Any] = {}  # optimizer -> were the gradients it zeroed in this batch finite
         self._applied_steps: dict[int, int] = {}  # optimizer -> steps not skipped (fused steps count as applied)
         self._raw_steps: dict[int, int] = {}  # optimizer index -> steps through the torch optimizer's own step()
         self._versions: list[int] = []  # per optimizer: the sum of its parameters' in-place version counters
@@ -782,8 +782,9 @@ class PitfallChecks(Callback):
         self._batch_end = end
         if self._guard_pending:
             with self._rule["nonfinite-guard"]:
-                for owner in list(self._guard_pending):
-                    self._flag_guard(owner)
+                for owner, all_finite in self._guard_pending.items():
+                    if not bool(all_finite):
+                        self._flag_guard(owner)
             self._guard_pending = {}
         skipped, self._skipped_in_batch = self._skipped_in_batch, set()  # a scheduler stepped after the batch
         # (ReduceLROnPlateau in on_train_epoch_end) is not charged with this batch's skip
@@ -1147,6 +1148,11 @@ class PitfallChecks(Callback):
             optimizer=owner,
         )
 
+    @staticmethod
+    def _all_finite(params: list[torch.Tensor]) -> torch.Tensor:
+        """A 0-d bool tensor, not read: inf/NaN anywhere in these gradients makes their norm non-finite."""
+        return torch.stack(torch._foreach_norm([p.grad for p in params])).isfinite().all()
+
     def _discard(self, params: list[torch.Tensor], index: int | None) -> None:
         """Gradients are about to be zeroed: were they stepped on, or thrown away?"""
         thrown: list[torch.Tensor] = []
@@ -1180,15 +1186,19 @@ class PitfallChecks(Callback):
         if self._scaler is None and not earlier:  # nothing to report: no device read
             self._consumed |= thrown_backwards
             return
-        finite = bool(torch.stack([torch.isfinite(p.grad).all() for p in thrown]).all())
-        if not finite:
-            if self._scaler is not None and earlier:
+        if not earlier:
+            # zeroed in the batch that made them: a finding only if this optimizer takes no step in this batch
+            # (gradient surgery reads them, writes its own and steps: GradScaler sees the inf). The first such
+            # set of the batch is kept as a flag, read at the batch's end only if no step came: no device read
+            if self._scaler is not None and owner is not None and owner not in self._guard_pending:
+                self._guard_pending[owner] = self._all_finite(thrown)
+            self._consumed |= thrown_backwards
+            return
+        all_finite = self._all_finite(thrown)
+        if not bool(all_finite):
+            if self._scaler is not None:
                 with self._rule["nonfinite-guard"]:
                     self._flag_guard(owner)
-            elif self._scaler is not None and owner is not None:
-                # zeroed in the batch that made them: a finding only if this optimizer does not step in this
-                # batch (gradient surgery reads them, writes its own gradients and steps: GradScaler sees the inf)
-                self._guard_pending.setdefault(owner, (self._batch, self._epoch))
             self._consumed |= thrown_backwards
             return
         if owner is not None and earlier:
