@@ -1374,7 +1374,7 @@ class PitfallChecks(Callback):
 
     def _after_step(self, index: int, optimizer: Any) -> None:
         self._guard_pending.pop(index, None)
-        if self._applied is not False:
+        if self._scaler is None or self._applied is not False:  # without a scaler nothing skips a step
             self._applied_steps[index] = self._applied_steps.get(index, 0) + 1
         self._seq += 1
         self._last_step_seq[index] = self._seq
