@@ -484,7 +484,7 @@ class PitfallChecks(Callback):
         self._active = False
         self._outside: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._dead_hooks: list[tuple[str, str]] = []
-        self._guard_pending: dict[int, Any] = {}  # optimizer -> were the gradients it zeroed in this batch finite
+        self._guard_pending: dict[int, Any] = {}  # optimizer -> (finite flag of what it zeroed, version sum then)
         self._applied_steps: dict[int, int] = {}  # optimizer -> steps not skipped (fused steps count as applied)
         self._raw_steps: dict[int, int] = {}  # optimizer index -> steps through the torch optimizer's own step()
         self._versions: list[int] = []  # per optimizer: the sum of its parameters' in-place version counters
@@ -782,8 +782,11 @@ class PitfallChecks(Callback):
         self._batch_end = end
         if self._guard_pending:
             with self._rule["nonfinite-guard"]:
-                for owner, all_finite in self._guard_pending.items():
-                    if not bool(all_finite):
+                for owner, (all_finite, version) in self._guard_pending.items():
+                    # parameters changed in place after the zero (SAM's second_step): an update outside the
+                    # wrapper, named by step-frequencies, not a guard that skipped the step
+                    moved = sum(p._version for p in self._opt_params[owner]) != version
+                    if not moved and not bool(all_finite):
                         self._flag_guard(owner)
             self._guard_pending = {}
         skipped, self._skipped_in_batch = self._skipped_in_batch, set()  # a scheduler stepped after the batch
@@ -833,8 +836,8 @@ class PitfallChecks(Callback):
         batches = self._global_batch + 1
         for index in range(len(self._opts)):
             guarded = any(f.section == "nonfinite-guard" and f.optimizer in (index, None) for f in self.findings)
-            if index in self._last_step_seq or batches <= 0 or guarded or index in self._raw_steps:
-                continue  # a non-finite guard says why; a step through the torch optimizer is already named
+            if index in self._last_step_seq or batches <= 0 or index in self._raw_steps:
+                continue  # a step through the torch optimizer is already named
             # a guard that skips empty steps (has_gradients) stops GradScaler's AssertionError, and with it
             # the only sign that this optimizer's loss never reaches its parameters. Whether its parameters
             # changed is told by their in-place version counters (no copy of the weights is kept)
@@ -853,6 +856,8 @@ class PitfallChecks(Callback):
                         optimizer=index,
                     )
                 continue
+            if guarded:
+                continue  # a non-finite guard says why
             with self._rule["no-gradient-step"]:
                 self._find(
                     "no-gradient-step",
@@ -1191,7 +1196,8 @@ class PitfallChecks(Callback):
             # (gradient surgery reads them, writes its own and steps: GradScaler sees the inf). The first such
             # set of the batch is kept as a flag, read at the batch's end only if no step came: no device read
             if self._scaler is not None and owner is not None and owner not in self._guard_pending:
-                self._guard_pending[owner] = self._all_finite(thrown)
+                version = sum(p._version for p in self._opt_params[owner])
+                self._guard_pending[owner] = (self._all_finite(thrown), version)
             self._consumed |= thrown_backwards
             return
         all_finite = self._all_finite(thrown)
@@ -1386,6 +1392,13 @@ class PitfallChecks(Callback):
         if self._autocast_stack:
             self._stepped_in_caching_region()
 
+    def _consume(self, index: int) -> None:
+        """The gradients on this optimizer's parameters were used by a step: not thrown away by a later zero_grad."""
+        for p in self._opt_params[index]:
+            state = self._params.get(id(p))
+            if state is not None:
+                self._consumed |= state.backwards
+
     def _bypass_message(self, index: int, how: str) -> str:
         scaled = (
             f"; under {self._precision} GradScaler neither unscales these gradients nor checks them for inf/NaN, so "
@@ -1411,16 +1424,15 @@ class PitfallChecks(Callback):
             if self._off:
                 return original(*args, **kwargs)
             mode = None
+            raw = False
             with self._rec:
                 start = _clock()
                 if self._applied is False:
                     self._applied = True  # GradScaler calls the optimizer's step only for finite gradients
                 if not self._in_lightning and self._batch is not None:
                     self._raw_steps[index] = self._raw_steps.get(index, 0) + 1
-                    for p in self._opt_params[index]:  # the gradients were used: not thrown away by a zero_grad
-                        state = self._params.get(id(p))
-                        if state is not None:
-                            self._consumed |= state.backwards
+                    raw = True
+                    self._consume(index)
                     if not self._known("step-frequencies", f"bypass {index}"):
                         with self._rule["step-frequencies"]:
                             self._find(
@@ -1437,9 +1449,15 @@ class PitfallChecks(Callback):
                     mode = _MatrixCalls(torch.get_autocast_dtype(device))
                 self._timed(start)
             if mode is None:
-                return original(*args, **kwargs)
-            with mode:
                 result = original(*args, **kwargs)
+            else:
+                with mode:
+                    result = original(*args, **kwargs)
+            if raw and not self._off:
+                with self._rec:
+                    self._consume(index)  # a closure's backward inside that step was used by it too
+            if mode is None:
+                return result
             if mode.seen:
                 with self._rule["optimizer-math"]:
                     self._find(
