@@ -55,7 +55,8 @@ Rules that keep correct code free of findings (general, stated here, not tied to
   SAM's ``first_step(zero_grad=True)`` inside a closure): not ``accumulation``. Only a backward of an earlier
   batch zeroed before any step used it is a window's lost micro-batch. Non-finite gradients zeroed in their own
   batch are ``nonfinite-guard`` only if that optimizer takes no step in the batch (gradient surgery steps, and
-  GradScaler sees the inf in what it writes).
+  GradScaler sees the inf in what it writes) and its parameters are not changed in place after the zero (SAM's
+  ``second_step`` by hand: an update outside the wrapper, named as that under ``step-frequencies``).
 * A scheduler stepped in a batch whose step GradScaler skipped is ``schedulers`` only when it steps per batch
   (in two or more batches of that epoch, judged at the epoch's end). A scheduler stepped once an epoch (at
   ``is_last_batch``, or ``ReduceLROnPlateau`` in ``on_train_epoch_end``, which is not charged with the last
