@@ -279,3 +279,16 @@ def patterns(session: nox.Session) -> None:
     seed = session.posargs[1] if len(session.posargs) > 1 else "2026"
     env = {"MPGUIDE_PATTERNS_EXAMPLES": count, "MPGUIDE_PATTERNS_SEED": seed}
     site_run(session, "-m", "pytest", "tests/test_generated_programs.py", "-q", "-k", "obey", env=env)
+
+
+@nox.session(venv_backend="none", requires=["site"])
+def checks_programs(session: nox.Session) -> None:
+    """The long run of PitfallChecks' generated training steps (tests/test_checks_generated.py; off CI).
+
+    ``nox -s checks_programs -- [programs] [seed]``: 1000 programs from seed 34 by default; the counts of
+    programs per expected section are printed at the end.
+    """
+    count = session.posargs[0] if session.posargs else "1000"
+    seed = session.posargs[1] if len(session.posargs) > 1 else "34"
+    env = {"MPGUIDE_CHECKS_PROGRAMS": count, "MPGUIDE_CHECKS_SEED": seed}
+    site_run(session, "-m", "pytest", "tests/test_checks_generated.py", "-q", "-s", "-k", "oracles", env=env)

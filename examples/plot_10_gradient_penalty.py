@@ -157,7 +157,8 @@ CLAIMS = [
     ("clean", "scaled-fp32", "PitfallChecks: scaled-fp32 has no finding"),
     ("clean", "scaled-bf16", "PitfallChecks: scaled-bf16 has no finding"),
     ("clean", "scaled-fp16", "PitfallChecks: scaled-fp16 has no finding"),
-    ("flags", "naive-fp16", "gradient-penalty", "PitfallChecks flags naive-fp16: gradient-penalty"),
+    # the naive penalty underflows nowhere on this model (its measured share, 0 %, is a note, not a finding)
+    ("clean", "naive-fp16", "PitfallChecks: naive-fp16 has no finding"),
 ]
 # fmt: on
 

@@ -25,23 +25,59 @@ of the trainer's optimizers (which backward reached which parameter, at which lo
 is restored on ``on_fit_end``, ``on_exception`` and ``teardown``. It does nothing in automatic
 optimization except the ``fp16-parameters`` check (Lightning runs those steps itself).
 
+It never alters the reader's code. Every wrapper calls the original exactly once with the same arguments and
+returns its value; an exception from the original passes through unchanged. The wrappers are made with
+``functools.wraps``, so the reader's signature stays visible: Lightning's ``is_param_in_hook_signature``
+follows ``__wrapped__`` (``utilities/signature_utils.py``, since 2.1) and passes ``batch_idx`` only to a
+``training_step`` that takes it, and a ``training_step(self, dataloader_iter)`` still gets the iterator
+(checked with ``explicit=True``, ``loops/utilities.py``). An exception raised by the check's own code becomes
+one :class:`ChecksStoppedWarning` (its text also in :attr:`PitfallChecks.stopped`): raised while recording what
+a step did, the whole callback stops for the run (every patch removed); raised in one section's rule, that rule
+stops and the others go on. The reader's run is the same, bitwise, as without the callback.
+
 Device synchronisation: none per step beyond GradScaler's own. A skipped step is known without reading
 a device value (GradScaler calls the optimizer's ``step`` only when the gradients are finite,
 ``torch/amp/grad_scaler.py``, ``_maybe_opt_step``); the loss scale is read once at fit start and then
 followed from the skips (on a CUDA scaler) or read after each ``update()`` (a CPU scaler, where reading
 costs nothing). Device values are read only to give a finding its numbers (once per finding), to tell
-discarded gradients that were not finite from finite ones (only when gradients that no optimizer stepped
-on are zeroed, which correct code does not do), and under ``*-true`` on the sampled batches of the
+discarded gradients that were not finite from finite ones (when gradients that no optimizer stepped on are
+zeroed: under a loss scale, or when they came from an earlier batch), and under ``*-true`` on the sampled batches of the
 lost-update count (a copy of the stepped weights, batches 0, 1, 3, 7, 15, ...).
 
 Cost: every wrapper times its own code with ``time.perf_counter``; :meth:`PitfallChecks.cost` gives that
 time against the batches' time (``check_seconds / step_seconds``), apart from the one-off work at fit
 start and train end (``setup_seconds``).
 
-What may raise a false alarm: a batch thrown away on purpose with ``zero_grad`` before its step
-(``accumulation``, when that optimizer steps later); stepping an optimizer whose parameters are meant to
-have no gradient in that batch (``no-gradient-step``: a no-op in fp32, an error under 16-mixed); a penalty
-loss multiplied by the scale by hand (``gradient-penalty``).
+Rules that keep correct code free of findings (general, stated here, not tied to any module's shape):
+
+* Gradients zeroed in the batch whose backward made them were read by that batch's own code (gradient
+  surgery such as PCGrad: per-task ``zero_grad`` + ``manual_backward``, then gradients written and one step;
+  SAM's ``first_step(zero_grad=True)`` inside a closure): not ``accumulation``. Only a backward of an earlier
+  batch zeroed before any step used it is a window's lost micro-batch. Non-finite gradients zeroed in their own
+  batch are ``nonfinite-guard`` only if that optimizer takes no step in the batch (gradient surgery steps, and
+  GradScaler sees the inf in what it writes) and its parameters are not changed in place after the zero (SAM's
+  ``second_step`` by hand: an update outside the wrapper, named as that under ``step-frequencies``).
+* A scheduler stepped in a batch whose step GradScaler skipped is ``schedulers`` only when it steps per batch
+  (in two or more batches of that epoch, judged at the epoch's end). A scheduler stepped once an epoch (at
+  ``is_last_batch``, or ``ReduceLROnPlateau`` in ``on_train_epoch_end``, which is not charged with the last
+  batch's skip at all) follows epochs, not updates: skipping it would drop that epoch's decay.
+* A configured scheduler never stepped is ``porting`` only when its optimizer had at least one applied step
+  (a skip-aware scheduler rightly never steps when every step was skipped).
+* Matrix products inside an optimizer's step are ``optimizer-math`` only when gradient recording is off: torch's
+  optimizers update under ``no_grad`` and run a closure under ``enable_grad`` (LBFGS, SAM), so a product with
+  gradients on is the closure's forward, which autocast is meant to cover.
+* ``gradient-penalty`` reports what it measured: the share of the returned gradient's elements that are 0 as
+  computed and non-zero when the same gradient is taken of the output times the loss scale (two extra
+  ``autograd.grad`` calls with ``retain_graph=True``, once per fit). A finding from 1 % on; below, a note with
+  the numbers (a second-order MAML inner loop's ReLU zeros are zero either way). The extra calls run the
+  reader's own tensor hooks on that graph once more.
+* "did not train" is said only when the parameters did not change: their in-place version counters
+  (``Tensor._version``, bumped by every in-place update, optimizers' included) are summed at fit start and at
+  train end, without a copy of the weights.
+
+What may still raise a false alarm: stepping an optimizer whose parameters are meant to have no gradient in
+that batch (``no-gradient-step``: a no-op in fp32, an error under 16-mixed); a penalty loss multiplied by the
+scale by hand (``gradient-penalty``, when its measured underflow reaches 1 %).
 
 What each section's check sees (the section is the anchor on the guide page, :data:`GUIDE_URL`):
 
@@ -75,35 +111,56 @@ What each section's check sees (the section is the anchor on the guide page, :da
   start; under ``*-true``, most (over half) of the gradient-carrying weight elements left unchanged by
   the optimizer, measured on a sample of batches (0, 1, 3, 7, 15, ...), not on every step.
 * ``step-frequencies``: an optimizer step outside ``training_step`` (a hook), which ``global_step``
-  and ``max_steps`` do not count there.
+  and ``max_steps`` do not count there. A step that bypasses Lightning's optimizer wrapper: the torch
+  optimizer's own ``step()`` called inside ``training_step`` (``opt.optimizer.step()``, seen at the call), or
+  an optimizer never stepped through ``opt.step()`` whose parameters changed in place all the same (SAM's
+  ``first_step``/``second_step``, a hand-written update; seen at train end from the version counters):
+  ``global_step`` does not advance, ``max_steps`` never stops, and under 16-mixed the update uses gradients
+  still multiplied by the loss scale.
 * ``porting``: the module overrides hooks manual optimization never calls (``optimizer_step``,
   ``optimizer_zero_grad``, ``configure_gradient_clipping``, ``lr_scheduler_step``,
   ``on_before_zero_grad``), at fit start; a configured scheduler that no one stepped by the end of
   training (Lightning steps no scheduler in manual optimization, ``interval="step"`` included).
-* ``accumulation``: an optimizer's gradients zeroed before any optimizer stepped on them, when that
-  optimizer steps later (only the last micro-batch of a window survives). Gradients that a backward
+* ``accumulation``: an optimizer's gradients from an earlier batch zeroed before any optimizer stepped on them,
+  when that optimizer steps later (only the last micro-batch of a window survives). A window that leaks across
+  an epoch's end: a step in epoch e+1 on gradients that include backwards of epoch e (the epoch's last
+  micro-batches carried into the next window; fix: also step at ``is_last_batch``). Gradients that a backward
   left on another optimizer's parameters after which another optimizer stepped (a GAN's generator
   loss fills the discriminator's gradients) are by design and not reported.
 * ``autocast-cache``: an own ``torch.autocast`` with the cache on, inside ``training_step``, around a
   forward after an ``opt.step()`` in the same region (stale casts of the stepped weights). The cache
   setting is the region's own (``cache_enabled=None`` inherits it: Lightning 2.6.6 opens its region with
   the cache off, ``plugins/precision/amp.py``, so a default own autocast inside it does not cache). An own
-  autocast that only repeats Lightning's is a note (:attr:`PitfallChecks.notes`), not a finding.
+  autocast that only repeats Lightning's is a note (:attr:`PitfallChecks.notes`), not a finding. The same for
+  the precision plugin's own region around ``training_step`` when it caches (``torch.is_autocast_cache_enabled()``
+  at ``training_step``'s start: Lightning <= 2.5.4's ``MixedPrecision`` kept torch's default cache on).
 * ``optimizer-math``: an optimizer step that runs under autocast and calls matrix functions (``mm``,
   ``matmul``, ``linear``, ``einsum``...), watched on each optimizer's first three steps under autocast.
 * ``gradient-penalty``: ``torch.autograd.grad(..., create_graph=True)`` inside ``training_step``
-  under a loss scale, on outputs that did not come from the GradScaler's ``scale()`` (the penalty's
-  gradients underflow in fp16). A loss multiplied by the scale by hand is reported too (a false alarm).
+  under a loss scale, on outputs that did not come from the GradScaler's ``scale()``, when at least 1 % of the
+  returned gradient's elements measurably underflowed (see the rules above); below that, a note.
 
 Not detectable from outside, so not reported: a loss not divided by the accumulation window (the
-intended size is unknown); a scheduler stepped at the wrong cadence (per batch is right for a schedule
+intended size is unknown); ``zero_grad`` between two micro-batches of one ``training_step`` (taken as the
+step's own gradient surgery, see the rules above); a ``backward(retain_graph=True)``, an ``opt.step()``, then a
+second backward through the same graph (under bf16/16-mixed autograd saved the cast copies, so the second
+backward silently uses the pre-step weights; fp32 raises "modified by an inplace operation"): telling which
+saved tensors predate the step needs a walk of the graph at every backward, which costs more than the check's
+budget; gradients written into ``p.grad`` by the reader's code (``torch.autograd.grad`` results, PCGrad/LibMTL
+projections) under 16-mixed: a tensor assigned to ``.grad`` carries no trace of whether it was scaled, and
+its size has no reference (the update is then 1/scale of fp32's); an optimizer's inner base optimizer (SAM's
+``base_optimizer``) is not watched, only the optimizer ``configure_optimizers`` returned; a per-step scheduler
+in an epoch of a single batch (its cadence cannot be told from once-an-epoch);
+a scheduler stepped at the wrong cadence (per batch is right for a schedule
 meant per step, wrong for one meant per epoch: the intent is not in the code); a teacher or EMA update
 outside the optimizer losing updates in ``*-true``; gradients read directly (``p.grad``) for anything
 but clipping; an ``opt.step()`` taken from a closure the check cannot see (another thread, a compiled
 region).
 
 Tested with Lightning 2.6.6 and torch 2.13 (Lightning's ``MixedPrecision`` and
-:class:`mpguide.precision.ManualMixedPrecision`). It reads GradScaler's private
+:class:`mpguide.precision.ManualMixedPrecision`); the corpus of public training steps it is judged on is
+``tests/checks_corpus``. A ``training_step`` without ``batch_idx`` relies on Lightning following ``__wrapped__``
+(2.1 and later). It reads GradScaler's private
 ``_per_optimizer_states`` (torch/amp/grad_scaler.py) and Lightning's ``strategy._lightning_optimizers``;
 on a Lightning older than 2.0 it refuses in one line (:class:`PitfallError` at construction).
 """
@@ -126,7 +183,15 @@ from torch.overrides import TorchFunctionMode
 from ._common import HeldGradientScales
 from ._sections import GUIDE_URL, SECTION_TITLES, SECTIONS
 
-__all__ = ["GUIDE_URL", "SECTIONS", "Finding", "PitfallChecks", "PitfallError", "PitfallWarning"]
+__all__ = [
+    "GUIDE_URL",
+    "SECTIONS",
+    "ChecksStoppedWarning",
+    "Finding",
+    "PitfallChecks",
+    "PitfallError",
+    "PitfallWarning",
+]
 
 #: Hooks that Lightning calls only in automatic optimization (``lightning/pytorch/loops/optimization/automatic.py``).
 AUTOMATIC_ONLY_HOOKS = (
@@ -145,6 +210,11 @@ _ACTIVE: Any = None  # the instance whose patches are in place (one at a time)
 
 class PitfallWarning(UserWarning):
     """One finding of :class:`PitfallChecks` (warned once per section and subject)."""
+
+
+class ChecksStoppedWarning(UserWarning):
+    """The check's own code raised: it stopped watching the run (or one section's rule stopped); the fit goes on
+    exactly as without the callback. Warned once per stop; the text is also in :attr:`PitfallChecks.stopped`."""
 
 
 class PitfallError(RuntimeError):
@@ -203,6 +273,7 @@ class _Param:
 class _Backward:
     seq: int  # the step sequence number when it ran
     batch: int
+    epoch: int = 0
 
 
 class _Lazy:
@@ -215,11 +286,39 @@ class _Lazy:
         return format(self.make(), spec)
 
 
+class _Guard:
+    """Runs a piece of the check's own code: an exception in it becomes one warning, never the reader's error.
+
+    ``section=None`` guards the recorder (what a step did): its failure stops the whole callback for the run
+    (every patch is removed, the fit goes on untouched). A section's guard covers that section's rule: its
+    failure stops that rule only. A :class:`PitfallError` (``strict=True``) and non-``Exception`` errors
+    (``KeyboardInterrupt``) pass through.
+    """
+
+    __slots__ = ("owner", "section")
+
+    def __init__(self, owner: Any, section: str | None) -> None:
+        self.owner = owner
+        self.section = section
+
+    def __enter__(self) -> _Guard:
+        return self
+
+    def __exit__(self, kind: Any, err: Any, tb: Any) -> bool:
+        if err is None or isinstance(err, PitfallError) or not isinstance(err, Exception):
+            return False
+        self.owner._failed(self.section, err)
+        return True
+
+
 class _MatrixCalls(TorchFunctionMode):
     """Record the matrix functions that autocast would run in ``dtype`` although their inputs are in another
     floating dtype (used around a sampled optimizer step). A matrix product whose inputs already have
     autocast's dtype (Muon's Newton-Schulz iteration in bfloat16 under bf16-mixed) computes the same
-    either way and is not recorded."""
+    either way and is not recorded. Nor is one made while gradient recording is on: torch's optimizers run
+    their update under ``no_grad`` and their closure (LBFGS, SAM) under ``enable_grad``, so such a call is
+    the closure's forward, which autocast is meant to cover (``torch/optim/lbfgs.py``, ``optimizer.py``'s
+    ``_use_grad_for_differentiable``)."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()
@@ -228,8 +327,10 @@ class _MatrixCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", "")
-        if name in _MATRIX_FUNCTIONS and any(
-            isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != self.dtype for a in args
+        if (
+            name in _MATRIX_FUNCTIONS
+            and not torch.is_grad_enabled()
+            and any(isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != self.dtype for a in args)
         ):
             self.seen.append(f"{name} on {next(a.dtype for a in args if isinstance(a, torch.Tensor))}")
         return func(*args, **(kwargs or {}))
@@ -276,6 +377,20 @@ def _clip_numbers(seen: float, limit: Any, scale: float) -> str:
     return text + f", so this update is about {_fmt(shrink)} times smaller than clipping the true gradients"
 
 
+def _hook(method: Any) -> Any:
+    """A Lightning hook of the callback: skipped once the recorder stopped; its own exceptions become one warning."""
+
+    @functools.wraps(method)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._off:
+            return None
+        with self._rec:
+            return method(self, *args, **kwargs)
+        return None
+
+    return hook
+
+
 class PitfallChecks(Callback):
     """A callback that names the guide section of each manual-optimization pitfall its run shows.
 
@@ -315,7 +430,12 @@ class PitfallChecks(Callback):
         self.check_seconds = 0.0
         self.setup_seconds = 0.0
         self.step_seconds = 0.0
+        self.stopped: list[str] = []
         self._restore: list[Any] = []
+        self._off = False  # the recorder failed: nothing is watched until the next fit
+        self._off_rules: set[str] = set()  # sections whose rule failed in this fit
+        self._rec = _Guard(self, None)
+        self._rule = {section: _Guard(self, section) for section in SECTIONS}
         self._reset()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -365,6 +485,36 @@ class PitfallChecks(Callback):
         self._active = False
         self._outside: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._dead_hooks: list[tuple[str, str]] = []
+        self._guard_pending: dict[int, Any] = {}  # optimizer -> (finite flag of what it zeroed, version sum then)
+        self._applied_steps: dict[int, int] = {}  # optimizer -> steps not skipped (fused steps count as applied)
+        self._raw_steps: dict[int, int] = {}  # optimizer index -> steps through the torch optimizer's own step()
+        self._versions: list[int] = []  # per optimizer: the sum of its parameters' in-place version counters
+        self._sched_candidates: dict[int, tuple] = {}  # scheduler stepped on a skipped step, judged at epoch end
+        self._scheduler_batches: dict[int, set[int]] = {}  # batches of this epoch in which each scheduler stepped
+
+    def _failed(self, section: str | None, err: Exception) -> None:
+        """The check's own code raised ``err``: stop the recorder (``section=None``) or that rule; warn once."""
+        what = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"
+        if section is None:
+            if self._off:
+                return
+            self._off = True
+            text = (
+                f"PitfallChecks stopped watching this run {self._where()}: its own bookkeeping raised {what}. "
+                f"Your training_step, backward calls and steps ran unchanged; there are no findings from here on. "
+                f"Please report this message."
+            )
+            self._unpatch()
+        else:
+            if section in self._off_rules:
+                return
+            self._off_rules.add(section)
+            text = (
+                f"PitfallChecks stopped its [{section}] rule {self._where()}: the rule raised {what}. The other "
+                f"sections and your run go on unchanged. Please report this message."
+            )
+        self.stopped.append(text)
+        warnings.warn(text, ChecksStoppedWarning, stacklevel=2)
 
     def _known(self, section: str, subject: Any) -> bool:
         """Whether this finding is already recorded; if so, count one more sighting (cheap: no message is built)."""
@@ -376,6 +526,8 @@ class PitfallChecks(Callback):
 
     def _find(self, section: str, subject: Any, message: str, optimizer: int | None = None) -> None:
         """Record a finding (once per section and subject), warn once, or raise when strict."""
+        if self._off or section in self._off_rules:
+            return
         key = (section, subject)
         if key in self._keys:
             self._keys[key].count += 1
@@ -449,6 +601,13 @@ class PitfallChecks(Callback):
 
     # ------------------------------------------------------------------ Lightning hooks
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._off = False
+        self._off_rules = set()
+        self.stopped = []
+        with self._rec:
+            self._fit_start(trainer, pl_module)
+
+    def _fit_start(self, trainer: Any, pl_module: Any) -> None:
         global _ACTIVE
         self._unpatch()
         if _ACTIVE is not None and _ACTIVE is not self:
@@ -470,6 +629,7 @@ class PitfallChecks(Callback):
         self._opts = list(trainer.optimizers)
         names = {id(p): name.split(".")[0] for name, p in pl_module.named_parameters()}
         self._opt_params = [[p for g in opt.param_groups for p in g["params"]] for opt in self._opts]
+        self._versions = [sum(p._version for p in params) for params in self._opt_params]
         for i, opt in enumerate(self._opts):
             self._opt_index[id(opt)] = i
             for group in opt.param_groups:
@@ -544,6 +704,7 @@ class PitfallChecks(Callback):
                 )
         self._timed(start, once=True)
 
+    @_hook
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         start = _clock()
         if self._precision in _MIXED:
@@ -578,14 +739,20 @@ class PitfallChecks(Callback):
                     )
         self._timed(start, once=True)
 
+    @_hook
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._sched_candidates:
+            with self._rule["schedulers"]:
+                self._judge_schedulers()
         if self._batch_start is not None:  # the epoch's last batch: its start to its end
             self.step_seconds += self._batch_end - self._batch_start
             self._batch_start = None
 
+    @_hook
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._epoch = trainer.current_epoch
 
+    @_hook
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._batch = batch_idx
         self._global_batch += 1
@@ -598,6 +765,7 @@ class PitfallChecks(Callback):
             self.step_seconds += now - self._batch_start
         self._batch_start = now
 
+    @_hook
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if not self._active or not self._precision.endswith("-true") or self._precision == "32-true":
             return
@@ -609,16 +777,28 @@ class PitfallChecks(Callback):
                         self._lost_sample[id(p)] = (p, p.detach().clone(), p.grad.detach() != 0)
         self._timed(start)
 
+    @_hook
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         end = _clock()
         self._batch_end = end
+        if self._guard_pending:
+            with self._rule["nonfinite-guard"]:
+                for owner, (all_finite, version) in self._guard_pending.items():
+                    # parameters changed in place after the zero (SAM's second_step): an update outside the
+                    # wrapper, named by step-frequencies, not a guard that skipped the step
+                    moved = sum(p._version for p in self._opt_params[owner]) != version
+                    if not moved and not bool(all_finite):
+                        self._flag_guard(owner)
+            self._guard_pending = {}
+        skipped, self._skipped_in_batch = self._skipped_in_batch, set()  # a scheduler stepped after the batch
+        # (ReduceLROnPlateau in on_train_epoch_end) is not charged with this batch's skip
         if self._lost_sample:
             moved = lost = 0
             for p, before, nonzero in self._lost_sample.values():
                 moved += int(nonzero.sum())
                 lost += int((nonzero & (p.detach() == before)).sum())
             self._lost_sample = {}
-            if moved and lost / moved > 0.5 and not (self._skipped_in_batch and self._scaler is not None):
+            if moved and lost / moved > 0.5 and not (skipped and self._scaler is not None):
                 self._find(
                     "fp16-parameters",
                     "true",
@@ -629,6 +809,7 @@ class PitfallChecks(Callback):
                 )
         self._timed(end)
 
+    @_hook
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if not self._manual:
             return
@@ -650,23 +831,50 @@ class PitfallChecks(Callback):
                     f"[porting] note: {type(pl_module).__name__} inherits {hook}() from {owner}; manual optimization "
                     f"never calls it, so training_step must do its work. See {_link('porting')}"
                 )
+        if self._sched_candidates:
+            with self._rule["schedulers"]:
+                self._judge_schedulers()
         batches = self._global_batch + 1
         for index in range(len(self._opts)):
             guarded = any(f.section == "nonfinite-guard" and f.optimizer in (index, None) for f in self.findings)
-            if index not in self._last_step_seq and batches > 0 and not guarded:  # a non-finite guard says why
-                # a guard that skips empty steps (has_gradients) stops GradScaler's AssertionError, and with it
-                # the only sign that this optimizer's loss never reaches its parameters
+            if index in self._last_step_seq or batches <= 0 or index in self._raw_steps:
+                continue  # a step through the torch optimizer is already named
+            # a guard that skips empty steps (has_gradients) stops GradScaler's AssertionError, and with it
+            # the only sign that this optimizer's loss never reaches its parameters. Whether its parameters
+            # changed is told by their in-place version counters (no copy of the weights is kept)
+            changed = sum(p._version for p in self._opt_params[index]) - self._versions[index]
+            if changed:
+                with self._rule["step-frequencies"]:
+                    self._find(
+                        "step-frequencies",
+                        f"bypass {index}",
+                        self._bypass_message(
+                            index,
+                            f"was never stepped through opt.step() in {batches} batch(es), yet its parameters were "
+                            f"changed in place (their version counters moved by {changed}): something else "
+                            f"updated them (SAM's first_step/second_step, a hand-written update)",
+                        ),
+                        optimizer=index,
+                    )
+                continue
+            if guarded:
+                continue  # a non-finite guard says why
+            with self._rule["no-gradient-step"]:
                 self._find(
                     "no-gradient-step",
                     f"never stepped {index}",
-                    f"{self._name(index)} was never stepped in {batches} batch(es): its parameters did not "
-                    f"train. If a guard skipped every step (an optimizer without gradients), the loss of its "
-                    f"windows never reaches that model: after manual_backward, print "
+                    f"{self._name(index)} was never stepped in {batches} batch(es) and its parameters did not "
+                    f"change (their version counters did not move). If a guard skipped every step (an optimizer "
+                    f"without gradients), the loss of its windows never reaches that model: after manual_backward, "
+                    f"print "
                     f"[n for n, p in model.named_parameters() if p.grad is None] to see which parameters it "
                     f"misses, and follow that loss's graph back (loss.grad_fn) to the detach or no_grad.",
                     optimizer=index,
                 )
         for index, scheduler in enumerate(self._schedulers):
+            owner = self._opt_index.get(id(getattr(scheduler, "optimizer", None)))
+            if owner is not None and not self._applied_steps.get(owner):
+                continue  # every step of its optimizer was skipped: a skip-aware scheduler rightly never stepped
             if self._scheduler_steps.get(id(scheduler)) == 0:
                 self._find(
                     "porting",
@@ -689,15 +897,16 @@ class PitfallChecks(Callback):
 
     # ------------------------------------------------------------------ gradients
     def _grad_hook(self, param: torch.Tensor, grad: torch.Tensor) -> None:
-        if self._in_grad and not self._in_backward:
+        if self._off or (self._in_grad and not self._in_backward):
             return  # torch.autograd.grad: nothing is accumulated into .grad
-        start = _clock()
-        state = self._params.get(id(param))
-        if state is None or param.grad is None:
-            state = self._params[id(param)] = _Param()
-        state.backwards.add(self._backward_id)
-        state.scales.add(self._scale)
-        self.check_seconds += _clock() - start
+        with self._rec:
+            start = _clock()
+            state = self._params.get(id(param))
+            if state is None or param.grad is None:
+                state = self._params[id(param)] = _Param()
+            state.backwards.add(self._backward_id)
+            state.scales.add(self._scale)
+            self.check_seconds += _clock() - start
 
     def _reached(self, backwards: set[int]) -> list[str]:
         """The top-level modules whose parameters hold gradients from these backward calls (for messages)."""
@@ -707,19 +916,25 @@ class PitfallChecks(Callback):
 
     def _start_backward(self) -> None:
         self._backward_id += 1
-        self._backwards[self._backward_id] = _Backward(self._seq, self._batch if self._batch is not None else -1)
+        self._backwards[self._backward_id] = _Backward(
+            self._seq, self._batch if self._batch is not None else -1, self._epoch
+        )
         self._batch_backwards.append(self._backward_id)
         if len(self._backwards) > 256:  # keep the recent ones only
             for key in sorted(self._backwards)[:128]:
                 del self._backwards[key]
 
     def _wrap_strategy_backward(self, original: Any) -> Any:
+        @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
-            start = _clock()
-            self._start_backward()
+            if self._off:
+                return original(*args, **kwargs)
+            with self._rec:
+                start = _clock()
+                self._start_backward()
+                self._timed(start)
             self._in_backward += 1
             self._in_lightning += 1
-            self._timed(start)
             try:
                 return original(*args, **kwargs)
             finally:
@@ -729,64 +944,65 @@ class PitfallChecks(Callback):
         return backward
 
     def _wrap_tensor_backward(self, original: Any) -> Any:
+        @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if self._in_backward:  # manual_backward (or a nested call): Lightning's own
+            if self._off or self._in_backward:  # manual_backward (or a nested call): Lightning's own
                 return original(*args, **kwargs)
-            start = _clock()
-            self._start_backward()
-            own = self._backward_id
+            own = -1
+            with self._rec:
+                start = _clock()
+                self._start_backward()
+                own = self._backward_id
+                self._timed(start)
             self._in_backward += 1
-            self._timed(start)
             try:
                 result = original(*args, **kwargs)
             finally:
                 self._in_backward -= 1
-            # only a backward that reached the trainer's optimizers' parameters (not an unrelated model's):
-            # reported after it ran and before the opt.step() that fails under 16-mixed
-            reached = (
-                self._reached({own})
-                if self._in_step_fn and ("backward-flags", "loss.backward") not in self._keys
-                else []
-            )
-            if reached and not self._known("backward-flags", "loss.backward"):
-                self._find(
-                    "backward-flags",
-                    "loss.backward",
-                    f"loss.backward() was called {self._where()} instead of self.manual_backward(loss), and its "
-                    f"gradients reached {', '.join(reached)}: "
-                    + (
-                        "under 16-mixed the loss is not multiplied by the loss scale, so GradScaler then "
-                        "unscales gradients that were never scaled (or fails with 'Attempted unscale_ but "
-                        "_scale is None')"
-                        if self._scaler is not None
-                        else "Lightning's precision and strategy hooks are bypassed (it works here by luck: "
-                        "under 16-mixed it breaks)"
-                    )
-                    + ". Fix: self.manual_backward(loss).",
-                )
+            with self._rule["backward-flags"]:
+                self._flag_backward(own)
             return result
 
         return backward
 
+    def _flag_backward(self, own: int) -> None:
+        """The ``backward-flags`` rule, after a ``Tensor.backward`` that was not Lightning's."""
+        # only a backward that reached the trainer's optimizers' parameters (not an unrelated model's):
+        # reported after it ran and before the opt.step() that fails under 16-mixed
+        reached = (
+            self._reached({own}) if self._in_step_fn and ("backward-flags", "loss.backward") not in self._keys else []
+        )
+        if reached and not self._known("backward-flags", "loss.backward"):
+            self._find(
+                "backward-flags",
+                "loss.backward",
+                f"loss.backward() was called {self._where()} instead of self.manual_backward(loss), and its "
+                f"gradients reached {', '.join(reached)}: "
+                + (
+                    "under 16-mixed the loss is not multiplied by the loss scale, so GradScaler then "
+                    "unscales gradients that were never scaled (or fails with 'Attempted unscale_ but "
+                    "_scale is None')"
+                    if self._scaler is not None
+                    else "Lightning's precision and strategy hooks are bypassed (it works here by luck: "
+                    "under 16-mixed it breaks)"
+                )
+                + ". Fix: self.manual_backward(loss).",
+            )
+
     def _wrap_autograd_grad(self, original: Any) -> Any:
+        @functools.wraps(original)
         def grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-            start = _clock()
-            create_graph = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
-            if self._in_step_fn and self._scaler is not None and create_graph and not self._in_lightning:
-                outs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-                if not any(id(o) in self._scaled_ids for o in outs) and not self._known(
-                    "gradient-penalty", "autograd.grad"
-                ):
-                    self._find(
-                        "gradient-penalty",
-                        "autograd.grad",
-                        f"torch.autograd.grad(..., create_graph=True) {self._where()} differentiates an output "
-                        f"that was not multiplied by the loss scale ({_fmt(self._scale)}): under 16-mixed its "
-                        f"fp16 gradients underflow and the penalty is computed on zeros. Fix: "
-                        f"torch.autograd.grad(scaler.scale(out), ...), then divide by the scale.",
-                    )
+            if self._off:
+                return original(outputs, *args, **kwargs)
+            with self._rule["gradient-penalty"]:
+                create_graph = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
+                if self._in_step_fn and self._scaler is not None and create_graph and not self._in_lightning:
+                    outs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+                    if not any(id(o) in self._scaled_ids for o in outs) and not self._known(
+                        "gradient-penalty", "autograd.grad"
+                    ):
+                        self._penalty(original, outs, args, kwargs)
             self._in_grad += 1
-            self._timed(start)
             try:
                 return original(outputs, *args, **kwargs)
             finally:
@@ -794,68 +1010,161 @@ class PitfallChecks(Callback):
 
         return grad
 
+    def _penalty(self, original: Any, outs: list[torch.Tensor], args: tuple, kwargs: dict) -> None:
+        """The ``gradient-penalty`` rule: measure, once, what the missing loss scale costs this gradient.
+
+        The same gradient is taken twice more (``retain_graph=True``, nothing accumulates into ``.grad``): of the
+        outputs as given and of the outputs times the loss scale. An element that is exactly 0 in the first and
+        not in the second underflowed in fp16. A finding when at least 1 % of the elements did; otherwise a note
+        with the numbers (exact zeros that are zero either way come from the function itself: ReLU, masks).
+        """
+        start = _clock()
+        inputs = kwargs.get("inputs", args[0] if args else None)
+        given = kwargs.get("grad_outputs", args[1] if len(args) > 1 else None)
+        ins = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        if given is None:
+            given = [None] * len(outs)
+        elif isinstance(given, torch.Tensor):
+            given = [given]
+        plain_out = [torch.ones_like(o) if g is None else g for o, g in zip(outs, given)]
+        scale = self._scale
+        self._in_grad += 1
+        try:
+            plain = original(outs, ins, grad_outputs=plain_out, retain_graph=True, allow_unused=True)
+            scaled = original(
+                outs, ins, grad_outputs=[g * scale for g in plain_out], retain_graph=True, allow_unused=True
+            )
+        finally:
+            self._in_grad -= 1
+        total = zeros = under = 0
+        for p, q in zip(plain, scaled):
+            if p is None or q is None:
+                continue
+            total += p.numel()
+            zero = p == 0
+            zeros += int(zero.sum())
+            under += int((zero & (q != 0)).sum())
+        self._timed(start)
+        if not total:
+            return
+        numbers = (
+            f"of its {total} gradient element(s), {under} ({under / total:.1%}) are 0 as computed and non-zero when "
+            f"the same gradient is taken of the output times the loss scale {_fmt(scale)} (fp16 underflow); "
+            f"{zeros} ({zeros / total:.1%}) are 0 as computed"
+        )
+        if under / total >= 0.01:
+            self._find(
+                "gradient-penalty",
+                "autograd.grad",
+                f"torch.autograd.grad(..., create_graph=True) {self._where()} differentiates an output that was not "
+                f"multiplied by the loss scale: {numbers}. Fix: torch.autograd.grad(scaler.scale(out), ...), then "
+                f"divide by the scale.",
+            )
+        else:
+            self._keys[("gradient-penalty", "autograd.grad")] = Finding("gradient-penalty", "note")  # measured once
+            self.notes.append(
+                f"[gradient-penalty] note: torch.autograd.grad(..., create_graph=True) {self._where()} on an output "
+                f"not multiplied by the loss scale: {numbers}; under 1 % underflowed, not a finding. "
+                f"See {_link('gradient-penalty')}"
+            )
+
     def _wrap_scale(self, original: Any) -> Any:
+        @functools.wraps(original)
         def scale(outputs: Any) -> Any:
             result = original(outputs)
-            if isinstance(result, torch.Tensor):
+            if not self._off and isinstance(result, torch.Tensor):
                 self._scaled_ids.add(id(result))
             return result
 
         return scale
 
     def _wrap_unscale(self, original: Any) -> Any:
+        @functools.wraps(original)
         def unscale_(optimizer: Any) -> Any:
-            if self._in_step_fn and not self._in_lightning:
-                index = self._opt_index.get(id(getattr(optimizer, "_optimizer", optimizer)))
-                self._find(
-                    "clipping",
-                    index,
-                    f"scaler.unscale_() was called {self._where()} from training_step: Lightning's MixedPrecision "
-                    f"unscales again inside opt.step(), and GradScaler raises 'unscale_() has already been called on "
-                    f"this optimizer since the last update()'. Fix: clip inside on_before_optimizer_step (after "
-                    f"Lightning's unscale_), or use ManualMixedPrecision (Lightning 2.6).",
-                    optimizer=index,
-                )
+            if self._off:
+                return original(optimizer)
+            with self._rule["clipping"]:
+                self._flag_unscale(optimizer)
             return original(optimizer)
 
         return unscale_
 
+    def _flag_unscale(self, optimizer: Any) -> None:
+        if self._in_step_fn and not self._in_lightning:
+            index = self._opt_index.get(id(getattr(optimizer, "_optimizer", optimizer)))
+            self._find(
+                "clipping",
+                index,
+                f"scaler.unscale_() was called {self._where()} from training_step: Lightning's MixedPrecision "
+                f"unscales again inside opt.step(), and GradScaler raises 'unscale_() has already been called on "
+                f"this optimizer since the last update()'. Fix: clip inside on_before_optimizer_step (after "
+                f"Lightning's unscale_), or use ManualMixedPrecision (Lightning 2.6).",
+                optimizer=index,
+            )
+
     def _wrap_update(self, original: Any) -> Any:
+        @functools.wraps(original)
         def update(new_scale: Any = None) -> Any:
             result = original(new_scale)
-            start = _clock()
-            scaler = self._scaler
-            if new_scale is not None or scaler._scale is None or scaler._scale.device.type == "cpu":
-                self._scale = float(scaler.get_scale())  # a CPU tensor: reading it costs no synchronisation
-            elif self._skipped_since_update:
-                self._scale *= scaler.get_backoff_factor()
-                self._tracker = 0
-            else:  # follow GradScaler's growth rule (torch/amp/grad_scaler.py, _amp_update_scale_)
-                self._tracker += 1
-                if self._tracker == scaler.get_growth_interval():
-                    self._scale *= scaler.get_growth_factor()
-                    self._tracker = 0
-            self._skipped_since_update = False
-            self._timed(start)
+            if not self._off:
+                with self._rec:
+                    self._updated(new_scale)
             return result
 
         return update
 
+    def _updated(self, new_scale: Any) -> None:
+        start = _clock()
+        scaler = self._scaler
+        if new_scale is not None or scaler._scale is None or scaler._scale.device.type == "cpu":
+            self._scale = float(scaler.get_scale())  # a CPU tensor: reading it costs no synchronisation
+        elif self._skipped_since_update:
+            self._scale *= scaler.get_backoff_factor()
+            self._tracker = 0
+        else:  # follow GradScaler's growth rule (torch/amp/grad_scaler.py, _amp_update_scale_)
+            self._tracker += 1
+            if self._tracker == scaler.get_growth_interval():
+                self._scale *= scaler.get_growth_factor()
+                self._tracker = 0
+        self._skipped_since_update = False
+        self._timed(start)
+
     def _wrap_zero_grad(self, optimizer: Any, original: Any) -> Any:
+        @functools.wraps(original)
         def zero_grad(*args: Any, **kwargs: Any) -> Any:
-            start = _clock()
-            index = None if optimizer is None else self._opt_index.get(id(optimizer))
-            params = list(self._module.parameters()) if index is None else self._opt_params[index]
-            self._discard(params, index)
-            self._timed(start)
+            if not self._off:
+                with self._rec:
+                    start = _clock()
+                    index = None if optimizer is None else self._opt_index.get(id(optimizer))
+                    params = list(self._module.parameters()) if index is None else self._opt_params[index]
+                    self._discard(params, index)
+                    self._timed(start)
             return original(*args, **kwargs)
 
         return zero_grad
+
+    def _flag_guard(self, owner: Any) -> None:
+        self._find(
+            "nonfinite-guard",
+            owner,
+            f"{self._name(owner)}: gradients that are not finite were zeroed {self._where()} without an "
+            f"opt.step() on them (loss scale {_fmt(self._scale)}): a guard that skips the step also "
+            f"skips the only call that lowers the scale, so it stays too high. Fix: always call "
+            f"opt.step() and ask afterwards whether GradScaler skipped it (mpguide.steps.step_skip_aware).",
+            optimizer=owner,
+        )
+
+    @staticmethod
+    def _all_finite(params: list[torch.Tensor]) -> torch.Tensor:
+        """A 0-d bool tensor, not read: inf/NaN anywhere in these gradients makes their norm non-finite."""
+        return torch.stack(torch._foreach_norm([p.grad for p in params])).isfinite().all()
 
     def _discard(self, params: list[torch.Tensor], index: int | None) -> None:
         """Gradients are about to be zeroed: were they stepped on, or thrown away?"""
         thrown: list[torch.Tensor] = []
         thrown_backwards: set[int] = set()
+        earlier: set[int] = set()  # of those, backwards of an earlier batch (a window's micro-batches)
+        here = (self._epoch, self._batch)
         for p in params:
             state = self._params.pop(id(p), None)
             if state is None or p.grad is None:
@@ -868,6 +1177,8 @@ class PitfallChecks(Callback):
                 if record is not None and any(seq > record.seq for i, seq in self._last_step_seq.items() if i != owner):
                     continue
                 fresh.add(b)
+                if record is not None and (record.epoch, record.batch) != here:
+                    earlier.add(b)
             if fresh:
                 thrown.append(p)
                 thrown_backwards |= fresh
@@ -878,105 +1189,129 @@ class PitfallChecks(Callback):
             self._consumed |= thrown_backwards  # already reported: no second device read
             self._keys.get(("accumulation", owner), self._keys.get(("nonfinite-guard", owner))).count += 1
             return
-        finite = bool(torch.stack([torch.isfinite(p.grad).all() for p in thrown]).all())
-        if not finite:
-            if self._scaler is not None:
-                self._find(
-                    "nonfinite-guard",
-                    owner,
-                    f"{self._name(owner)}: gradients that are not finite were zeroed {self._where()} without an "
-                    f"opt.step() on them (loss scale {_fmt(self._scale)}): a guard that skips the step also "
-                    f"skips the only call that lowers the scale, so it stays too high. Fix: always call "
-                    f"opt.step() and ask afterwards whether GradScaler skipped it (mpguide.steps.step_skip_aware).",
-                    optimizer=owner,
-                )
+        if self._scaler is None and not earlier:  # nothing to report: no device read
             self._consumed |= thrown_backwards
             return
-        if owner is not None:
-            pending = self._pending_accumulation.get(owner, (self._batch if self._batch is not None else -1, 0))
-            self._pending_accumulation[owner] = (pending[0], pending[1] + len(thrown_backwards))
+        if not earlier:
+            # zeroed in the batch that made them: a finding only if this optimizer takes no step in this batch
+            # (gradient surgery reads them, writes its own and steps: GradScaler sees the inf). The first such
+            # set of the batch is kept as a flag, read at the batch's end only if no step came: no device read
+            if self._scaler is not None and owner is not None and owner not in self._guard_pending:
+                version = sum(p._version for p in self._opt_params[owner])
+                self._guard_pending[owner] = (self._all_finite(thrown), version)
+            self._consumed |= thrown_backwards
+            return
+        all_finite = self._all_finite(thrown)
+        if not bool(all_finite):
+            if self._scaler is not None:
+                with self._rule["nonfinite-guard"]:
+                    self._flag_guard(owner)
+            self._consumed |= thrown_backwards
+            return
+        if owner is not None and earlier:
+            first = min(self._backwards[b].batch for b in earlier if b in self._backwards)
+            pending = self._pending_accumulation.get(owner, (first, 0))
+            self._pending_accumulation[owner] = (pending[0], pending[1] + len(earlier))
         self._consumed |= thrown_backwards
 
     # ------------------------------------------------------------------ steps
     def _wrap_training_step(self, original: Any) -> Any:
+        # functools.wraps keeps the reader's signature visible: Lightning's is_param_in_hook_signature follows
+        # __wrapped__ (since 2.1, utilities/signature_utils.py), so it passes batch_idx, dataloader_idx or a
+        # dataloader_iter exactly as it would to the reader's own method
+        @functools.wraps(original)
         def training_step(*args: Any, **kwargs: Any) -> Any:
-            self._in_step_fn += 1
+            if self._off:
+                return original(*args, **kwargs)
+            with self._rec:
+                self._enter_step()
             try:
                 return original(*args, **kwargs)
             finally:
-                self._in_step_fn -= 1
+                if not self._off:
+                    with self._rec:
+                        self._leave_step()
 
         return training_step
 
+    def _enter_step(self) -> None:
+        self._in_step_fn += 1
+        # Lightning's own autocast region is open around training_step: when it caches casts (Lightning <= 2.5's
+        # MixedPrecision opened it with torch's default cache on; 2.6 turns it off, plugins/precision/amp.py),
+        # a forward after an opt.step() inside this training_step reuses casts of the old weights
+        device = self._autocast_device()
+        if device is not None and torch.is_autocast_cache_enabled() and self._in_step_fn == 1:
+            self._autocast_stack.append(
+                {"region": None, "caching": True, "stepped": False, "dtype": None, "enabled": False, "own": False}
+            )
+
+    def _leave_step(self) -> None:
+        self._in_step_fn -= 1
+        if self._autocast_stack and self._autocast_stack[0]["region"] is None and self._in_step_fn == 0:
+            self._autocast_stack.pop(0)
+            if not any(e["stepped"] for e in self._autocast_stack) and self._forward_hook is not None:
+                self._forward_hook.remove()
+                self._forward_hook = None
+
     def _wrap_plugin_step(self, original: Any) -> Any:
+        @functools.wraps(original)
         def optimizer_step(optimizer: Any, model: Any, closure: Any, **kwargs: Any) -> Any:
-            index = self._opt_index.get(id(optimizer))
+            index = None if self._off else self._opt_index.get(id(optimizer))
             if index is None:
                 return original(optimizer, model, closure, **kwargs)
-            outer = _clock()
 
             def checked_closure() -> Any:
                 result = closure()
-                start = _clock()
-                self._before_step(index, optimizer)
-                self._timed(start)
+                if not self._off:
+                    with self._rec:
+                        start = _clock()
+                        self._before_step(index, optimizer)
+                        self._timed(start)
                 return result
 
             self._applied = None
             self._in_lightning += 1
-            self._timed(outer)
             try:
                 return original(optimizer, model, checked_closure, **kwargs)
             finally:
                 self._in_lightning -= 1
-                start = _clock()
-                self._after_step(index, optimizer)
-                self._timed(start)
+                if not self._off:
+                    with self._rec:
+                        start = _clock()
+                        self._after_step(index, optimizer)
+                        self._timed(start)
 
         return optimizer_step
 
     def _before_step(self, index: int, optimizer: Any) -> None:
         name = _Lazy(lambda: self._name(index))  # built only when a message is
         if not self._in_step_fn and self._batch is not None and not self._known("step-frequencies", index):
-            self._find(
-                "step-frequencies",
-                index,
-                f"{name} stepped {self._where()} outside training_step (in a hook): trainer.global_step "
-                f"and max_steps do not count steps taken there. Fix: call opt.step() inside training_step.",
-                optimizer=index,
-            )
+            with self._rule["step-frequencies"]:
+                self._find(
+                    "step-frequencies",
+                    index,
+                    f"{name} stepped {self._where()} outside training_step (in a hook): trainer.global_step "
+                    f"and max_steps do not count steps taken there. Fix: call opt.step() inside training_step.",
+                    optimizer=index,
+                )
         params = self._opt_params[index]
         with_grad = [p for p in params if p.grad is not None]
         if not with_grad:
-            if self._known("no-gradient-step", index):
-                return
-            reached = self._reached(set(self._batch_backwards))
-            self._find(
-                "no-gradient-step",
-                index,
-                f"{name} stepped {self._where()} with no gradient on any of its {len(params)} parameter(s); "
-                + (
-                    f"the {len(self._batch_backwards)} backward call(s) of this batch reached only {', '.join(reached)}"
-                    if reached
-                    else "no backward of this batch reached any trainer optimizer's parameters"
-                )
-                + ". In fp32/bf16 the step silently does nothing; under 16-mixed GradScaler raises 'No inf "
-                "checks were recorded for this optimizer'. Fix: step only optimizers whose loss reached their "
-                "parameters in this batch (a detached tensor, the wrong toggle, zero_grad between backward "
-                "and step).",
-                optimizer=index,
-            )
+            if not self._known("no-gradient-step", index):
+                with self._rule["no-gradient-step"]:
+                    self._flag_no_gradient(index, name, params)
             return
         pending = self._pending_accumulation.pop(index, None)
         if pending is not None:
-            self._find(
-                "accumulation",
-                index,
-                f"{name} steps {self._where()}, but {pending[1]} earlier backward(s) of its window (from batch "
-                f"{pending[0]} on) were zeroed before any step used them: only the micro-batches since the "
-                f"last zero_grad count. Fix: zero_grad only right after the step (once per window).",
-                optimizer=index,
-            )
+            with self._rule["accumulation"]:
+                self._find(
+                    "accumulation",
+                    index,
+                    f"{name} steps {self._where()}, but {pending[1]} backward(s) of earlier batches in its window "
+                    f"(from batch {pending[0]} on) were zeroed before any step used them: only the micro-batches "
+                    f"since the last zero_grad count. Fix: zero_grad only right after the step (once per window).",
+                    optimizer=index,
+                )
         backs: set[int] = set()
         scales: set[float] = set()
         for p in with_grad:
@@ -984,30 +1319,70 @@ class PitfallChecks(Callback):
             if state is not None:
                 backs |= state.backwards
                 scales |= state.scales
+        fresh = backs - self._consumed
         self._consumed |= backs
+        if fresh and self._epoch > 0 and not self._known("accumulation", f"epoch tail {index}"):
+            with self._rule["accumulation"]:
+                tail = sorted(
+                    (r.epoch, r.batch)
+                    for b in fresh
+                    if (r := self._backwards.get(b)) is not None and r.epoch < self._epoch
+                )
+                if tail:
+                    self._find(
+                        "accumulation",
+                        f"epoch tail {index}",
+                        f"{name} steps {self._where()} on gradients that include {len(tail)} backward(s) of epoch "
+                        f"{tail[0][0]} (from its batch {tail[0][1]} on): that epoch ended inside a window, and its "
+                        f"last micro-batches were carried into this epoch's first window. Fix: also step at the "
+                        f"epoch's last batch (if (batch_idx + 1) % N == 0 or self.trainer.is_last_batch).",
+                        optimizer=index,
+                    )
         if (
             self._scaler is not None
             and not self._rescales_held
             and scales - {self._scale}
             and not self._known("scale-changes", index)
         ):
-            old = sorted(scales - {self._scale})
-            self._find(
-                "scale-changes",
-                index,
-                f"{name} unscales {self._where()} with loss scale {_fmt(self._scale)} gradients produced at "
-                f"{', '.join(_fmt(s) for s in old)}: Lightning's MixedPrecision updated the scale in another "
-                f"opt.step() in between, so this update is {_fmt(max(old) / self._scale)}x what it should "
-                f"be. Fix: mpguide.precision.ManualMixedPrecision (one update per training_step), or one "
-                f"optimizer per backward, stepped before the next optimizer's step.",
-                optimizer=index,
-            )
+            with self._rule["scale-changes"]:
+                old = sorted(scales - {self._scale})
+                self._find(
+                    "scale-changes",
+                    index,
+                    f"{name} unscales {self._where()} with loss scale {_fmt(self._scale)} gradients produced at "
+                    f"{', '.join(_fmt(s) for s in old)}: Lightning's MixedPrecision updated the scale in another "
+                    f"opt.step() in between, so this update is {_fmt(max(old) / self._scale)}x what it should "
+                    f"be. Fix: mpguide.precision.ManualMixedPrecision (one update per training_step), or one "
+                    f"optimizer per backward, stepped before the next optimizer's step.",
+                    optimizer=index,
+                )
         if self._scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
             self._applied = None  # a fused step skips inside its kernel: not observable without a sync
         else:
             self._applied = False
 
+    def _flag_no_gradient(self, index: int, name: Any, params: list[torch.Tensor]) -> None:
+        reached = self._reached(set(self._batch_backwards))
+        self._find(
+            "no-gradient-step",
+            index,
+            f"{name} stepped {self._where()} with no gradient on any of its {len(params)} parameter(s); "
+            + (
+                f"the {len(self._batch_backwards)} backward call(s) of this batch reached only {', '.join(reached)}"
+                if reached
+                else "no backward of this batch reached any trainer optimizer's parameters"
+            )
+            + ". In fp32/bf16 the step silently does nothing; under 16-mixed GradScaler raises 'No inf "
+            "checks were recorded for this optimizer'. Fix: step only optimizers whose loss reached their "
+            "parameters in this batch (a detached tensor, the wrong toggle, zero_grad between backward "
+            "and step).",
+            optimizer=index,
+        )
+
     def _after_step(self, index: int, optimizer: Any) -> None:
+        self._guard_pending.pop(index, None)
+        if self._scaler is None or self._applied is not False:  # without a scaler nothing skips a step
+            self._applied_steps[index] = self._applied_steps.get(index, 0) + 1
         self._seq += 1
         self._last_step_seq[index] = self._seq
         self._stepped_in_batch.add(index)
@@ -1018,6 +1393,28 @@ class PitfallChecks(Callback):
         if self._autocast_stack:
             self._stepped_in_caching_region()
 
+    def _consume(self, index: int) -> None:
+        """The gradients on this optimizer's parameters were used by a step: not thrown away by a later zero_grad."""
+        for p in self._opt_params[index]:
+            state = self._params.get(id(p))
+            if state is not None:
+                self._consumed |= state.backwards
+
+    def _bypass_message(self, index: int, how: str) -> str:
+        scaled = (
+            f"; under {self._precision} GradScaler neither unscales these gradients nor checks them for inf/NaN, so "
+            f"the update is applied to gradients still multiplied by the loss scale ({_fmt(self._scale)} at this "
+            f"point)"
+            if self._scaler is not None
+            else ""
+        )
+        return (
+            f"{self._name(index)} {how}, outside Lightning's optimizer wrapper (the LightningOptimizer that "
+            f"self.optimizers() returns): trainer.global_step does not advance, so max_steps never stops training"
+            f"{scaled}. Fix: call opt.step() (opt.step(closure=...) for LBFGS- or SAM-like optimizers) on the "
+            f"LightningOptimizer."
+        )
+
     def _wrap_inner_step(self, optimizer: Any, original: Any) -> Any:
         index = self._opt_index[id(optimizer)]
 
@@ -1025,32 +1422,57 @@ class PitfallChecks(Callback):
         # ``_wrapped_by_lr_sched``, torch/optim/lr_scheduler.py, and warn when the mark is gone)
         @functools.wraps(original)
         def step(*args: Any, **kwargs: Any) -> Any:
-            start = _clock()
-            if self._applied is False:
-                self._applied = True  # GradScaler calls the optimizer's step only for finite gradients
-            device = self._autocast_device() if self._math_samples.get(index, 0) < 3 else None
-            if device is not None:
-                self._math_samples[index] = self._math_samples.get(index, 0) + 1
-                mode = _MatrixCalls(torch.get_autocast_dtype(device))
+            if self._off:
+                return original(*args, **kwargs)
+            mode = None
+            raw = False
+            with self._rec:
+                start = _clock()
+                if self._applied is False:
+                    self._applied = True  # GradScaler calls the optimizer's step only for finite gradients
+                if not self._in_lightning and self._batch is not None:
+                    self._raw_steps[index] = self._raw_steps.get(index, 0) + 1
+                    raw = True
+                    self._consume(index)
+                    if not self._known("step-frequencies", f"bypass {index}"):
+                        with self._rule["step-frequencies"]:
+                            self._find(
+                                "step-frequencies",
+                                f"bypass {index}",
+                                self._bypass_message(
+                                    index, f"stepped {self._where()} through the torch optimizer's own step()"
+                                ),
+                                optimizer=index,
+                            )
+                device = self._autocast_device() if self._math_samples.get(index, 0) < 3 else None
+                if device is not None and "optimizer-math" not in self._off_rules:
+                    self._math_samples[index] = self._math_samples.get(index, 0) + 1
+                    mode = _MatrixCalls(torch.get_autocast_dtype(device))
                 self._timed(start)
+            if mode is None:
+                result = original(*args, **kwargs)
+            else:
                 with mode:
                     result = original(*args, **kwargs)
-                start = _clock()
-                if mode.seen:
+            if raw and not self._off:
+                with self._rec:
+                    self._consume(index)  # a closure's backward inside that step was used by it too
+            if mode is None:
+                return result
+            if mode.seen:
+                with self._rule["optimizer-math"]:
                     self._find(
                         "optimizer-math",
                         index,
                         f"{self._name(index)}'s step runs under {device} autocast {self._where()} and calls "
-                        f"{', '.join(sorted(set(mode.seen)))}, which autocast recasts to "
+                        f"{', '.join(sorted(set(mode.seen)))} with gradient recording off (the update's own math, "
+                        f"not a closure's forward), which autocast recasts to "
                         f"{torch.get_autocast_dtype(device)}: its matrix math changes precision, unlike "
                         f"automatic optimization. Fix: mpguide.precision.ManualMixedPrecision, or wrap opt.step() "
                         f"in torch.autocast(device_type, enabled=False).",
                         optimizer=index,
                     )
-                self._timed(start)
-                return result
-            self._timed(start)
-            return original(*args, **kwargs)
+            return result
 
         return step
 
@@ -1064,30 +1486,56 @@ class PitfallChecks(Callback):
         return None
 
     def _wrap_scheduler_step(self, scheduler: Any, original: Any) -> Any:
+        @functools.wraps(original)
         def step(*args: Any, **kwargs: Any) -> Any:
-            start = _clock()
-            self._scheduler_steps[id(scheduler)] = self._scheduler_steps.get(id(scheduler), 0) + 1
-            index = self._opt_index.get(id(getattr(scheduler, "optimizer", None)))
-            skipped = index is not None and index in self._skipped_in_batch and not self._known("schedulers", index)
-            before = [g["lr"] for g in scheduler.optimizer.param_groups] if skipped else []
-            self._timed(start)
-            result = original(*args, **kwargs)
-            if skipped:
+            if self._off:
+                return original(*args, **kwargs)
+            skipped = False
+            before: list[float] = []
+            index = None
+            with self._rec:
                 start = _clock()
-                after = [g["lr"] for g in scheduler.optimizer.param_groups]
-                self._find(
-                    "schedulers",
-                    index,
-                    f"{type(scheduler).__name__} stepped {self._where()} although GradScaler skipped "
-                    f"{self._name(index)}'s step (inf/NaN gradients): the learning rate moved from "
-                    f"{_fmt(before[0])} to {_fmt(after[0])} with no update applied. Fix: step the scheduler "
-                    f"only after an applied step (mpguide.steps.step_skip_aware).",
-                    optimizer=index,
-                )
+                self._scheduler_steps[id(scheduler)] = self._scheduler_steps.get(id(scheduler), 0) + 1
+                index = self._opt_index.get(id(getattr(scheduler, "optimizer", None)))
+                if self._batch is not None:
+                    self._scheduler_batches.setdefault(id(scheduler), set()).add(self._batch)
+                skipped = index is not None and index in self._skipped_in_batch and not self._known("schedulers", index)
+                before = [g["lr"] for g in scheduler.optimizer.param_groups] if skipped else []
                 self._timed(start)
+            result = original(*args, **kwargs)
+            if skipped and not self._off:
+                with self._rule["schedulers"]:
+                    after = [g["lr"] for g in scheduler.optimizer.param_groups]
+                    self._sched_candidates.setdefault(
+                        id(scheduler), (scheduler, index, self._batch, before[0], after[0])
+                    )
             return result
 
         return step
+
+    def _judge_schedulers(self) -> None:
+        """The ``schedulers`` rule, at each epoch's end: a scheduler stepped in a batch whose step GradScaler skipped
+        is a finding when it steps per batch (in two or more batches of that epoch). One stepped once an epoch (at
+        ``is_last_batch``, or after the batches as ``ReduceLROnPlateau`` in ``on_train_epoch_end``) follows the
+        epoch count, and a skipped step does not shift it: skipping its step would drop the epoch's decay."""
+        candidates, self._sched_candidates = self._sched_candidates, {}
+        batches, self._scheduler_batches = self._scheduler_batches, {}
+        for key, (scheduler, index, batch, before, after) in candidates.items():
+            if len(batches.get(key, ())) < 2 or self._known("schedulers", index):
+                continue
+            finding_batch, self._batch = self._batch, batch
+            try:
+                self._find(
+                    "schedulers",
+                    index,
+                    f"{type(scheduler).__name__}, stepped in {len(batches[key])} batches of epoch {self._epoch}, "
+                    f"stepped {self._where()} although GradScaler skipped {self._name(index)}'s step (inf/NaN "
+                    f"gradients): the learning rate moved from {_fmt(before)} to {_fmt(after)} with no update applied. "
+                    f"Fix: step a per-step scheduler only after an applied step (mpguide.steps.step_skip_aware).",
+                    optimizer=index,
+                )
+            finally:
+                self._batch = finding_batch
 
     # ------------------------------------------------------------------ clipping
     def _owners(self, parameters: Any) -> tuple[list[torch.Tensor], set[int]]:
@@ -1096,59 +1544,76 @@ class PitfallChecks(Callback):
         return params, owners
 
     def _wrap_clip(self, name: str, original: Any) -> Any:
+        @functools.wraps(original)
         def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-            start = _clock()
-            params, owners = self._owners(parameters)
-            scaled = []
-            if self._scaler is not None and self._batch is not None:
-                from torch.amp.grad_scaler import OptState
-
-                for i in sorted(owners):
-                    opt = self._opts[i]
-                    fused = getattr(opt, "_step_supports_amp_scaling", False)
-                    state = self._scaler._per_optimizer_states.get(id(opt))
-                    stage = OptState.READY if state is None else state["stage"]
-                    if fused or stage is OptState.READY:
-                        scaled.append((i, fused))
-            if scaled and self._known("clipping", scaled[0][0]):
-                scaled = []  # seen before: no numbers to read again (reading the norm would synchronise)
-            self._timed(start)
+            if self._off:
+                return original(parameters, *args, **kwargs)
+            params = parameters
+            scaled: list[tuple[int, bool]] = []
+            with self._rule["clipping"]:
+                params, scaled = self._scaled_owners(parameters)
             result = original(params, *args, **kwargs)
             if scaled:
-                start = _clock()
-                i, fused = scaled[0]
-                limit = args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value"))
-                if name == "clip_grad_norm_" and isinstance(result, torch.Tensor):
-                    numbers = _clip_numbers(float(result), limit, self._scale)
-                else:
-                    numbers = f"the values it clipped to {limit} are {_fmt(self._scale)}x the true ones"
-                self._find(
-                    "clipping",
-                    i,
-                    f"{name} {self._where()} clipped {self._name(i)}'s gradients while they were still multiplied "
-                    f"by the loss scale {_fmt(self._scale)}"
-                    + (
-                        " (a fused optimizer unscales inside its step, so even on_before_optimizer_step sees "
-                        "them scaled)"
-                        if fused
-                        else ""
-                    )
-                    + f": {numbers}. Fix: "
-                    + (
-                        "an unfused optimizer (fused=False) when clipping under 16-mixed."
-                        if fused
-                        else "clip inside on_before_optimizer_step(self, optimizer), which runs after unscaling, "
-                        "or, on Lightning 2.6, with ManualMixedPrecision's self.clip_gradients(opt, ...)."
-                    ),
-                    optimizer=i,
-                )
-                self._timed(start)
+                with self._rule["clipping"]:
+                    self._flag_clip(name, scaled, result, args, kwargs)
             return result
 
         return clip
 
+    def _scaled_owners(self, parameters: Any) -> tuple[Any, list[tuple[int, bool]]]:
+        """The optimizers whose gradients a clip is about to cut while still scaled (and whether fused)."""
+        start = _clock()
+        params, owners = self._owners(parameters)
+        scaled = []
+        if self._scaler is not None and self._batch is not None:
+            from torch.amp.grad_scaler import OptState
+
+            for i in sorted(owners):
+                opt = self._opts[i]
+                fused = getattr(opt, "_step_supports_amp_scaling", False)
+                state = self._scaler._per_optimizer_states.get(id(opt))
+                stage = OptState.READY if state is None else state["stage"]
+                if fused or stage is OptState.READY:
+                    scaled.append((i, fused))
+        if scaled and self._known("clipping", scaled[0][0]):
+            scaled = []  # seen before: no numbers to read again (reading the norm would synchronise)
+        self._timed(start)
+        return params, scaled
+
+    def _flag_clip(self, name: str, scaled: list, result: Any, args: tuple, kwargs: dict) -> None:
+        start = _clock()
+        i, fused = scaled[0]
+        limit = args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value"))
+        if name == "clip_grad_norm_" and isinstance(result, torch.Tensor):
+            numbers = _clip_numbers(float(result), limit, self._scale)
+        else:
+            numbers = f"the values it clipped to {limit} are {_fmt(self._scale)}x the true ones"
+        self._find(
+            "clipping",
+            i,
+            f"{name} {self._where()} clipped {self._name(i)}'s gradients while they were still multiplied "
+            f"by the loss scale {_fmt(self._scale)}"
+            + (
+                " (a fused optimizer unscales inside its step, so even on_before_optimizer_step sees them scaled)"
+                if fused
+                else ""
+            )
+            + f": {numbers}. Fix: "
+            + (
+                "an unfused optimizer (fused=False) when clipping under 16-mixed."
+                if fused
+                else "clip inside on_before_optimizer_step(self, optimizer), which runs after unscaling, "
+                "or, on Lightning 2.6, with ManualMixedPrecision's self.clip_gradients(opt, ...)."
+            ),
+            optimizer=i,
+        )
+        self._timed(start)
+
     def _wrap_plugin_clip(self, original: Any) -> Any:
+        @functools.wraps(original)
         def clip_gradients(optimizer: Any, clip_val: Any = 0.0, *args: Any, **kwargs: Any) -> Any:
+            if self._off:
+                return original(optimizer, clip_val, *args, **kwargs)
             inner = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer wraps the torch one
             index = self._opt_index.get(id(inner))
             fused = getattr(inner, "_step_supports_amp_scaling", False)
@@ -1157,14 +1622,15 @@ class PitfallChecks(Callback):
                 return original(optimizer, clip_val, *args, **kwargs)
             except RuntimeError as err:
                 if fused and index is not None and clip_val and "clipping" in str(err):
-                    self._find(
-                        "clipping",
-                        index,
-                        f"self.clip_gradients {self._where()} on {self._name(index)}, a fused optimizer, under "
-                        f"{self._precision}: Lightning refuses it ({str(err).splitlines()[0][:120]}). Fix: "
-                        f"fused=False, or no clipping.",
-                        optimizer=index,
-                    )
+                    with self._rule["clipping"]:
+                        self._find(
+                            "clipping",
+                            index,
+                            f"self.clip_gradients {self._where()} on {self._name(index)}, a fused optimizer, under "
+                            f"{self._precision}: Lightning refuses it ({str(err).splitlines()[0][:120]}). Fix: "
+                            f"fused=False, or no clipping.",
+                            optimizer=index,
+                        )
                 raise
             finally:
                 self._in_lightning -= 1
@@ -1173,8 +1639,11 @@ class PitfallChecks(Callback):
 
     # ------------------------------------------------------------------ autocast
     def _wrap_autocast_enter(self, original: Any) -> Any:
+        @functools.wraps(original)
         def enter(region: Any) -> Any:
-            if self._in_step_fn and not self._in_lightning:
+            if self._off or not self._in_step_fn or self._in_lightning:
+                return original(region)
+            with self._rec:
                 self._autocast_stack.append(
                     {
                         "region": region,
@@ -1189,8 +1658,11 @@ class PitfallChecks(Callback):
         return enter
 
     def _wrap_autocast_exit(self, original: Any) -> Any:
+        @functools.wraps(original)
         def exit_(region: Any, *args: Any) -> Any:
-            if self._autocast_stack and self._autocast_stack[-1]["region"] is region:
+            if self._off or not self._autocast_stack or self._autocast_stack[-1]["region"] is not region:
+                return original(region, *args)
+            with self._rec:
                 entry = self._autocast_stack.pop()
                 if entry["enabled"] and not entry.get("flagged") and self._precision in _MIXED:
                     if entry["dtype"] not in self._noted:
@@ -1217,17 +1689,33 @@ class PitfallChecks(Callback):
             self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._forward_after_step)
 
     def _forward_after_step(self, module: Any, inputs: Any) -> None:
+        if self._off:
+            return
+        with self._rule["autocast-cache"]:
+            self._flag_stale_forward(module)
+
+    def _flag_stale_forward(self, module: Any) -> None:
         if self._in_lightning or not any(e["stepped"] for e in self._autocast_stack):
             return
         if self._known("autocast-cache", "forward after step"):
             return
         for entry in self._autocast_stack:
             entry["flagged"] = True
+        own = any(e["stepped"] and e["region"] is not None for e in self._autocast_stack)
         self._find(
             "autocast-cache",
             "forward after step",
-            f"a forward through {type(module).__name__} {self._where()} runs after an opt.step() inside an own "
-            f"torch.autocast with its cache on: the casts of the weights made before the step are reused, so "
-            f"this forward sees the old weights. Fix: close the own autocast before opt.step(), or "
-            f"torch.autocast(..., cache_enabled=False) (Lightning's own region already runs the whole training_step).",
+            f"a forward through {type(module).__name__} {self._where()} runs after an opt.step() inside "
+            + (
+                "an own torch.autocast with its cache on: the casts of the weights made before the step are reused, "
+                "so this forward sees the old weights. Fix: close the own autocast before opt.step(), or "
+                "torch.autocast(..., cache_enabled=False) (Lightning's own region already runs the whole "
+                "training_step)."
+                if own
+                else "the autocast region the precision plugin opens around training_step, and that region caches "
+                "casts (torch.is_autocast_cache_enabled() is True in it; Lightning <= 2.5 opened it so): the casts "
+                "of the weights made before the step are reused, so this forward sees the old weights. Fix: "
+                "Lightning 2.6 or later (its region does not cache), or one forward per training_step before the "
+                "step, or mpguide.precision.ManualMixedPrecision."
+            ),
         )

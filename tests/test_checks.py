@@ -461,15 +461,19 @@ def test_trainable_half_parameters_under_mixed_precision_are_found():
 
 
 def test_a_penalty_on_the_unscaled_output_is_found_and_the_scaled_one_is_not():
+    """Found when the measured underflow is real (an output of about 1e-6, as a mean critic score times a small
+    weight); the same penalty on an output whose input gradient fp16 holds is a note with the measured shares."""
+
     class Penalty(Manual):
         scaled = False
+        tiny = 1e-6
 
         def training_step(self, batch, batch_idx):
             x, y = batch
             x = x.clone().requires_grad_(True)
             opt = self.optimizers()
             opt.zero_grad()
-            out = self.net(x).sum()
+            out = self.net(x).sum() * self.tiny
             scaler = self.trainer.precision_plugin.scaler
             if self.scaled:
                 (g,) = torch.autograd.grad(scaler.scale(out), x, create_graph=True)
@@ -479,8 +483,13 @@ def test_a_penalty_on_the_unscaled_output_is_found_and_the_scaled_one_is_not():
             self.manual_backward(F.cross_entropy(self.net(x), y) + g.pow(2).mean())
             opt.step()
 
-    assert sections(fit(Penalty(), "16-mixed")[0]) == {"gradient-penalty"}
-    Penalty.scaled = True
+    checks = fit(Penalty(), "16-mixed")[0]
+    assert sections(checks) == {"gradient-penalty"}
+    assert re.search(r"\d+ \((\d+\.\d)%\) are 0 as computed and non-zero", checks.findings[0].message)
+    Penalty.tiny = 1.0  # gradients of about 0.1: fp16 holds them, nothing underflows
+    checks = fit(Penalty(), "16-mixed")[0]
+    assert checks.findings == [] and any(n.startswith("[gradient-penalty] note") for n in checks.notes)
+    Penalty.scaled, Penalty.tiny = True, 1e-6
     assert fit(Penalty(), "16-mixed")[0].findings == []
 
 

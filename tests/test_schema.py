@@ -453,4 +453,6 @@ def test_the_readers_wheel_declares_the_schema_library():
     )
     metadata = download.wheel_files()[f"mpguide-{download.__version__}.dist-info/METADATA"].decode()
     declared = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
-    assert declared == [f"pydantic=={pins['pydantic']}"], metadata
+    # a lower bound the site's own pin satisfies, never an exact pin (it would replace a reader's pydantic)
+    assert declared == ["pydantic>=2"], metadata
+    assert int(pins["pydantic"].split(".")[0]) >= 2
