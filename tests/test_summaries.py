@@ -21,29 +21,31 @@ def _cells(rows):
     return [row[k] for k in list(row)[1:]]
 
 
+def _stale(monkeypatch, which):
+    """Cells read stale where ``which(example)`` is true, fresh elsewhere (whatever today's code is)."""
+
+    def why(summary, example, examples=None, library=None):
+        return "the code changed since" if which(example) else ""
+
+    monkeypatch.setattr("mpguide_build.matrix_summary.cell_staleness", why)
+    monkeypatch.setattr("mpguide_build.matrix_outcomes.cell_staleness", why)
+
+
 def test_a_stale_example_is_listed_as_not_rerun_only(column, monkeypatch):
-    monkeypatch.setattr(
-        "mpguide_build.matrix_summary.staleness",
-        lambda summary, examples=None: [
-            f"Lightning 2.6.6: examples/{EXAMPLE}.py changed since the matrix was produced"
-        ],
-    )
+    _stale(monkeypatch, lambda example: example == EXAMPLE)
     reproduce, differs, other = _cells(summaries.release_rows([column]))
     assert f"{EXAMPLE}.html" in other
     assert f"{EXAMPLE}.html" not in reproduce and f"{EXAMPLE}.html" not in differs
 
 
 def test_a_changed_library_makes_every_example_not_rerun(column, monkeypatch):
-    monkeypatch.setattr(
-        "mpguide_build.matrix_summary.staleness",
-        lambda summary, examples=None: ["Lightning 2.6.6: the mpguide library changed since the matrix was produced"],
-    )
+    _stale(monkeypatch, lambda example: True)
     reproduce, differs, other = _cells(summaries.release_rows([column]))
     assert reproduce == "none" and differs == "none" and EXAMPLE in other
 
 
 def test_a_pitfall_that_no_longer_reproduces_is_listed_as_differs(column, monkeypatch):
-    monkeypatch.setattr("mpguide_build.matrix_summary.staleness", lambda summary, examples=None: [])
+    _stale(monkeypatch, lambda example: False)
     reproduce, _, _ = _cells(summaries.release_rows([column]))
     assert f"{EXAMPLE}.html" in reproduce  # every pitfall check of example 18 holds on 2.6.6
     changed = copy.deepcopy(column)

@@ -56,13 +56,12 @@ def _short(example: str, prefix: str = "") -> str:
 
 
 def _stale_examples(summary: dict[str, Any]) -> set[str]:
-    """Examples of ``summary`` that no longer describe today's sources (all of them if the library changed)."""
-    from .matrix_summary import staleness
+    """Examples of ``summary`` whose cells no longer describe today's code, one by one
+    (:func:`mpguide_build.matrix_summary.stale_cells`: the example's or the library's code changed, or the
+    cell has no keys)."""
+    from .matrix_summary import stale_cells
 
-    reasons = staleness(summary)
-    if any("library changed" in r for r in reasons):
-        return set(summary["examples"])
-    return {name for name in summary["examples"] if any(f"examples/{name}.py" in r for r in reasons)}
+    return set(stale_cells(summary))
 
 
 def release_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
