@@ -116,8 +116,8 @@ print(f"trainer.global_step: {trainer.global_step}")
 #
 # The old advice: clip between ``manual_backward`` and ``opt.step()``
 # --------------------------------------------------------------------
-# Right in fp32, wrong under 16-mixed: there the gradients after ``manual_backward`` are still multiplied
-# by the loss scale, so the clip cuts them to ``MAX_NORM`` and GradScaler then divides by the scale.
+# Under 16-mixed the gradients after ``manual_backward`` are still multiplied by the loss scale, so the
+# clip cuts them to ``MAX_NORM`` and GradScaler then divides them by the scale.
 
 
 class ClipBeforeStep(PPO):
@@ -283,9 +283,9 @@ for run_id in ("ppo-fp32", "ppo-bf16", "ppo-fp16", "old-clip-fp16", "max-steps-f
 # ----------
 # With several steps per ``training_step``, count in optimizer steps: ``global_step``, ``max_steps`` and
 # per-step schedules see each ``opt.step()`` (skipped ones too, :doc:`plot_05_skipped_steps`), and
-# Lightning updates the loss scale after each. Clip per optimizer inside ``on_before_optimizer_step``, which Lightning calls within every
-# ``opt.step()`` after unscaling that optimizer's gradients. A clip between ``manual_backward`` and
-# ``opt.step()`` is right in fp32 and bf16-mixed only.
+# Lightning updates the loss scale after each. Clip per optimizer inside ``on_before_optimizer_step``,
+# which Lightning calls within every ``opt.step()`` after unscaling that optimizer's gradients. Under
+# 16-mixed a clip between ``manual_backward`` and ``opt.step()`` cuts the scaled gradients.
 
 # %%
 # Evidence: the verdicts
