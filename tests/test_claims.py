@@ -264,3 +264,37 @@ def test_share_without_any_gradient_is_not_measured():
     rec = make_record([cand], [claims.rate_ratio("fp32", "updates_kept/updates_with_gradient", "updates-kept")])
     verdict = evaluate_record(rec)[0]
     assert not verdict.passed and "positive number 'updates_with_gradient'" in verdict.detail
+
+
+@pytest.mark.parametrize(
+    "factor, passes", [(1 + 0.99e-3, True), (1 - 0.99e-3, True), (1 + 1.01e-3, False), (1 / 65536, False)]
+)
+def test_clipped_norm_fails_just_past_its_bound(factor, passes):
+    # plot_19: ratio of the clip factor per batch (applied norm over fp32's clip of the true gradient) to fp32's
+    cand, ref = run("fp16", curve(), precision="16-mixed"), run("fp32", curve())
+    cand["extra"], ref["extra"] = {"clip_factor": [1.0, factor, 1.0]}, {"clip_factor": [1.0, 1.0, 1.0]}
+    rec = make_record([cand, ref], [claims.ratio("fp16", "fp32", "clip_factor", 1.0, "clipped-norm")])
+    assert evaluate_record(rec)[0].passed is passes
+
+
+def test_limit_train_batches_plans_fewer_batches(good_record):
+    for entry in good_record["runs"]:
+        entry["loss"], entry["steps"], entry["trainer_kwargs"] = entry["loss"][:15], 15, {"limit_train_batches": 3}
+    assert claims.planned_steps("test", {"limit_train_batches": 3}) == 15  # 5 epochs x 3 batches
+    assert claims.planned_steps("test", {"limit_train_batches": 99}) == 140  # capped by the 28 batches of an epoch
+    assert all(v.passed for v in by_kind(evaluate_record(good_record), "finite"))
+    good_record["runs"][0]["trainer_kwargs"] = {"limit_train_batches": 4}  # 20 planned, 15 recorded
+    failed = [v for v in by_kind(evaluate_record(good_record), "finite") if not v.passed]
+    assert [v.runs for v in failed] == [["auto"]] and "preset 'test' plans 20" in failed[0].detail
+
+
+@pytest.mark.parametrize("reached, passes", [(32, True), (30, True), (29, False), (None, False)])
+def test_a_run_may_stop_early_only_where_max_steps_stopped_it(good_record, reached, passes):
+    entry = good_record["runs"][0]
+    entry["loss"], entry["trainer_kwargs"] = entry["loss"][:4], {"max_steps": 30}
+    if reached is not None:
+        entry["extra"]["global_step"] = reached
+    finite = [v for v in by_kind(evaluate_record(good_record), "finite") if v.runs == ["auto"]][0]
+    assert finite.passed is passes
+    if not passes:
+        assert "run too short: 4 losses recorded for 140 steps" in finite.detail

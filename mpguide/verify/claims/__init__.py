@@ -188,16 +188,38 @@ def _check_tolerance(name: str, bound: str) -> None:
         raise ClaimSpecError(f"tolerance {name!r} is a {tol.bound!r} bound and cannot be used here")
 
 
-def planned_steps(preset: str) -> int | None:
-    """Optimizer steps (batches) every training run of a record made with ``preset`` must have.
+def batches_per_epoch(loader_batches: int, trainer_kwargs: dict[str, Any]) -> int:
+    """Batches one epoch trains: the loader's, capped by an integer ``limit_train_batches`` run option
+    (``Trainer(limit_train_batches=n)``; a fraction is not a run option the harness plans)."""
+    limit = trainer_kwargs.get("limit_train_batches")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
+        return min(loader_batches, limit)
+    return loader_batches
 
-    Returns ``None`` for an unknown preset name, which then fails every run's ``finite`` check.
+
+def planned_steps(preset: str, trainer_kwargs: dict[str, Any] | None = None) -> int | None:
+    """Batches a training run of a record made with ``preset`` must have.
+
+    An integer ``limit_train_batches`` among the run's ``trainer_kwargs`` caps the batches of each epoch
+    (:func:`~mpguide.verify.claims.batches_per_epoch`). Returns ``None`` for an unknown preset name, which
+    then fails every run's ``finite`` check.
     """
     from ...data import steps_per_epoch
     from ..hardware import PRESETS
 
     size = PRESETS.get(preset)
-    return None if size is None else size.epochs * steps_per_epoch(size.batch_size)
+    if size is None:
+        return None
+    return size.epochs * batches_per_epoch(steps_per_epoch(size.batch_size), trainer_kwargs or {})
+
+
+def stopped_by_max_steps(run: dict[str, Any]) -> bool:
+    """Whether ``run`` declares ``Trainer(max_steps=n)`` and its ``global_step`` reached ``n``: it stopped there,
+    before the batches its preset plans (Lightning checks ``max_steps`` between ``training_step`` calls,
+    ``lightning/pytorch/loops/training_epoch_loop.py``)."""
+    limit = run.get("trainer_kwargs", {}).get("max_steps")
+    reached = run.get("extra", {}).get("global_step")
+    return isinstance(limit, int) and limit > 0 and isinstance(reached, int) and reached >= limit
 
 
 def evaluate_record(
@@ -217,7 +239,9 @@ def evaluate_record(
 
     Implicit checks: a run that is not the subject of a ``raises`` claim must complete without an
     exception (``completes``) and have only finite losses, one per step, as many steps as the
-    record's preset plans (``finite``; see :func:`~mpguide.verify.claims.planned_steps`).
+    record's preset plans with the run's ``limit_train_batches`` (``finite``; see
+    :func:`~mpguide.verify.claims.planned_steps`), or fewer when the run declares ``max_steps`` and its
+    ``global_step`` reached it (:func:`~mpguide.verify.claims.stopped_by_max_steps`).
 
     Args:
         record: a record as validated by :func:`mpguide.verify.records.validate_record`.
@@ -231,7 +255,6 @@ def evaluate_record(
     runs = {run["id"]: run for run in record["runs"]}
     example = record["example"]
     hardware = hardware_label(record.get("env", {}))
-    planned = planned_steps(record.get("preset", ""))
 
     def verdict(**kw: Any) -> Verdict:
         return Verdict(example=example, record=str(path), hardware=hardware, **kw)
@@ -286,14 +309,16 @@ def evaluate_record(
             continue
         loss = run["loss"]
         bad = [i for i, v in enumerate(loss) if not math.isfinite(v)]
-        short = len(loss) != run["steps"] or not loss or run["steps"] != planned
+        planned = planned_steps(record.get("preset", ""), run.get("trainer_kwargs"))
+        stopped = stopped_by_max_steps(run) and 0 < len(loss) <= run["steps"]
+        short = (len(loss) != run["steps"] and not stopped) or not loss or run["steps"] != planned
         detail = ""
         if bad:
             detail = (
                 f"the loss is {loss[bad[0]]} at step {bad[0]} (counted from 0); {len(bad)} of {len(loss)} "
                 f"steps are not finite"
             )
-        elif len(loss) != run["steps"] or not loss:
+        elif (len(loss) != run["steps"] and not stopped) or not loss:
             detail = f"run too short: {len(loss)} losses recorded for {run['steps']} steps"
         elif short:
             detail = (

@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from ...data import digits_loader
 from ...steps import loss_scale
 from .. import hardware, records
+from ..claims import batches_per_epoch
 from ..records.measures import measures_of
 from . import probes as probes_mod
 
@@ -142,7 +143,7 @@ class RunStrategy:
             precision_plugin=self.unbuilt,
             recipe=spec.recipe,
             seed=spec.seed,
-            steps=preset.epochs * len(self.loader),
+            steps=preset.epochs * batches_per_epoch(len(self.loader), spec.trainer_kwargs),
             plugin=spec.plugin,
             trainer_kwargs=dict(spec.trainer_kwargs),
             plain_flag=spec.plain_flag,
