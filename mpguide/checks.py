@@ -31,7 +31,7 @@ returns its value; an exception from the original passes through unchanged. The 
 follows ``__wrapped__`` (``utilities/signature_utils.py``, since 2.1) and passes ``batch_idx`` only to a
 ``training_step`` that takes it, and a ``training_step(self, dataloader_iter)`` still gets the iterator
 (checked with ``explicit=True``, ``loops/utilities.py``). An exception raised by the check's own code becomes
-one :class:`ChecksStoppedWarning` (its text also in :attr:`PitfallChecks.stopped`): raised while recording what
+one :class:`ChecksStoppedWarning` (its text also in ``PitfallChecks.stopped``): raised while recording what
 a step did, the whole callback stops for the run (every patch removed); raised in one section's rule, that rule
 stops and the others go on. The reader's run is the same, bitwise, as without the callback.
 
@@ -214,7 +214,7 @@ class PitfallWarning(UserWarning):
 
 class ChecksStoppedWarning(UserWarning):
     """The check's own code raised: it stopped watching the run (or one section's rule stopped); the fit goes on
-    exactly as without the callback. Warned once per stop; the text is also in :attr:`PitfallChecks.stopped`."""
+    exactly as without the callback. Warned once per stop; the text is also in ``PitfallChecks.stopped``."""
 
 
 class PitfallError(RuntimeError):

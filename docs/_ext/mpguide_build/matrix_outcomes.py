@@ -29,8 +29,8 @@ NOT_JUDGED = "not judged"
 INCONCLUSIVE = "inconclusive"
 #: Outcome "not run", the column does not run that example (an older-torch column runs a few).
 NOT_RUN = "not run"
-#: Outcome "not re-run", the cell was produced from other code (or versions) than today's: it shows no verdict
-#: (:func:`mpguide_build.matrix_summary.cell_staleness`), only since when it was not re-run.
+#: Outcome "not re-run". The cell was produced from other code (or versions) than today's, so it shows no
+#: verdict (:func:`mpguide_build.matrix_summary.cell_staleness`), only since when it was not re-run.
 NOT_RERUN = "not re-run"
 #: Every outcome class of a cell (:func:`~mpguide_build.matrix_outcomes.outcome`), in the legend's order.
 OUTCOMES = (

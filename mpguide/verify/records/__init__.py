@@ -197,7 +197,7 @@ def example_code_digest(path: Path) -> str | None:
     Cached by the file's modification time and size, so the pages may ask once per matrix cell.
 
     Raises:
-        CodeDigestError: the file does not parse (the message names it and the line).
+        ~mpguide.verify.records.codedigest.CodeDigestError: the file does not parse (the message names it and the line).
     """
     path = Path(path)
     if not path.is_file():

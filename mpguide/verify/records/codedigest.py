@@ -21,7 +21,7 @@ statement or the list was empty to begin with (a function whose body is only its
 no body; the digest runs nothing).
 
 Limits, stated: the digest says nothing about what a program reads at run time, so freshness code never
-reads ``__doc__``, :func:`inspect.getdoc` or :func:`inspect.getsource` (``tests/test_code_digest.py`` scans
+reads ``__doc__``, ``inspect.getdoc`` or ``inspect.getsource`` (``tests/test_code_digest.py`` scans
 the package for such reads). Line numbers are not part of the digest: a traceback stored in a record made
 before a comment edit may name lines that moved since. A file that does not parse is an error
 (:class:`CodeDigestError` naming the file and the line), never a fallback to its bytes: an example with a
@@ -35,7 +35,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-#: Written first into every digest: a change of the canonical text changes this tag, so a digest of
+#: The tag written first into every digest. A change of the canonical text changes this tag, so a digest of
 #: another algorithm can never compare equal by accident.
 ALGORITHM = "mpguide-code-digest-1"
 
