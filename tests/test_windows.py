@@ -31,6 +31,7 @@ quiet_lightning()
 N = 4
 BATCHES = 18  # per epoch: 4 does not divide it
 OLD_CONDITION = "(batch_idx + 1) % n == 0"
+CALL = "window_ends(trainer, batch_idx, n)"  # the snippets' call (trainer = self.trainer)
 TOL = TOLERANCES["same-precision"].value  # example 06's manual-vs-automatic tolerance
 
 
@@ -127,7 +128,7 @@ def test_the_accumulation_snippet_steps_like_automatic_accumulation_at_the_epoch
 @pytest.mark.slow
 def test_the_old_accumulation_snippet_fails_the_same_test():
     code = _guide_snippet("accumulation").code
-    old = code.replace("window_ends(self.trainer, batch_idx, n)", OLD_CONDITION)
+    old = code.replace(CALL, OLD_CONDITION)
     assert old != code
     auto_steps, auto_w = _automatic("32-true")
     steps, w = _fit(_snippet_module(old), "32-true")
@@ -144,10 +145,10 @@ def test_the_window_rule_holds_without_len_and_under_limit_train_batches(data):
     assert auto_steps == steps == 10
     assert torch.equal(w, auto_w)
     # the guide's rule without the library: the modulo or trainer.is_last_batch (set in both cases)
-    alone = code.replace("window_ends(self.trainer, batch_idx, n)", f"{OLD_CONDITION} or self.trainer.is_last_batch")
+    alone = code.replace(CALL, f"{OLD_CONDITION} or self.trainer.is_last_batch")
     steps_alone, w_alone = _fit(_snippet_module(alone), "32-true", data)
     assert steps_alone == 10 and torch.equal(w_alone, auto_w)
-    old = code.replace("window_ends(self.trainer, batch_idx, n)", OLD_CONDITION)
+    old = code.replace(CALL, OLD_CONDITION)
     assert _fit(_snippet_module(old), "32-true", data)[0] == 8
 
 
@@ -158,7 +159,7 @@ def test_the_ddp_snippet_steps_at_the_epoch_tail():
     auto_steps, auto_w = _automatic("32-true")
     steps, w = _fit(_snippet_module(code), "32-true")
     assert auto_steps == steps == 10 and torch.equal(w, auto_w)
-    old = code.replace("window_ends(self.trainer, batch_idx, n)", OLD_CONDITION)
+    old = code.replace(CALL, OLD_CONDITION)
     assert old != code and _fit(_snippet_module(old), "32-true")[0] == 8
 
 
@@ -212,8 +213,8 @@ def test_no_guide_snippet_cuts_windows_with_a_modulo_alone():
 def test_the_20116_fix_steps_its_tail_window():
     """The #20116 fix with windows of 4 over 18 batches: 5 windows per epoch, the tail (batches 16-17) included."""
     snippet = _guide_snippet("no_gradient_step")
-    assert "window_ends(self.trainer, batch_idx, n)" in snippet.code
-    old = snippet.code.replace("not window_ends(self.trainer, batch_idx, n)", "(batch_idx + 1) % n != 0")
+    assert CALL in snippet.code
+    old = snippet.code.replace("not " + CALL, "(batch_idx + 1) % n != 0")
     assert old != snippet.code
     assert _steps_of_the_20116_fix(snippet.code) == 10 and _steps_of_the_20116_fix(old) == 8
 
