@@ -284,7 +284,8 @@ def check_command(directory: Path | None = None, max_stale: int | None = None, *
     Exit 0 when the only findings are stale cells (the pages show them as "not re-run"); 1 with one line per
     problem (:func:`~mpguide_build.matrix_summary.check_matrix`: file, field, fix) for a missing column, an
     unreadable or malformed summary or a cell without keys, or when more than ``max_stale`` cells are stale.
-    ``columns``: the ``releases``/``main``/``torch_columns`` of :func:`~mpguide_build.matrix_summary.check_matrix` (tests pass fewer).
+    ``columns``: the ``releases``/``main``/``torch_columns`` of
+    :func:`~mpguide_build.matrix_summary.check_matrix` (tests pass fewer).
     """
     stale, problems, cells = check_matrix(directory, **columns)
     for line in stale:
