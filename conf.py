@@ -142,7 +142,10 @@ html_theme = "pydata_sphinx_theme"
 html_title = "Manual optimization under mixed precision"
 html_short_title = "mpguide"
 # one-page sections: no left nav; an example page gives its width to code formatted at 120 columns (mpguide.css)
-html_sidebars = {"index": [], "model/manual_optimization": [], "api": [], "auto_examples/plot_*": []}
+html_sidebars = {
+    **dict.fromkeys(["index", "model/manual_optimization", "api", "releases", "verification"], []),
+    "auto_examples/plot_*": [],
+}
 html_theme_options = {
     "logo": {"text": "mpguide"},
     "header_links_before_dropdown": 3,

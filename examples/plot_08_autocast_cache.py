@@ -182,7 +182,9 @@ print(f"installed: torch {record['env']['torch']}, Lightning {record['env']['lig
 # ---------------
 # Do not add a ``torch.autocast`` of your own for the dtype Lightning already uses. If you need
 # one (another dtype for part of the model), pass ``cache_enabled=False``, or close it before
-# ``opt.step()`` so that any forward after the step starts a new region. On an old stack
+# ``opt.step()`` so that any forward after the step starts a new region. Closing yours is not
+# enough where Lightning's own autocast caches (2.5.4 and earlier, master 7f0c343): there run the
+# forward after the step in ``torch.autocast(..., cache_enabled=False)``. On an old stack
 # (Lightning 2.5.4 or earlier with a torch that still has the cache bug), a ``no_grad`` forward
 # followed by a graded forward through the same weights loses their gradients; run this example
 # there and the first claim fails.
