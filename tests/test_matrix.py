@@ -169,6 +169,7 @@ def test_check_exits_1_on_an_unreadable_or_malformed_summary(tmp_path, capsys, t
     assert matrix.check_command(tmp_path, releases=("2.6.6",), **ONLY) == 1
     out = capsys.readouterr().out
     assert out.startswith(f"problem: {tmp_path / 'lightning-2.6.6.json'}: ") and "nox -s matrix" in out
+    assert ": missing" not in out  # the file is there, only unreadable: one problem, named once
 
 
 def test_check_exits_1_on_a_cell_without_keys(tmp_path, capsys):

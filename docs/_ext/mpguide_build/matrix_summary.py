@@ -391,24 +391,26 @@ def check_matrix(
     directory = Path(directory or MATRIX_DIR)
     problems: list[str] = []
     summaries: list[tuple[Path, dict[str, Any]]] = []
+    unreadable: set[Path] = set()
     for path in sorted(list(directory.glob("lightning-*.json")) + list(directory.glob("torch-*.json"))):
         try:
             summaries.append((path, load(path)))
         except MatrixError as err:
             problems.append(str(err))
+            unreadable.add(path)  # named once, by its own problem; not "missing" as well
     columns = {(s.get("torch_pin"), s["lightning"], is_unreleased(s)) for _, s in summaries}
     refresh = "write it with nox -s matrix (matrix_torch, matrix_main for those columns)"
     problems += [
         f"{summary_path(v, directory)}: missing (field 'lightning' = {v!r}); {refresh}"
         for v in releases
-        if (None, v, False) not in columns
+        if (None, v, False) not in columns and summary_path(v, directory) not in unreadable
     ]
-    if main and (None, main, True) not in columns:
+    if main and (None, main, True) not in columns and summary_path(main, directory) not in unreadable:
         problems.append(f"{summary_path(main, directory)}: missing (unreleased {main!r}); {refresh}")
     problems += [
         f"{summary_path(lightning, directory, torch)}: missing (field 'torch_pin' = {torch!r}); {refresh}"
         for torch, lightning in torch_columns
-        if (torch, lightning, False) not in columns
+        if (torch, lightning, False) not in columns and summary_path(lightning, directory, torch) not in unreadable
     ]
     stale: list[str] = []
     cells = 0
