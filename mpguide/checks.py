@@ -134,6 +134,9 @@ What each section's check sees (the section is the anchor on the guide page, :da
   autocast that only repeats Lightning's is a note (:attr:`PitfallChecks.notes`), not a finding. The same for
   the precision plugin's own region around ``training_step`` when it caches (``torch.is_autocast_cache_enabled()``
   at ``training_step``'s start: Lightning <= 2.5.4's ``MixedPrecision`` kept torch's default cache on).
+  Only a forward through a module whose own parameters that step updated counts (a forward through another
+  model after the step casts unchanged weights). Limit: a module first forwarded after its step in the region
+  casts fresh weights and is reported too (the check does not record which casts were made before the step).
 * ``optimizer-math``: an optimizer step that runs under autocast and calls matrix functions (``mm``,
   ``matmul``, ``linear``, ``einsum``...), watched on each optimizer's first three steps under autocast.
 * ``gradient-penalty``: ``torch.autograd.grad(..., create_graph=True)`` inside ``training_step``
@@ -1391,7 +1394,7 @@ class PitfallChecks(Callback):
             self._skipped_since_update = True
         self._applied = None
         if self._autocast_stack:
-            self._stepped_in_caching_region()
+            self._stepped_in_caching_region(self._opt_params[index])
 
     def _consume(self, index: int) -> None:
         """The gradients on this optimizer's parameters were used by a step: not thrown away by a later zero_grad."""
@@ -1679,12 +1682,14 @@ class PitfallChecks(Callback):
 
         return exit_
 
-    def _stepped_in_caching_region(self) -> None:
+    def _stepped_in_caching_region(self, params: Any) -> None:
         open_caching = [e for e in self._autocast_stack if e["caching"]]
         if not open_caching:
             return
+        stepped = {id(p) for p in params}
         for entry in open_caching:
             entry["stepped"] = True
+            entry.setdefault("stepped_params", set()).update(stepped)
         if self._forward_hook is None:
             self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._forward_after_step)
 
@@ -1696,6 +1701,12 @@ class PitfallChecks(Callback):
 
     def _flag_stale_forward(self, module: Any) -> None:
         if self._in_lightning or not any(e["stepped"] for e in self._autocast_stack):
+            return
+        # only a module whose own weights were stepped in a caching region reads stale casts: a forward through
+        # another model after this step (a GAN's discriminator after the generator's step) casts weights that
+        # did not change
+        stepped = set().union(*(e.get("stepped_params", ()) for e in self._autocast_stack if e["stepped"]))
+        if not any(id(p) in stepped for p in module.parameters(recurse=False)):
             return
         if self._known("autocast-cache", "forward after step"):
             return

@@ -48,6 +48,15 @@ def rows(n: int = 32, width: int = 8, seed: int = 0, batch: int = 8) -> DataLoad
     return DataLoader(TensorDataset(x, x[:, :1].sin()), batch_size=batch)
 
 
+class CachingMixedPrecision(MixedPrecision):
+    """Lightning <= 2.5.4's MixedPrecision: its autocast region kept torch's default cache (on)."""
+
+    def autocast_context_manager(self):
+        import torch
+
+        return torch.autocast(self.device, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.half)
+
+
 def plugins_for(case: Case) -> list[Any]:
     if case.plugin is not None:
         return [case.plugin()]

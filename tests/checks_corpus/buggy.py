@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from . import Case
+from . import CachingMixedPrecision, Case
 from .correct import DOCS, LIGHTNING, Base, DocsMinimal, Sam, gan_rows, mlp
 
 
@@ -170,13 +170,6 @@ class TwoForwardsNoOwnAutocast(Base):
             opt.zero_grad()
             self.manual_backward(self.loss(batch))
             opt.step()
-
-
-class CachingMixedPrecision(MixedPrecision):
-    """Lightning <= 2.5.4's MixedPrecision: its autocast region kept torch's default cache (on)."""
-
-    def autocast_context_manager(self):
-        return torch.autocast(self.device, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.half)
 
 
 # ------------------------------------------------------------------ the rest of the guide's sections

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from mpguide import steps
 from mpguide.precision import ManualMixedPrecision
 
-from . import Case, rows
+from . import CachingMixedPrecision, Case, rows
 
 LIGHTNING = "Lightning-AI/pytorch-lightning@7f0c343"
 DOCS = f"{LIGHTNING} docs/source-pytorch/model/manual_optimization.rst"
@@ -583,6 +583,31 @@ def sequence_rows():
     return rows(width=8)
 
 
+class GanFakeOnceCaching(LightningGan):
+    """G's samples made once, before G's step: after it only the discriminator forwards, and its weights have
+    not stepped yet, so even a caching autocast region casts current weights (no stale cast)."""
+
+    def training_step(self, batch):
+        imgs, _ = batch
+        opt_g, opt_d = self.optimizers()
+        z = torch.randn(imgs.shape[0], 4).type_as(imgs)
+        valid, fake = torch.ones(imgs.size(0), 1), torch.zeros(imgs.size(0), 1)
+        samples = self.generator(z)
+        self.toggle_optimizer(opt_g)
+        g_loss = F.binary_cross_entropy_with_logits(self.discriminator(samples).float(), valid)
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        self.untoggle_optimizer(opt_g)
+        self.toggle_optimizer(opt_d)
+        real_loss = F.binary_cross_entropy_with_logits(self.discriminator(imgs).float(), valid)
+        fake_loss = F.binary_cross_entropy_with_logits(self.discriminator(samples.detach()).float(), fake)
+        opt_d.zero_grad()
+        self.manual_backward((real_loss + fake_loss) / 2)
+        opt_d.step()
+        self.untoggle_optimizer(opt_d)
+
+
 CASES = [
     Case("lightning-gan-no-batch-idx-fp32", LightningGan,
          f"{LIGHTNING} examples/pytorch/domain_templates/generative_adversarial_net.py",
@@ -590,6 +615,10 @@ CASES = [
     Case("lightning-gan-no-batch-idx-16", LightningGan,
          f"{LIGHTNING} examples/pytorch/domain_templates/generative_adversarial_net.py",
          "no batch_idx, 16-mixed with the default init scale", "16-mixed", data=gan_rows),
+    Case("gan-fake-once-caching-bf16", GanFakeOnceCaching,
+         f"{LIGHTNING} examples/pytorch/domain_templates/generative_adversarial_net.py (samples made once)",
+         "forwards through the discriminator after the generator's step, in Lightning <= 2.5.4's caching region",
+         "bf16-mixed", data=gan_rows, plugin=lambda: CachingMixedPrecision("bf16-mixed", "cpu")),
     Case("docs-minimal-16", DocsMinimal, DOCS, "default init scale: the first steps are skipped", "16-mixed"),
     Case("docs-accumulation-16", DocsAccumulation, DOCS, "N=2 over 4 batches, default init scale", "16-mixed"),
     Case("docs-simple-gan-bf16", DocsSimpleGan, DOCS, "two optimizers, G's loss fills D's gradients", "bf16-mixed"),

@@ -67,18 +67,20 @@ def _stale_examples(summary: dict[str, Any]) -> set[str]:
 def release_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     """One row per Lightning column (newest first): examples whose pitfalls reproduce, are fixed, not re-run."""
     from .matrix_outcomes import DOES_NOT_HOLD, HOLDS, outcome
-    from .matrix_summary import column_label, column_order
+    from .matrix_summary import column_label, column_order, not_rerun_since
 
     rows = []
     for summary in sorted(summaries, key=column_order, reverse=True):
         stale = _stale_examples(summary)
         reproduce, fixed, other = [], [], []
+        stale_listed = 0
         for example in sorted(summary["examples"]):
             claims = [c for c in summary["examples"][example].get("claims", []) if c.get("kind") in PITFALL_KINDS]
             if not claims:
                 continue
             if example in stale:
                 other.append(_short(example))
+                stale_listed += 1
                 continue
             classes = {outcome(summary, example, c["id"])[0] for c in claims}
             if classes == {HOLDS}:
@@ -87,6 +89,19 @@ def release_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
                 fixed.append(_short(example))
             else:
                 other.append(_short(example))
+        if (
+            other and not reproduce and not fixed and len(other) == stale_listed
+        ):  # every example of the column is stale: one phrase, not "none"
+            since = not_rerun_since(summary, sorted(stale)[0])
+            rows.append(
+                {
+                    "release": column_label(summary),
+                    "pitfalls that reproduce": since,
+                    "differs there (a pitfall check does not hold)": since,
+                    "not re-run or cannot run": "every example (its code or the library's changed)",
+                }
+            )
+            continue
         rows.append(
             {
                 "release": column_label(summary),
