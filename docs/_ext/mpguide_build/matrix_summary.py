@@ -56,6 +56,8 @@ check`` counts them, and ``nox -s matrix -- --stale-only`` reruns them. Docstrin
 
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import re
@@ -263,7 +265,18 @@ def load_torch_matrix(directory: Path | None = None) -> list[dict[str, Any]]:
 
 
 def verdict_library_code() -> str:
-    """Code digest of the library verdicts depend on (figures and tables left out), for a cell's keys."""
+    """Code digest of the library verdicts depend on (figures and tables left out), for a cell's keys.
+
+    Computed once per process and package folder (:data:`mpguide.verify.records.PACKAGE_DIR`): the
+    releases page asks for it once per matrix cell (thousands of times), and the library does not change
+    while a page renders. A process that edits the package and asks again calls
+    ``_verdict_library_code.cache_clear()`` first.
+    """
+    return _verdict_library_code(records.PACKAGE_DIR)
+
+
+@functools.cache
+def _verdict_library_code(package_dir: Path) -> str:
     return records.library_code_digest(exclude=records.PRESENTATION_MODULES)
 
 

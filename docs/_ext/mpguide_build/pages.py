@@ -15,7 +15,6 @@ from typing import Any
 from mpguide.verify.claims.verdicts import Verdict, hardware_label
 from mpguide.verify.gate import evaluate
 from mpguide.verify.records import load_record, record_path, reference_dir
-from mpguide.verify.run.throughput.config import Size
 from mpguide.verify.show.report import COLUMNS
 
 
@@ -80,6 +79,10 @@ def speedup_rows(entries: Sequence[Any]) -> list[dict[str, str]]:
         KeyError: a CUDA record's run lacks ``extra["benchmark"]`` or its ``"manual"`` variant (a record
             that did not come from plot_15).
     """
+    # imported here: the throughput package imports torch and Lightning (about 5 s in each page's kernel),
+    # and only a GPU record's rows need it
+    from mpguide.verify.run.throughput.config import Size
+
     rows = []
     for entry in entries:
         env = entry.record.get("env", {})
