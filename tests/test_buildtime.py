@@ -44,3 +44,30 @@ def test_ratio_and_line():
     assert "= 1.04 on 2" in serial.line()  # nothing overlapped: the line says so, it does not hide it
     cached = buildtime.BuildTime(wall_s=4.0, examples_s=0.0, examples=0, pages_s=0.0, pages=0, cores=2)
     assert cached.ratio is None and "nothing executed, so no overlap ratio" in cached.line()
+
+
+def test_phases_count_from_the_previous_mark_and_print_in_order():
+    marks = {"gallery": 110.0, "reading": 130.5, "writing": 140.0, "finishing": 141.0}
+    assert buildtime.phase_seconds(marks, started=10.0) == {
+        "gallery": 100.0,
+        "reading": 20.5,
+        "writing": 9.5,
+        "finishing": 1.0,
+    }
+    t = buildtime.BuildTime(60.0, 100.0, 16, 20.0, 5, 2, phases=buildtime.phase_seconds(marks, 10.0))
+    assert t.line().endswith("phases: gallery 100.0 s, reading 20.5 s, writing 9.5 s, finishing 1.0 s")
+
+
+def test_a_missing_phase_is_left_out_and_the_next_counts_from_the_last_mark():
+    assert buildtime.phase_seconds({"gallery": 5.0, "writing": 9.0}, started=1.0) == {"gallery": 4.0, "writing": 4.0}
+
+
+def test_an_unknown_phase_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown build phase 'compile'; one of gallery, reading, writing, finishing"):
+        buildtime.mark("compile")
+
+
+def test_a_page_this_build_did_not_read_keeps_old_execution_data_and_does_not_count():
+    nb_data = {"index": {"exec_data": {"method": "force", "runtime": 4.5}}, "releases": {"exec_data": {"runtime": 3.0}}}
+    assert buildtime.page_times(nb_data, read={"releases", "api"}) == [("releases", 3.0)]
+    assert buildtime.page_times(nb_data, read=set()) == []

@@ -21,13 +21,51 @@ from __future__ import annotations
 import os
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 #: When the extension was imported (``time.monotonic()``, seconds): the start of the measured wall
 #: time. Sphinx imports extensions within about a second of its own start.
 STARTED = time.monotonic()
+
+#: The build's phases in order, each ended by a Sphinx event the extension marks (:func:`mark`):
+#: the gallery (``builder-inited`` after sphinx-gallery ran its examples), reading (``env-updated``:
+#: every page parsed, the notebook pages executed), writing (``build-finished``, first handler), and
+#: finishing (the gate, the page check, the JUnit file: the build's last handler).
+PHASES = ("gallery", "reading", "writing", "finishing")
+
+_MARKS: dict[str, float] = {}
+
+#: The documents Sphinx reads in this build (``env-before-read-docs``); a page's execution data
+#: stays in the environment after the build that executed it, so only these count.
+_READ: set[str] = set()
+
+
+def reading(docnames: list[str]) -> None:
+    """Note the documents this build reads (call at ``env-before-read-docs``)."""
+    _READ.update(docnames)
+
+
+def mark(phase: str) -> None:
+    """Note that ``phase`` (one of :data:`PHASES`) ended now; a later mark of the same phase wins."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown build phase {phase!r}; one of {', '.join(PHASES)}")
+    _MARKS[phase] = time.monotonic()
+
+
+def phase_seconds(marks: dict[str, float], started: float) -> dict[str, float]:
+    """Seconds of each phase that has an end mark, from the previous mark (or ``started``), in order.
+
+    A phase without a mark (a build that stopped before it) is left out, and the next phase counts from the
+    last mark before it.
+    """
+    out, last = {}, started
+    for phase in PHASES:
+        if phase in marks:
+            out[phase] = max(0.0, marks[phase] - last)
+            last = marks[phase]
+    return out
 
 
 @dataclass(frozen=True)
@@ -41,6 +79,7 @@ class BuildTime:
         pages_s: seconds of every notebook page executed in this build, summed.
         pages: how many notebook pages executed.
         cores: ``os.cpu_count()`` of the machine.
+        phases: seconds of each marked phase (:data:`PHASES`), in order.
     """
 
     wall_s: float
@@ -49,6 +88,7 @@ class BuildTime:
     pages_s: float
     pages: int
     cores: int
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float | None:
@@ -62,11 +102,13 @@ class BuildTime:
             f"build time: {self.wall_s:.1f} s wall; {self.examples} example(s) executed, {self.examples_s:.1f} s "
             f"summed; {self.pages} page(s) executed, {self.pages_s:.1f} s summed"
         )
+        phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases.items())
+        tail = f"; phases: {phases}" if phases else ""
         if self.ratio is None:
-            return head + "; nothing executed, so no overlap ratio"
+            return head + "; nothing executed, so no overlap ratio" + tail
         return (
             f"{head}; wall / (examples + pages) = {self.ratio:.2f} on {self.cores} core(s) "
-            f"(perfect overlap: {1 / self.cores:.2f})"
+            f"(perfect overlap: {1 / self.cores:.2f})" + tail
         )
 
 
@@ -88,10 +130,16 @@ def example_times(junit_xml: Path) -> list[tuple[str, float]]:
         ) from None
 
 
-def page_times(nb_data: dict[str, Any]) -> list[tuple[str, float]]:
-    """``(docname, seconds)`` of each notebook page MyST-NB executed in this build."""
+def page_times(nb_data: dict[str, Any], read: set[str] | None = None) -> list[tuple[str, float]]:
+    """``(docname, seconds)`` of each notebook page MyST-NB executed in this build.
+
+    ``read``: the documents this build read; a page outside it keeps the execution data of the build that
+    executed it and is left out. ``None`` counts every page with execution data.
+    """
     out = []
     for docname, data in sorted(nb_data.items()):
+        if read is not None and docname not in read:
+            continue
         exec_data = data.get("exec_data") or {}
         if exec_data.get("method") != "cache" and isinstance(exec_data.get("runtime"), int | float):
             out.append((docname, float(exec_data["runtime"])))
@@ -111,12 +159,14 @@ def measure(app: Any) -> BuildTime:
     except ImportError:
         pages = []
     else:
-        pages = page_times(NbMetadataCollector.get_doc_data(app.env))
+        pages = page_times(NbMetadataCollector.get_doc_data(app.env), _READ)
+    mark("finishing")
     return BuildTime(
-        wall_s=time.monotonic() - STARTED,
+        wall_s=_MARKS["finishing"] - STARTED,
         examples_s=sum(t for _, t in examples),
         examples=len(examples),
         pages_s=sum(t for _, t in pages),
         pages=len(pages),
         cores=os.cpu_count() or 1,
+        phases=phase_seconds(_MARKS, STARTED),
     )

@@ -57,7 +57,6 @@ check`` counts them, and ``nox -s matrix -- --stale-only`` reruns them. Docstrin
 from __future__ import annotations
 
 import functools
-
 import json
 import os
 import re

@@ -298,6 +298,10 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value("mpguide_record_pages", [], "env", types=[list])
     app.add_config_value("mpguide_gate", True, "env", types=[bool])
     app.connect("builder-inited", _on_builder_inited, priority=100)  # before sphinx-gallery (500)
+    app.connect("builder-inited", lambda app: buildtime.mark("gallery"), priority=900)  # after it
+    app.connect("env-before-read-docs", lambda app, env, docnames: buildtime.reading(docnames))
+    app.connect("env-updated", lambda app, env: buildtime.mark("reading"))
+    app.connect("build-finished", lambda app, exc: buildtime.mark("writing"), priority=1)  # before the gate
     app.connect("env-before-read-docs", _on_env_before_read_docs)
     app.connect("source-read", _on_source_read)
     app.connect("doctree-resolved", evidence.fold)  # gallery pages: the Evidence cells fold
