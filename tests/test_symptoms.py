@@ -15,11 +15,11 @@ shows the rule, on modules of their own shapes (round-5 cases 01, 02, 03, 04 and
 from __future__ import annotations
 
 import copy
-import warnings
 
 import lightning.pytorch as L
 import pytest
 import torch
+from conftest import quiet_fit
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -36,22 +36,7 @@ def _fit(module, precision: str, batches: int = 1, **kwargs):
         if precision == "16-mixed"
         else {"precision": precision}
     )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **plugins,
-        **kwargs,
-    )
-    data = TensorDataset(torch.randn(batches * 8, 6, generator=torch.Generator().manual_seed(0)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, DataLoader(data, batch_size=8))
-    return trainer
+    return quiet_fit(module, samples=batches * 8, batch_size=8, **plugins, **kwargs)
 
 
 class _Base(L.LightningModule):
