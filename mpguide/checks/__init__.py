@@ -13,14 +13,14 @@ Add it to the ``Trainer``'s callbacks and run a few batches::
 ``PitfallChecks(strict=True)`` raises :class:`PitfallError` (with ``.section``) at the first finding,
 as soon as it is known: for a step without gradients, before GradScaler's ``AssertionError``.
 
-How it is built: record, then judge. :mod:`mpguide.checks.record` holds what a fit and each training step did
+How it is built: record, then judge. ``mpguide.checks.record`` holds what a fit and each training step did
 as plain data (backward calls and the parameters they reached, clips, steps, skips, ``zero_grad`` calls, scheduler
-steps, autocast regions, loss scales, version counters); :mod:`mpguide.checks.recorder` writes it;
-:mod:`mpguide.checks.rules` holds one small function per section that takes that record and returns findings
-(testable without a ``Trainer``, ``tests/test_checks_rules.py``); :mod:`mpguide.checks.wrappers` are the
+steps, autocast regions, loss scales, version counters); ``mpguide.checks.recorder`` writes it;
+``mpguide.checks.rules`` holds one small function per section that takes that record and returns findings
+(testable without a ``Trainer``, ``tests/test_checks_rules.py``); ``mpguide.checks.wrappers`` are the
 pass-through wrappers that feed the recorder and call the rules; :class:`PitfallChecks`
-(:mod:`mpguide.checks.callback`) installs them for a fit and files, warns or raises the findings;
-:mod:`mpguide.checks.findings` holds the finding, warning and error classes.
+(``mpguide.checks.callback``) installs them for a fit and files, warns or raises the findings;
+``mpguide.checks.findings`` holds the finding, warning and error classes.
 
 How it watches (from outside the module: nothing in the reader's code changes). From ``on_fit_start``
 until the fit ends (normally or by an exception) it wraps, as instance attributes that it removes again:

@@ -21,7 +21,6 @@ from .findings import CURRENT, ChecksStoppedWarning, Finding, Found, PitfallErro
 from .record import StepRecord
 from .recorder import Recorder
 
-_MIXED = ("16-mixed", "bf16-mixed")
 _ACTIVE: Any = None  # the instance whose patches are in place (one at a time)
 
 
@@ -103,13 +102,12 @@ class PitfallChecks(Callback):
         self.notes: list[str] = []
         self.check_seconds = self.setup_seconds = self.step_seconds = 0.0
         self.stopped: list[str] = []
-        self._restore: list[Any] = []
+        self.patches = wrappers.Patches()
         self._off = False  # the recorder failed: nothing is watched until the next fit
         self._off_rules: set[str] = set()  # sections whose rule failed in this fit
         self._rec = _Guard(self, None)
         self._rule = {section: _Guard(self, section) for section in SECTIONS}
         self._active = False
-        self._forward_hook: Any = None
         self._reset()
 
     # ------------------------------------------------------------------ filing what the rules return
@@ -208,41 +206,12 @@ class PitfallChecks(Callback):
         }
 
     # ------------------------------------------------------------------ patching
-    def _patch(self, owner: Any, name: str, make: Any) -> None:
-        had = name in vars(owner) if not isinstance(owner, type) else True
-        old = vars(owner).get(name) if not isinstance(owner, type) else owner.__dict__[name]
-        setattr(owner, name, make(getattr(owner, name)))
-        self._restore.append((owner, name, had, old))
-
     def _unpatch(self) -> None:
-        while self._restore:
-            item = self._restore.pop()
-            if callable(item):
-                item()
-                continue
-            owner, name, had, old = item
-            if had:
-                setattr(owner, name, old)
-            else:
-                try:
-                    delattr(owner, name)
-                except AttributeError:
-                    pass
-        self._drop_forward_hook()
+        self.patches.undo()
         self._active = False
         global _ACTIVE
         if _ACTIVE is self:
             _ACTIVE = None
-
-    def _watch_forwards(self) -> None:
-        if self._forward_hook is None:
-            hook = functools.partial(wrappers.forward_after_step, self)
-            self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-
-    def _drop_forward_hook(self) -> None:
-        if self._forward_hook is not None:
-            self._forward_hook.remove()
-            self._forward_hook = None
 
     def _timed(self, start: float, once: bool = False) -> None:
         if once:  # fit start and train end: not part of any step
@@ -291,18 +260,7 @@ class PitfallChecks(Callback):
     @_hook
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         start = _clock()
-        half: tuple = ()
-        if self.recorder.rec.precision in _MIXED:
-            half = tuple(
-                (name, p.dtype)
-                for name, p in pl_module.named_parameters()
-                if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16)
-            )
-        eps: tuple = ()
-        if self.recorder.rec.precision == "16-true":
-            for i, opt in enumerate(trainer.optimizers):
-                values = [g["eps"] for g in opt.param_groups if isinstance(g.get("eps"), float)]
-                eps += ((i, type(opt).__name__, min(values)),) if values else ()
+        half, eps = self.recorder.half_parameters(pl_module), self.recorder.small_eps(trainer.optimizers)
         self._judge("fp16-parameters", rules.fp16_parameters, half=half, eps=eps)
         self._timed(start, once=True)
 
@@ -331,16 +289,10 @@ class PitfallChecks(Callback):
 
     @_hook
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        rec = self.recorder.rec
-        if not self._active or not rec.precision.endswith("-true") or rec.precision == "32-true":
-            return
-        start = _clock()
-        if (rec.global_batch + 1) & rec.global_batch == 0:  # batches 0, 1, 3, 7, 15, ...: a sample, not every step
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None and id(p) not in rec.step.lost_sample:
-                        rec.step.lost_sample[id(p)] = (p, p.detach().clone(), p.grad.detach() != 0)
-        self._timed(start)
+        if self._active:
+            start = _clock()
+            if self.recorder.sample_lost(optimizer):
+                self._timed(start)
 
     @_hook
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -335,6 +335,38 @@ class Recorder:
         stepped = set().union(*(r.stepped_params for r in rec.regions if r.stepped))
         return any(id(p) in stepped for p in module.parameters(recurse=False))
 
+    def half_parameters(self, pl_module: Any) -> tuple:
+        """Under ``*-mixed``: ``(name, dtype)`` of each trainable float16/bfloat16 parameter."""
+        if self.rec.precision not in ("16-mixed", "bf16-mixed"):
+            return ()
+        half = (torch.float16, torch.bfloat16)
+        return tuple((name, p.dtype) for name, p in pl_module.named_parameters() if p.requires_grad and p.dtype in half)
+
+    def small_eps(self, optimizers: list[Any]) -> tuple:
+        """Under ``16-true``: ``(index, type name, smallest float eps)`` of each optimizer with an ``eps``."""
+        if self.rec.precision != "16-true":
+            return ()
+        found = []
+        for i, opt in enumerate(optimizers):
+            values = [g["eps"] for g in opt.param_groups if isinstance(g.get("eps"), float)]
+            if values:
+                found.append((i, type(opt).__name__, min(values)))
+        return tuple(found)
+
+    def sample_lost(self, optimizer: Any) -> bool:
+        """Under ``*-true`` but fp32, before a step on a sampled batch (0, 1, 3, 7, 15, ...): copy the weights that
+        have a gradient, and where it is non-zero (judged after the batch). Returns whether this precision samples.
+        """
+        rec = self.rec
+        if not rec.precision.endswith("-true") or rec.precision == "32-true":
+            return False
+        if (rec.global_batch + 1) & rec.global_batch == 0:  # a sample, not every step
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and id(p) not in rec.step.lost_sample:
+                        rec.step.lost_sample[id(p)] = (p, p.detach().clone(), p.grad.detach() != 0)
+        return True
+
     def lost_updates(self) -> tuple[int, int]:
         """``*-true``: of the sampled gradient-carrying weight elements, how many (moved, lost: left unchanged)."""
         moved = lost = 0

@@ -23,9 +23,12 @@ def again(section: str, subject: Any) -> Found:
     return Found(section, subject, "")
 
 
-def no_gradient_step(rec: FitRecord, optimizer: int, at_end: bool = False) -> list[Found]:
-    """An ``opt.step()`` whose parameters hold no ``.grad`` at all (called so by the recorder); ``at_end``: an
-    optimizer never stepped in the whole fit whose parameters did not change (version counters)."""
+def no_gradient_step(rec: FitRecord, optimizer: int, with_grad: int = 0, at_end: bool = False) -> list[Found]:
+    """An ``opt.step()`` with ``with_grad`` of its parameters holding a ``.grad``: a finding when none does (the
+    wrappers call it only then). ``at_end``: an optimizer never stepped in the whole fit whose parameters did not
+    change (version counters), and no ``nonfinite-guard`` finding explains why."""
+    if with_grad and not at_end:
+        return []
     key = ("no-gradient-step", f"never stepped {optimizer}" if at_end else optimizer)
     if key in rec.reported:
         return [again(*key)]
@@ -417,7 +420,7 @@ def accumulation(rec: FitRecord, optimizer: int, pending: tuple | None = None, t
     used them; ``tail``, the ``(epoch, batch)`` of earlier epochs' backward calls this step uses (a window that
     leaks across the epoch's end)."""
     found = []
-    name = rec.name(optimizer)
+    name = rec.name(optimizer) if pending is not None or tail else ""
     if pending is not None:
         found.append(
             Found(

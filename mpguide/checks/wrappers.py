@@ -24,6 +24,54 @@ from .record import Region
 from .recorder import MatrixCalls, autocast_device
 
 
+class Patches:
+    """What one fit installed, and how to take it back: attributes replaced on objects, classes and modules
+    (restored in reverse order, an instance attribute that was not there before is deleted again), gradient hook
+    handles, and the module-wide forward pre-hook that watches forwards after a step in a caching region."""
+
+    def __init__(self) -> None:
+        self._restore: list[Any] = []
+        self._forward_hook: Any = None
+
+    def add(self, owner: Any, name: str, make: Any) -> None:
+        """Replace ``owner.name`` by ``make(current)``, remembering what to put back."""
+        had = name in vars(owner) if not isinstance(owner, type) else True
+        old = vars(owner).get(name) if not isinstance(owner, type) else owner.__dict__[name]
+        setattr(owner, name, make(getattr(owner, name)))
+        self._restore.append((owner, name, had, old))
+
+    def undo_later(self, undo: Any) -> None:
+        """Call ``undo()`` when the patches are removed (a hook handle's ``remove``)."""
+        self._restore.append(undo)
+
+    def undo(self) -> None:
+        """Remove everything, newest first."""
+        while self._restore:
+            item = self._restore.pop()
+            if callable(item):
+                item()
+                continue
+            owner, name, had, old = item
+            if had:
+                setattr(owner, name, old)
+            else:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+        self.stop_forwards()
+
+    def watch_forwards(self, hook: Any) -> None:
+        """Call ``hook(module, inputs)`` before every module's forward, until :meth:`stop_forwards`."""
+        if self._forward_hook is None:
+            self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+
+    def stop_forwards(self) -> None:
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+
+
 def install(c: Any, trainer: Any, pl_module: Any) -> None:
     """Wrap, for this fit, everything a manual ``training_step`` reaches (see the package docstring's list)."""
     recorder, plugin = c.recorder, trainer.precision_plugin
@@ -31,31 +79,31 @@ def install(c: Any, trainer: Any, pl_module: Any) -> None:
         for p in params:
             if p.requires_grad:
                 handle = p.register_hook(functools.partial(c._grad_hook, p))
-                c._restore.append(handle.remove)
+                c.patches.undo_later(handle.remove)
     if recorder.scaler is not None:
-        c._patch(recorder.scaler, "update", functools.partial(update, c))
-        c._patch(recorder.scaler, "scale", functools.partial(scale, c))
+        c.patches.add(recorder.scaler, "update", functools.partial(update, c))
+        c.patches.add(recorder.scaler, "scale", functools.partial(scale, c))
         if not recorder.rec.rescales_held:
-            c._patch(recorder.scaler, "unscale_", functools.partial(unscale, c))
+            c.patches.add(recorder.scaler, "unscale_", functools.partial(unscale, c))
     for opt in recorder.opts:
-        c._patch(opt, "step", functools.partial(inner_step, c, opt))
-        c._patch(opt, "zero_grad", functools.partial(zero_grad, c, opt))
+        c.patches.add(opt, "step", functools.partial(inner_step, c, opt))
+        c.patches.add(opt, "zero_grad", functools.partial(zero_grad, c, opt))
     for lopt in getattr(trainer.strategy, "_lightning_optimizers", []):
-        c._patch(lopt, "zero_grad", functools.partial(zero_grad, c, lopt.optimizer))
-    c._patch(plugin, "optimizer_step", functools.partial(plugin_step, c))
-    c._patch(plugin, "clip_gradients", functools.partial(plugin_clip, c))
-    c._patch(trainer.strategy, "backward", functools.partial(strategy_backward, c))
-    c._patch(pl_module, "training_step", functools.partial(training_step, c))
-    c._patch(pl_module, "zero_grad", functools.partial(zero_grad, c, None))
-    c._patch(torch.Tensor, "backward", functools.partial(tensor_backward, c))
-    c._patch(torch.autograd, "backward", functools.partial(tensor_backward, c))
-    c._patch(torch.autograd, "grad", functools.partial(autograd_grad, c))
-    c._patch(torch.nn.utils, "clip_grad_norm_", functools.partial(clip, c, "clip_grad_norm_"))
-    c._patch(torch.nn.utils, "clip_grad_value_", functools.partial(clip, c, "clip_grad_value_"))
-    c._patch(torch.autocast, "__enter__", functools.partial(autocast_enter, c))
-    c._patch(torch.autocast, "__exit__", functools.partial(autocast_exit, c))
+        c.patches.add(lopt, "zero_grad", functools.partial(zero_grad, c, lopt.optimizer))
+    c.patches.add(plugin, "optimizer_step", functools.partial(plugin_step, c))
+    c.patches.add(plugin, "clip_gradients", functools.partial(plugin_clip, c))
+    c.patches.add(trainer.strategy, "backward", functools.partial(strategy_backward, c))
+    c.patches.add(pl_module, "training_step", functools.partial(training_step, c))
+    c.patches.add(pl_module, "zero_grad", functools.partial(zero_grad, c, None))
+    c.patches.add(torch.Tensor, "backward", functools.partial(tensor_backward, c))
+    c.patches.add(torch.autograd, "backward", functools.partial(tensor_backward, c))
+    c.patches.add(torch.autograd, "grad", functools.partial(autograd_grad, c))
+    c.patches.add(torch.nn.utils, "clip_grad_norm_", functools.partial(clip, c, "clip_grad_norm_"))
+    c.patches.add(torch.nn.utils, "clip_grad_value_", functools.partial(clip, c, "clip_grad_value_"))
+    c.patches.add(torch.autocast, "__enter__", functools.partial(autocast_enter, c))
+    c.patches.add(torch.autocast, "__exit__", functools.partial(autocast_exit, c))
     for scheduler in recorder.schedulers:
-        c._patch(scheduler, "step", functools.partial(scheduler_step, c, scheduler))
+        c.patches.add(scheduler, "step", functools.partial(scheduler_step, c, scheduler))
 
 
 # ---------------------------------------------------------------------- backward calls
@@ -237,7 +285,7 @@ def training_step(c: Any, original: Any) -> Any:
             if not c._off:
                 with c._rec:
                     if c.recorder.leave_step():
-                        c._drop_forward_hook()
+                        c.patches.stop_forwards()
 
     return training_step
 
@@ -270,7 +318,7 @@ def plugin_step(c: Any, original: Any) -> Any:
                 with c._rec:
                     start = _clock()
                     if c.recorder.stepped(index):
-                        c._watch_forwards()
+                        c.patches.watch_forwards(functools.partial(forward_after_step, c))
                     c._timed(start)
 
     return optimizer_step
@@ -282,7 +330,7 @@ def before_step(c: Any, index: int, optimizer: Any) -> None:
     if not rec.in_step_fn and rec.batch is not None:
         c._judge("step-frequencies", rules.step_frequencies, "hook", index)
     if not any(p.grad is not None for p in recorder.opt_params[index]):
-        c._judge("no-gradient-step", rules.no_gradient_step, index)
+        c._judge("no-gradient-step", rules.no_gradient_step, index, 0)
         return
     pending = rec.pending_accumulation.pop(index, None)
     if pending is not None:
@@ -466,7 +514,7 @@ def autocast_exit(c: Any, original: Any) -> Any:
                 c._judge("autocast-cache", rules.autocast_cache, "exit", dtype=entry.dtype)
                 rec.noted.add(entry.dtype)
             if not any(r.stepped for r in rec.regions):
-                c._drop_forward_hook()
+                c.patches.stop_forwards()
         return original(region, *args)
 
     return exit_
