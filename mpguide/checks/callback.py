@@ -77,6 +77,8 @@ class PitfallChecks(Callback):
             says how often).
         notes: remarks that are not pitfalls (an own autocast that only repeats Lightning's), as strings.
         stopped: the text of each :class:`ChecksStoppedWarning` of the last fit.
+        recorder: the bookkeeping of the last fit (``mpguide.checks.recorder.Recorder``); its ``rec`` is the
+            plain record every rule reads (``mpguide.checks.record.FitRecord``).
         check_seconds: wall time spent in this callback's own code during the training batches (seconds).
         setup_seconds: its wall time at fit start, train start and train end, once per fit (seconds).
         step_seconds: wall time of the training steps: from each batch's start to the next batch's start
