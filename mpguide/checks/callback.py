@@ -291,21 +291,23 @@ class PitfallChecks(Callback):
 
     @_hook
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self._active:
+        precision = self.recorder.rec.precision
+        if self._active and precision.endswith("-true") and precision != "32-true":
             start = _clock()
-            if self.recorder.sample_lost(optimizer):
-                self._timed(start)
+            self.recorder.sample_lost(optimizer)
+            self._timed(start)
 
     @_hook
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         end = self._batch_end = _clock()
         rec = self.recorder.rec
-        for owner, (finite, version) in rec.step.guard_pending.items():
-            # parameters changed in place after the zero (SAM's second_step): an update outside the wrapper,
-            # named by step-frequencies, not a guard that skipped the step
-            moved = self.recorder.version_sum(owner) != version
-            self._judge("nonfinite-guard", rules.nonfinite_guard, owner, finite, moved)
-        rec.step.guard_pending = {}
+        if rec.step.guard_pending:
+            for owner, (finite, version) in rec.step.guard_pending.items():
+                # parameters changed in place after the zero (SAM's second_step): an update outside the wrapper,
+                # named by step-frequencies, not a guard that skipped the step
+                moved = self.recorder.version_sum(owner) != version
+                self._judge("nonfinite-guard", rules.nonfinite_guard, owner, finite, moved)
+            rec.step.guard_pending = {}
         if rec.step.lost_sample:
             moved, lost = self.recorder.lost_updates()
             self._judge("fp16-parameters", rules.fp16_parameters, moved=moved, lost=lost)

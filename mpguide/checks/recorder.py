@@ -295,6 +295,8 @@ class Recorder:
             rec.step.skipped.add(index)
             rec.skipped_since_update = True
         rec.applied = None
+        if not rec.regions:
+            return False
         caching = [r for r in rec.regions if r.caching]
         if not caching:
             return False

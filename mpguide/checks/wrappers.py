@@ -230,12 +230,15 @@ def scale(c: Any, original: Any) -> Any:
 
 
 def unscale(c: Any, original: Any) -> Any:
+    rec = c.recorder.rec
+
     @functools.wraps(original)
     def unscale_(optimizer: Any) -> Any:
         if c._off:
             return original(optimizer)
-        index = c.recorder.opt_index.get(id(getattr(optimizer, "_optimizer", optimizer)))
-        c._judge("clipping", rules.clipping, "unscale", index)
+        if rec.in_step_fn and not rec.in_lightning:  # not Lightning's own unscale_ inside opt.step()
+            index = c.recorder.opt_index.get(id(getattr(optimizer, "_optimizer", optimizer)))
+            c._judge("clipping", rules.clipping, "unscale", index)
         return original(optimizer)
 
     return unscale_
@@ -340,7 +343,7 @@ def before_step(c: Any, index: int, optimizer: Any) -> None:
         tail = recorder.epoch_tail(fresh)
         if tail:
             c._judge("accumulation", rules.accumulation, index, tail=tail)
-    if rec.scaled and not rec.rescales_held:
+    if rec.scaled and not rec.rescales_held and scales - {rec.scale}:
         c._judge("scale-changes", rules.scale_changes, index, scales)
     if rec.scaled and getattr(optimizer, "_step_supports_amp_scaling", False):
         rec.applied = None  # a fused step skips inside its kernel: not observable without a sync
