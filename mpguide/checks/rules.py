@@ -1,7 +1,7 @@
 """One rule per guide section: each takes the :class:`~mpguide.checks.record.FitRecord` (and what the moment being
 judged adds: which optimizer, which numbers) and returns :class:`~mpguide.checks.findings.Found` items.
 
-A rule reads, never writes: the record is filled by :mod:`mpguide.checks.recorder` and the findings are filed,
+A rule reads, never writes: the record is filled by ``mpguide.checks.recorder`` and the findings are filed,
 warned and counted by the callback. A rule returns a bare ``Found`` with an empty message for a finding already
 in ``rec.reported``: the callback only counts that sighting (no message is built, no device value read twice).
 The general rules behind each (what keeps correct code free of findings, what is not detectable) are in the
