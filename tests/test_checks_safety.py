@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
-from mpguide.checks import ChecksStoppedWarning, PitfallChecks
+from mpguide.checks import ChecksStoppedWarning, PitfallChecks, rules
+from mpguide.checks.recorder import Recorder
 
 
 def data(seed: int = 0, n: int = 24) -> DataLoader:
@@ -213,8 +214,8 @@ class StepsWithoutGradient(BatchIdx):
 @pytest.mark.parametrize(
     ("module_cls", "rule", "section", "precision"),
     [
-        (ClipInHook, "_scaled_owners", "clipping", "16-mixed"),
-        (StepsWithoutGradient, "_flag_no_gradient", "no-gradient-step", "32-true"),
+        (ClipInHook, "clipping", "clipping", "16-mixed"),
+        (StepsWithoutGradient, "no_gradient_step", "no-gradient-step", "32-true"),
     ],
 )
 def test_a_rule_that_raises_stops_itself_with_one_warning_and_changes_nothing(
@@ -226,7 +227,7 @@ def test_a_rule_that_raises_stops_itself_with_one_warning_and_changes_nothing(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plain, _ = run(module_cls, precision=precision)
-    monkeypatch.setattr(PitfallChecks, rule, broken)
+    monkeypatch.setattr(rules, rule, broken)
     checks = PitfallChecks()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -246,7 +247,7 @@ def test_a_recorder_that_raises_stops_the_whole_check_and_restores_everything(mo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plain, _ = run(ClipInHook, precision="16-mixed")
-    monkeypatch.setattr(PitfallChecks, "_start_backward", broken)
+    monkeypatch.setattr(Recorder, "start_backward", broken)
     checks = PitfallChecks()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -236,7 +236,7 @@ def test_checks_install_keeps_the_readers_lightning(tmp_path):
             [python, "-c", "import mpguide, pathlib; print(pathlib.Path(mpguide.__file__).parent)"], tmp_path, env
         ).stdout.strip()
     )
-    (site / "checks.py").write_text("raise ImportError('the older copy')\n")
+    (site / "checks" / "__init__.py").write_text("raise ImportError('the older copy')\n")
     _run([python, "-m", "pip", *download.CHECKS_INSTALL_LINE.split()[1:]], tmp_path, env)
     (tmp_path / "fit.py").write_text(CHECKS_PROGRAM)
     out = _run([python, "fit.py"], tmp_path, env).stdout
