@@ -6,8 +6,11 @@ scikit-learn wheel, so nothing is downloaded at run time.
 
 from __future__ import annotations
 
-import torch
-from torch.utils.data import DataLoader, TensorDataset
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
 
 #: Number of input features (8 x 8 pixels) and of classes.
 NUM_FEATURES = 64
@@ -21,6 +24,7 @@ def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
         ``(images, labels)``: images float32 of shape ``(1797, 64)`` scaled to ``[0, 1]``
         (raw pixel values are 0..16), labels int64 of shape ``(1797,)`` in ``0..9``.
     """
+    import torch
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -43,6 +47,9 @@ def digits_loader(batch_size: int = 64, seed: int = 0) -> DataLoader:
     Returns:
         A loader yielding ``(images, labels)``: float32 ``(batch_size, 64)``, int64 ``(batch_size,)``.
     """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
     images, labels = digits_tensors()
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(
@@ -51,5 +58,9 @@ def digits_loader(batch_size: int = 64, seed: int = 0) -> DataLoader:
 
 
 def steps_per_epoch(batch_size: int = 64) -> int:
-    """Optimizer steps per epoch (one per batch) of :func:`digits_loader` at ``batch_size``."""
+    """Optimizer steps per epoch (one per batch) of :func:`digits_loader` at ``batch_size``.
+
+    Needs no torch (the module imports it where tensors are made), so the claim gate and the pages that
+    judge records count batches without importing it.
+    """
     return 1797 // batch_size

@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 #: The three precisions every example compares, in display order.
 PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed", "16-mixed")
 
@@ -96,6 +94,8 @@ def select_accelerator(name: str | None = None) -> str:
     Raises:
         ConfigurationError: unknown name, or ``cuda`` was asked for on a machine without CUDA.
     """
+    import torch  # here, not at the top: the gate and the pages read the presets without torch
+
     name = (name or os.environ.get("MPGUIDE_DEVICE", "auto")).lower()
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -161,6 +161,8 @@ def trainer_precision_kwargs(precision: str, accelerator: str, plugin_class: typ
 
 def device_name(accelerator: str) -> str:
     """Human-readable device name: the CUDA device name, or ``"CPU (<n> cores)"``."""
+    import torch  # here, not at the top: the gate and the pages read the presets without torch
+
     if accelerator == "cuda":
         return torch.cuda.get_device_name(0)
     return f"CPU ({os.cpu_count()} cores)"
@@ -180,6 +182,8 @@ def device_slug(name: str | None = None) -> str:
         ConfigurationError: ``name`` is None and CUDA is not available, or the name has no letter
             or digit at all (it would give an empty folder name).
     """
+    import torch  # here, not at the top: the gate and the pages read the presets without torch
+
     if name is None:
         if not torch.cuda.is_available():
             raise ConfigurationError(
