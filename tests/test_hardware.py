@@ -1,4 +1,5 @@
 import pytest
+import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from mpguide.verify import hardware
@@ -67,7 +68,7 @@ def test_device_slug(name, slug):
 def test_device_slug_refuses_an_empty_result_and_a_missing_gpu(monkeypatch):
     with pytest.raises(ConfigurationError, match="no letter or digit"):
         hardware.device_slug(" -- ")
-    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigurationError, match="needs a CUDA device"):
         hardware.device_slug()
 
