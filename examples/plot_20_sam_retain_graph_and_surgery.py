@@ -23,12 +23,14 @@ write yourself. **Prerequisites**: :doc:`plot_07_backward_and_flags`.
 """
 
 # %%
-# SAM as it is usually ported
-# ---------------------------
+# SAM through ``opt.step()``
+# --------------------------
 # Sharpness-aware minimization takes two backwards per batch: the first finds the direction in which the
-# loss rises fastest, ``first_step`` climbs a distance ``rho`` that way, the second backward takes the
-# gradient there, and ``second_step`` returns to the weights and lets a base optimizer (SGD) step with it.
-# Ported to Lightning, the SAM optimizer is reached through ``opt.optimizer``.
+# loss rises fastest, the weights climb a distance ``rho`` that way, the second backward takes the gradient
+# there, and the base optimizer (SGD) steps from the weights before the climb with that gradient. Keep the
+# base optimizer as the one Lightning wraps and climb by hand: the climb needs only the gradient's direction,
+# the same at any loss scale, and the step goes through ``opt.step()``, which unscales, skips a step whose
+# gradients overflowed, and counts it.
 
 import lightning.pytorch as pl
 import torch
@@ -49,11 +51,64 @@ runner.check_settings("plot_20_sam_retain_graph_and_surgery")  # MPGUIDE_* setti
 RHO, LR = 0.05, 0.02
 
 
+class SAMThroughWrapper(DigitsClassifier):
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()  # wraps the base optimizer
+        opt.zero_grad()
+        self.manual_backward(self.compute_loss(batch))
+        params = [p for p in self.parameters() if p.grad is not None]
+        with torch.no_grad():  # the climb: rho along the gradient's direction
+            start = [p.detach().clone() for p in params]
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+            for p in params:
+                p.add_(p.grad, alpha=RHO / float(norm + 1e-12))
+        opt.zero_grad()
+        loss = self.compute_loss(batch)
+        self.manual_backward(loss)
+        with torch.no_grad():  # back to where we were
+            for p, s in zip(params, start):
+                p.copy_(s)
+        opt.step()  # unscales, skips on inf/NaN, counts global_step
+        return loss.detach()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+# %%
+# The ``Trainer`` call to copy, under 16-mixed (on a CPU the plugin is passed explicitly: the flag alone
+# becomes bf16-mixed there).
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pl.seed_everything(0)
+model = SAMThroughWrapper()
+trainer = pl.Trainer(
+    accelerator=device,
+    devices=1,
+    max_steps=20,
+    plugins=[MixedPrecision("16-mixed", device)],
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
+trainer.fit(model, digits_loader(batch_size=64))
+print(f"SAM through opt.step(): trainer.global_step {trainer.global_step}")
+
+# %%
+# SAM's own steps
+# ---------------
+# Ported as it is usually written, SAM is an optimizer with two steps of its own, reached through
+# ``opt.optimizer``: its ``first_step`` climbs, its ``second_step`` returns and steps the base optimizer.
+# Neither goes through Lightning's wrapper, so under 16-mixed nothing unscales the gradients (the update is
+# the loss scale times fp32's) and ``global_step`` stays 0 (``opt.optimizer.step()`` does the same).
+
+
 class SAM(torch.optim.Optimizer):
     """A SAM optimizer of the usual shape: a base optimizer inside, two steps called by hand."""
 
-    def __init__(self, params, base, rho=RHO, **kwargs):
-        super().__init__(params, {"rho": rho, **kwargs})
+    def __init__(self, params, base, **kwargs):
+        super().__init__(params, kwargs)
         self.base = base(self.param_groups, **kwargs)
         self.param_groups = self.base.param_groups
 
@@ -91,55 +146,6 @@ class SAMRawSteps(DigitsClassifier):
 
 
 # %%
-# SAM through the wrapper
-# -----------------------
-# Keep the base optimizer as the one Lightning wraps and do the climb by hand. The climb only needs the
-# gradient's direction, the same at any loss scale; the step goes through ``opt.step()``, which unscales,
-# skips a step whose gradients overflowed, and counts it. This is the ``Trainer`` call to copy, under
-# 16-mixed (on a CPU the plugin is passed explicitly: the flag alone becomes bf16-mixed there).
-
-
-class SAMThroughWrapper(DigitsClassifier):
-    def training_step(self, batch, batch_idx):
-        opt = self.optimizers()  # wraps the base optimizer
-        opt.zero_grad()
-        self.manual_backward(self.compute_loss(batch))
-        params = [p for p in self.parameters() if p.grad is not None]
-        with torch.no_grad():  # the climb: rho along the gradient's direction
-            start = [p.detach().clone() for p in params]
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
-            for p in params:
-                p.add_(p.grad, alpha=RHO / float(norm + 1e-12))
-        opt.zero_grad()
-        loss = self.compute_loss(batch)
-        self.manual_backward(loss)
-        with torch.no_grad():  # back to where we were
-            for p, s in zip(params, start):
-                p.copy_(s)
-        opt.step()  # unscales, skips on inf/NaN, counts global_step
-        return loss.detach()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=LR)
-
-
-device = "cuda" if torch.cuda.is_available() else "cpu"
-pl.seed_everything(0)
-model = SAMThroughWrapper()
-trainer = pl.Trainer(
-    accelerator=device,
-    devices=1,
-    max_steps=20,
-    plugins=[MixedPrecision("16-mixed", device)],
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-)
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"SAM through opt.step(): trainer.global_step {trainer.global_step}")
-
-# %%
 # A step between two backwards
 # ----------------------------
 # Two tasks share a trunk and one optimizer steps for each in turn. The second backward goes through the
@@ -152,7 +158,9 @@ class TwoTasks(pl.LightningModule):
     def __init__(self):
         super().__init__()
         self.automatic_optimization = False
-        self.trunk = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh())
+        self.trunk = torch.nn.Sequential(
+            torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh()
+        )
         self.digit, self.size = torch.nn.Linear(32, 10), torch.nn.Linear(32, 1)
 
     def losses(self, batch):  # task a: which digit; task b: the digit's value, regressed
@@ -332,12 +340,12 @@ for name in ("step between backwards", "forward again"):
 RUNS = [
     # run id            recipe                         precision     options
     ("sam-fp32", "SAM raw steps", "32-true", {"label": "SAM raw steps, fp32", "trainer": {"limit_train_batches": 1}}),
-    ("sam-fp16", "SAM raw steps", "16-mixed", {"label": "SAM raw steps, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),
+    ("sam-fp16", "SAM raw steps", "16-mixed", {"label": "SAM raw steps, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
     ("sam-wrapper-fp16", "SAM through opt.step()", "16-mixed", {"label": "SAM through opt.step(), 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("between-fp32", "step between backwards", "32-true", {"label": "step between backwards, fp32", "trainer": {"limit_train_batches": 1}}),
+    ("between-fp32", "step between backwards", "32-true", {"label": "step between backwards, fp32", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
     ("between-bf16", "step between backwards", "bf16-mixed", {"label": "step between backwards, bf16-mixed", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
     ("again-fp32", "forward again", "32-true", {"label": "forward again, fp32", "trainer": {"limit_train_batches": 1}}),
-    ("again-bf16", "forward again", "bf16-mixed", {"label": "forward again, bf16-mixed", "trainer": {"limit_train_batches": 1}}),
+    ("again-bf16", "forward again", "bf16-mixed", {"label": "forward again, bf16-mixed", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
     ("surgery-fp32", "autograd.grad into p.grad", "32-true", {"label": "autograd.grad into p.grad, fp32", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
     ("surgery-fp16", "autograd.grad into p.grad", "16-mixed", {"label": "autograd.grad into p.grad, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
     ("scaled-fp16", "scaled_grads into p.grad", "16-mixed", {"label": "scaled_grads into p.grad, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
@@ -364,7 +372,12 @@ CLAIMS = [
 ]
 # fmt: on
 
-plugins = {"init scale 1024": lambda precision, device: MixedPrecision(precision, device, torch.amp.GradScaler(device, init_scale=1024))}  # noqa: E501
+
+def scale_1024(precision, device):  # GradScaler starting at a loss scale of 1024: SAM's raw steps stay finite
+    return MixedPrecision(precision, device, torch.amp.GradScaler(device, init_scale=1024))
+
+
+plugins = {"init scale 1024": scale_1024}
 record = runner.run_example(
     "plot_20_sam_retain_graph_and_surgery",
     recipes,
@@ -398,7 +411,8 @@ plotting.describe(
     "gradients written into p.grad 1/scale of it; through opt.step() and with scaled_grads they take fp32's",
 )
 ratios = [
-    plotting.run_by_id(record, run)["extra"]["first_update"][0] / plotting.run_by_id(record, ref)["extra"]["first_update"][0]
+    plotting.run_by_id(record, run)["extra"]["first_update"][0]
+    / plotting.run_by_id(record, ref)["extra"]["first_update"][0]
     for run, ref in pairs
 ]
 ax.barh([plotting.run_by_id(record, run)["label"] for run, _ in pairs], ratios, color="#0072B2")
@@ -410,8 +424,8 @@ plt.show()
 for run_id in ("between-bf16", "again-bf16"):
     extra = plotting.run_by_id(record, run_id)["extra"]
     print(
-        f"{run_id}: second backward vs the gradient at the weights before the step {extra['second_vs_before_step']:.2g}, "
-        f"after it {extra['second_vs_after_step']:.2g}"
+        f"{run_id}: second backward vs the gradient at the weights before the step "
+        f"{extra['second_vs_before_step']:.2g}, after it {extra['second_vs_after_step']:.2g}"
     )
 for run_id in ("sam-fp16", "sam-wrapper-fp16"):
     print(f"{run_id}: trainer.global_step {plotting.run_by_id(record, run_id)['extra']['global_step']}")
