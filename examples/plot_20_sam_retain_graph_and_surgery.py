@@ -241,10 +241,12 @@ class SurgeryScaled(Surgery):
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Each pitfall and its fix, one batch per epoch, from the same weights. A probe (a callback: the modules carry
-# no measuring code) records the norm of the first batch's update and the loss scale it ran at; another, on
-# the two-task runs, takes the gradient of the second backward of the first batch and compares it, in
-# float64, with task b's gradient at the weights before the step and after it (relative distances).
+# Each pitfall and its fix, one batch per epoch, from the same weights; the 16-mixed runs start GradScaler at a
+# loss scale of 1024 (at the default 65536 SAM's raw steps reach NaN within a few batches). A probe (a callback:
+# the modules carry no measuring code) records the norm of the first batch's update (of the shared trunk in the
+# two-task modules) and the loss scale it ran at; another, on the two-task runs, takes the gradient of the
+# second backward of the first batch and compares it, in float64, with task b's gradient at the weights before
+# the step and after it (relative distances).
 
 import copy
 
