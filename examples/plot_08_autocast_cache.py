@@ -80,12 +80,20 @@ class CachingAutocast(SelfDistillation):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=True)
 
 
+class NoCacheAutocast(SelfDistillation):
+    """The fix on every release: the forwards in an own autocast with the cache off, inside Lightning's."""
+
+    def own_autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+
 # %%
 # The ``Trainer`` call to copy
 # ----------------------------
 # The safe recipe: ``precision="bf16-mixed"`` and no autocast of your own. It prints ``False`` here;
 # on Lightning 2.5.4 and older, whose own autocast caches casts, it prints ``True`` (the guide's
-# version matrix measured it), so run it on your versions.
+# version matrix measured it), so run it on your versions. There, run the forwards in
+# ``torch.autocast(..., cache_enabled=False)`` (``NoCacheAutocast`` above: ``False`` on every release).
 
 import lightning.pytorch as pl
 
@@ -110,7 +118,7 @@ print(f"a forward right after opt.step() saw the old weights: {model.stale_after
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# Both models under bf16-mixed, and fp32. A probe (a Lightning callback) hands the flag the module sets
+# The three modules under bf16-mixed, and fp32. A probe (a Lightning callback) hands the flag the module sets
 # in its first batch (did the forward after ``opt.step()`` return the old outputs?) to the record.
 
 from lightning.pytorch.callbacks import Callback
@@ -132,6 +140,7 @@ adamw = {"optimizer": "adamw", "lr": 3e-3}
 recipes = {
     "Lightning's autocast only": functools.partial(SelfDistillation, **adamw),
     "own caching autocast": functools.partial(CachingAutocast, **adamw),
+    "own autocast, cache off": functools.partial(NoCacheAutocast, **adamw),
 }
 probes = {name: [StaleAfterStep] for name in recipes}
 # fmt: off
@@ -140,12 +149,14 @@ RUNS = [
     ("lightning-bf16", "Lightning's autocast only", "bf16-mixed", {"label": "bf16-mixed, Lightning's autocast"}),
     ("caching-bf16", "own caching autocast", "bf16-mixed", {"label": "bf16-mixed, own caching autocast"}),
     ("fp32", "Lightning's autocast only", "32-true", {"label": "fp32"}),
+    ("nocache-bf16", "own autocast, cache off", "bf16-mixed", {"label": "bf16-mixed, own autocast, cache off"}),
 ]
 CLAIMS = [
     ("match", "caching-bf16", "lightning-bf16", "same-precision", "no_grad then graded forward in a caching autocast trains normally (installed torch)"),  # noqa: E501
     ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
     ("expect", "caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
+    ("expect", "nocache-bf16", "stale_after_step", False, "fix on every release: inside autocast(cache_enabled=False) it sees new ones"),  # noqa: E501
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "lightning-bf16", "PitfallChecks: lightning-bf16 has no finding"),
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
@@ -172,7 +183,7 @@ plotting.plot_loss_curves(
 plotting.save_figure(fig, record["example"], "curves")
 plt.show()
 
-for run_id in ("lightning-bf16", "caching-bf16"):
+for run_id in ("lightning-bf16", "caching-bf16", "nocache-bf16"):
     stale = plotting.run_by_id(record, run_id)["extra"]["stale_after_step"]
     print(f"{run_id}: a forward after opt.step() saw the old weights: {stale}")
 print(f"installed: torch {record['env']['torch']}, Lightning {record['env']['lightning']}")
@@ -184,7 +195,9 @@ print(f"installed: torch {record['env']['torch']}, Lightning {record['env']['lig
 # one (another dtype for part of the model), pass ``cache_enabled=False``, or close it before
 # ``opt.step()`` so that any forward after the step starts a new region. Closing yours is not
 # enough where Lightning's own autocast caches (2.5.4 and earlier, master 7f0c343): there run the
-# forward after the step in ``torch.autocast(..., cache_enabled=False)``. On an old stack
+# forward after the step in ``torch.autocast(..., cache_enabled=False)``, as ``NoCacheAutocast`` does
+# (on Lightning 2.5.4 and master its forward after the step sees the new weights, the one without an
+# autocast of its own the old ones: the fifth check holds there, the fourth does not). On an old stack
 # (Lightning 2.5.4 or earlier with a torch that still has the cache bug), a ``no_grad`` forward
 # followed by a graded forward through the same weights loses their gradients; run this example
 # there and the first claim fails.

@@ -277,6 +277,32 @@ def test_clipped_norm_fails_just_past_its_bound(factor, passes):
     assert evaluate_record(rec)[0].passed is passes
 
 
+@pytest.mark.parametrize(
+    "factor, expected, passes",
+    [(1.0099, 1.0, True), (0.9901, 1.0, True), (1.0101, 1.0, False), (1024.0, 1.0, False), (1 / 1024, 1.0, False),
+     (1024 * 1.0099, 1024.0, True), (1024 * 1.0101, 1024.0, False), (1.0, 1024.0, False)],
+)  # fmt: skip
+def test_update_vs_fp32_fails_just_past_its_bound(factor, expected, passes):
+    # plot_20: the first update of a mixed-precision run over fp32's, against 1 or the loss scale (a recorded list)
+    cand, ref = run("fp16", curve(), precision="16-mixed"), run("fp32", curve())
+    cand["extra"], ref["extra"] = {"first_update": [0.5 * factor], "first_scale": [expected]}, {"first_update": [0.5]}
+    want = 1.0 if expected == 1.0 else "first_scale"
+    rec = make_record([cand, ref], [claims.ratio("fp16", "fp32", "first_update", want, "update-vs-fp32")])
+    assert evaluate_record(rec)[0].passed is passes
+
+
+@pytest.mark.parametrize("far, passes", [(5.01e-2, True), (4.99e-2, False), (1e-3, False)])
+def test_closer_weights_fails_just_past_its_bound(far, passes):
+    # plot_20: the second backward's distance to the wrong weights' gradient over that to the right ones', >= 5
+    cand = run("bf16", curve(), precision="bf16-mixed")
+    cand["extra"] = {"second_vs_after_step": far, "second_vs_before_step": 1e-2}
+    rec = make_record(
+        [cand], [claims.rate_ratio("bf16", "second_vs_after_step/second_vs_before_step", "closer-weights")]
+    )
+    verdict = evaluate_record(rec)[0]
+    assert verdict.passed is passes
+
+
 def test_limit_train_batches_plans_fewer_batches(good_record):
     for entry in good_record["runs"]:
         entry["loss"], entry["steps"], entry["trainer_kwargs"] = entry["loss"][:15], 15, {"limit_train_batches": 3}

@@ -174,3 +174,38 @@ def test_the_old_clip_before_step_advice_fails_the_clip_claims(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     failed = {v.title for v in gate.judge([tmp_path / "plot_19_several_steps_per_training_step.json"]).failures}
     assert {"16-mixed: the actor's clip acts as in fp32", "16-mixed: the critic's clip acts as in fp32"} <= failed
+
+
+def test_plot_20_claims_fail_when_the_pitfalls_and_their_fixes_trade_places(tmp_path):
+    # plot_20's pitfall runs trained with their fixes and its fix runs with the old code: every claim about an
+    # update's factor, global_step, the second backward's weights, the fp32 error and PitfallChecks' verdict fails
+    example = "plot_20_sam_retain_graph_and_surgery"
+    swaps = {
+        "sam-fp16": "SAM through opt.step()",
+        "sam-wrapper-fp16": "SAM raw steps",
+        "between-fp32": "forward again",
+        "between-bf16": "forward again",
+        "again-bf16": "step between backwards",
+        "surgery-fp16": "scaled_grads into p.grad",
+        "scaled-fp16": "autograd.grad into p.grad",
+    }
+    proc = run_example(
+        f"{example}.py",
+        tmp_path,
+        MPGUIDE_SWAP_RECIPE=",".join(f"{example}:{run}={recipe}" for run, recipe in swaps.items()),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = {v.title for v in gate.judge([tmp_path / f"{example}.json"]).failures}
+    assert {
+        "SAM raw steps, 16-mixed: the update is the loss scale times fp32's",
+        "SAM raw steps: global_step stays 0",
+        "SAM through opt.step(), 16-mixed: fp32's update",
+        "SAM through opt.step(): global_step counts every batch",
+        "step between backwards, fp32: raises",
+        "step between backwards, bf16-mixed: the second backward sees the weights before the step",
+        "forward again, bf16-mixed: the second backward sees the stepped weights",
+        "autograd.grad into p.grad, 16-mixed: 1/scale of fp32's update",
+        "scaled_grads into p.grad, 16-mixed: fp32's update",
+        "PitfallChecks flags sam-fp16: step-frequencies",
+        "PitfallChecks: sam-wrapper-fp16 has no finding",
+    } <= failed, sorted(failed)

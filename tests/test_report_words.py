@@ -124,3 +124,19 @@ def test_the_html_verdict_table_escapes_every_cell_links_tolerances_and_marks_fa
     failing = re.findall(r'<tr class="mpguide-fail"><td>([^<]*)</td>', html)
     assert failing == ["the bug still reproduces: NO"], failing
     assert "the bug still reproduces: NO" in str(table) and table.caption() in str(table)  # text for a terminal
+
+
+def test_a_ratio_of_two_numbers_is_not_called_a_speed_ratio():
+    # plot_20's rate_ratio claims divide two distances, plot_16's two counts: only a throughput tolerance compares rates
+    cand = run("bf16", curve(), precision="bf16-mixed")
+    cand["extra"] = {"far": 0.05, "near": 0.003, "fast": 10.0, "slow": 10.0}
+    record = make_record(
+        [cand],
+        [
+            claims.rate_ratio("bf16", "far/near", "closer-weights", "distances"),
+            claims.rate_ratio("bf16", "fast/slow", "throughput-parity-cpu", "rates"),
+        ],
+    )
+    rows = {r["check"]: r for r in _rows(record)}
+    assert rows["distances"]["measured"].startswith("ratio, ")
+    assert rows["rates"]["measured"].startswith("speed ratio, ")

@@ -83,7 +83,8 @@ def measured_text(v: Verdict) -> str:
             else observed or "not recorded"
         )
     if v.kind == "rate_ratio":
-        return f"speed ratio, {observed}" if observed else "n/a"
+        what = "speed ratio" if v.tolerance.startswith("throughput") else "ratio"  # rates, or two other numbers
+        return f"{what}, {observed}" if observed else "n/a"
     if v.kind == "raises":
         return f"error raised: {observed}" if observed != "no exception" else "no error raised"
     if v.kind == "warns":
