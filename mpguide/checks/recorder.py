@@ -331,6 +331,8 @@ class Recorder:
         rec = self.rec
         if rec.in_lightning or not any(r.stepped for r in rec.regions):
             return False
+        if not torch.is_autocast_cache_enabled():  # an inner torch.autocast(..., cache_enabled=False): no cast reused
+            return False
         # only a module whose own weights were stepped in a caching region reads stale casts: a forward through
         # another model after this step (a GAN's discriminator after the generator's step) casts weights that
         # did not change

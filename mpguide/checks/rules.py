@@ -298,8 +298,9 @@ def _bypass(rec: FitRecord, index: int, how: str) -> str:
     return (
         f"{rec.name(index)} {how}, outside Lightning's optimizer wrapper (the LightningOptimizer that "
         f"self.optimizers() returns): trainer.global_step does not advance, so max_steps never stops training"
-        f"{scaled}. Fix: call opt.step() (opt.step(closure=...) for LBFGS- or SAM-like optimizers) on the "
-        f"LightningOptimizer."
+        f"{scaled}. Fix: call opt.step() on the LightningOptimizer (opt.step(closure=...) for LBFGS); for SAM, "
+        f"climb by hand and step the base optimizer through opt.step() (under 16-mixed Lightning steps a "
+        f"closure-taking optimizer without its closure)."
     )
 
 
@@ -476,10 +477,11 @@ def autocast_cache(rec: FitRecord, when: str, module: str = "", own: bool = Fals
                 "training_step)."
                 if own
                 else "the autocast region the precision plugin opens around training_step, and that region caches "
-                "casts (torch.is_autocast_cache_enabled() is True in it; Lightning <= 2.5 opened it so): the casts "
-                "of the weights made before the step are reused, so this forward sees the old weights. Fix: "
-                "Lightning 2.6 or later (its region does not cache), or one forward per training_step before the "
-                "step, or mpguide.precision.ManualMixedPrecision."
+                "casts (torch.is_autocast_cache_enabled() is True in it: this Lightning opens it with torch's "
+                "default cache on): the casts of the weights made before the step are reused, so this forward sees "
+                "the old weights. Fix: run the forwards after a step inside torch.autocast(..., "
+                "cache_enabled=False), or a Lightning release whose region does not cache, or one forward per "
+                "training_step before the step, or mpguide.precision.ManualMixedPrecision."
             ),
         )
     ]

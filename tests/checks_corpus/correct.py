@@ -608,6 +608,20 @@ class GanFakeOnceCaching(LightningGan):
         self.untoggle_optimizer(opt_d)
 
 
+class TwoForwardsNoCacheRegion(Base):
+    """Two updates in one training_step, each forward inside ``torch.autocast(..., cache_enabled=False)``: the fix
+    of example 08 that holds on every release, also where Lightning's own region caches casts."""
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        for _ in range(2):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False):
+                loss = self.loss(batch)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+
+
 CASES = [
     Case("lightning-gan-no-batch-idx-fp32", LightningGan,
          f"{LIGHTNING} examples/pytorch/domain_templates/generative_adversarial_net.py",
@@ -619,6 +633,11 @@ CASES = [
          f"{LIGHTNING} examples/pytorch/domain_templates/generative_adversarial_net.py (samples made once)",
          "forwards through the discriminator after the generator's step, in Lightning <= 2.5.4's caching region",
          "bf16-mixed", data=gan_rows, plugin=lambda: CachingMixedPrecision("bf16-mixed", "cpu")),
+    Case("no-cache-region-in-caching-lightning-bf16", TwoForwardsNoCacheRegion,
+         f"{LIGHTNING} src/lightning/pytorch/plugins/precision/amp.py (<= 2.5.4: cache on); examples/plot_08",
+         "forwards after opt.step() inside autocast(cache_enabled=False) in Lightning's caching region "
+         "(flagged before this rule read the cache flag at the forward)", "bf16-mixed",
+         plugin=lambda: CachingMixedPrecision("bf16-mixed", "cpu")),
     Case("docs-minimal-16", DocsMinimal, DOCS, "default init scale: the first steps are skipped", "16-mixed"),
     Case("docs-accumulation-16", DocsAccumulation, DOCS, "N=2 over 4 batches, default init scale", "16-mixed"),
     Case("docs-simple-gan-bf16", DocsSimpleGan, DOCS, "two optimizers, G's loss fills D's gradients", "bf16-mixed"),
