@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from ..._sections import SECTIONS
+from . import conditions
 from .judging import evaluate_claim
 from .metrics import decide_paired as decide_paired
 from .metrics import relative_gap as relative_gap
@@ -237,6 +238,10 @@ def evaluate_record(
     the declared claims the record already held, on runs whose recipe and precision are unchanged;
     the other declared claims come back ``judged=False`` with the reason.
 
+    A claim declared ``only_if`` a measured condition (:mod:`mpguide.verify.claims.conditions`) is judged only
+    where the record's ``env`` meets it; elsewhere its verdict is "not applicable on this release"
+    (``applicable=False``: neither a pass nor a failure), and "not judged" when ``env`` lacks the measurement.
+
     Implicit checks: a run that is not the subject of a ``raises`` claim must complete without an
     exception (``completes``) and have only finite losses, one per step, as many steps as the
     record's preset plans with the run's ``limit_train_batches`` (``finite``; see
@@ -282,6 +287,22 @@ def evaluate_record(
                     judged=False,
                     observed="not judged",
                     detail=not_judged,
+                )
+            )
+        elif (applies := conditions.applies(claim, record.get("env", {})))[0] is not True:
+            verdicts.append(
+                verdict(
+                    kind=claim["kind"],
+                    runs=list(claim["runs"]),
+                    title=claim.get("title") or claim["kind"],
+                    metric="-",
+                    value=None,
+                    threshold=f"only_if {claim[conditions.OPTION]}",
+                    passed=False,
+                    judged=applies[0] is False,
+                    applicable=False,
+                    observed=conditions.NOT_APPLICABLE if applies[0] is False else "not judged",
+                    detail=applies[1],
                 )
             )
         else:
