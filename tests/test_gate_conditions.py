@@ -144,7 +144,7 @@ def test_matrix_summaries_and_the_releases_page_show_not_applicable(example, tmp
     records.write_record(rec, tmp_path / "plot_98_cond.json")
     entry = matrix_summarize.summarize_example("plot_98_cond", tmp_path, "2.6.6", examples=example)
     verdicts = {c["id"]: c["verdict"] for c in entry["claims"]}
-    assert verdicts["expect(cached) [stale]"] == "pass"
+    assert verdicts["expect(cached) [stale]"] == "pass", verdicts
     assert verdicts["expect(cached) [stale] #2"] == "not applicable"
     summary = matrix_summarize.new_summary("2.6.6", "ran", None)
     summary["examples"]["plot_98_cond"] = entry

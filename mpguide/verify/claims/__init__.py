@@ -16,6 +16,7 @@ the curve and rate metrics in :mod:`mpguide.verify.claims.metrics`, the judging 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -289,24 +290,22 @@ def evaluate_record(
                     detail=not_judged,
                 )
             )
-        elif (applies := conditions.applies(claim, record.get("env", {})))[0] is not True:
-            verdicts.append(
-                verdict(
-                    kind=claim["kind"],
-                    runs=list(claim["runs"]),
-                    title=claim.get("title") or claim["kind"],
-                    metric="-",
-                    value=None,
-                    threshold=f"only_if {claim[conditions.OPTION]}",
-                    passed=False,
-                    judged=applies[0] is False,
-                    applicable=False,
-                    observed=conditions.NOT_APPLICABLE if applies[0] is False else "not judged",
-                    detail=applies[1],
-                )
-            )
         else:
-            verdicts.append(evaluate_claim(claim, runs, verdict))
+            judged_claim = evaluate_claim(claim, runs, verdict)
+            applies, why = conditions.applies(claim, record.get("env", {}))
+            if applies is not True:  # the metric and threshold stay the judged ones: the claim keeps its identity
+                judged_claim = dataclasses.replace(
+                    judged_claim,
+                    value=None,
+                    passed=False,
+                    inconclusive=False,
+                    judged=applies is False,
+                    applicable=False,
+                    observed=conditions.NOT_APPLICABLE if applies is False else "not judged",
+                    detail=why,
+                    extra={**judged_claim.extra, conditions.OPTION: claim[conditions.OPTION]},
+                )
+            verdicts.append(judged_claim)
 
     for run_id, run in runs.items():
         if run_id in expected_errors or run_id not in judged_runs:

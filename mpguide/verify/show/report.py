@@ -112,7 +112,7 @@ def allowed_text(v: Verdict, tolerance_href: str | None = None) -> str:
     if not v.judged:
         return "-"
     if not v.applicable:
-        return f"only where {CONDITIONS[v.threshold.removeprefix('only_if ')][2]}"
+        return f"only where {CONDITIONS[v.extra['only_if']][2]}"
     if v.kind == "match" and tol:
         return f"at most {_percent(tol.value)}{name}"
     if v.kind == "diverge" and tol:
