@@ -11,6 +11,11 @@ sections from those parts (:func:`expected`); ``schedulers`` also from the count
 ``accumulation`` from which micro-batches a zero discards. Property: the check reports exactly those, with no
 crash. Budget: ``MPGUIDE_CHECKS_PROGRAMS`` programs (default 150, the CI budget) from seed
 ``MPGUIDE_CHECKS_SEED`` (default 34); a long run: ``MPGUIDE_CHECKS_PROGRAMS=1000``.
+
+The numeric pitfalls (an update off by the loss scale, stale casts) are confirmed by numbers, never by the check:
+:func:`test_numeric_pitfalls_are_confirmed_by_an_fp32_run_and_found` runs each drawn program and the same program
+in fp32 and compares the first update and a probe's output before and after the step
+(``MPGUIDE_CHECKS_NUMERIC_PROGRAMS``, default 150 draws over its 96 distinct programs).
 """
 
 from __future__ import annotations
@@ -236,7 +241,7 @@ def _report_counts():
 # norm is ``scale`` times the fp32 run's (within 5 %), and equal otherwise (within 5 %); a cast is stale when the
 # probe's output after the step equals its output before it bitwise while the fp32 run's differs. The oracle
 # requires the numbers to agree with the parts: a part that does not make the numbers move is not a pitfall.
-NUMERIC_EXAMPLES = int(os.environ.get("MPGUIDE_CHECKS_NUMERIC_PROGRAMS", "40"))
+NUMERIC_EXAMPLES = int(os.environ.get("MPGUIDE_CHECKS_NUMERIC_PROGRAMS", "150"))
 NUMERIC_COUNTS: dict[str, int] = {}
 
 
