@@ -158,7 +158,8 @@ CLAIMS = [
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
     ("expect", "nocache-bf16", "stale_after_step", False, "fix on every release: inside autocast(cache_enabled=False) it sees new ones"),  # noqa: E501
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
-    ("clean", "lightning-bf16", "PitfallChecks: lightning-bf16 has no finding"),
+    ("clean", "lightning-bf16", "PitfallChecks: lightning-bf16 has no finding", {"only_if": "lightning-autocast-no-cache"}),  # noqa: E501
+    ("flags", "lightning-bf16", "autocast-cache", "PitfallChecks flags lightning-bf16 where Lightning's own autocast caches: autocast-cache", {"only_if": "lightning-autocast-caches"}),  # noqa: E501
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("flags", "caching-bf16", "autocast-cache", "PitfallChecks flags caching-bf16: autocast-cache"),
 ]

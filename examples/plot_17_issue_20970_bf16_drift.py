@@ -340,7 +340,8 @@ CLAIMS = [
     ("clean", "rep-fixed-bf16", "PitfallChecks: rep-fixed-bf16 has no finding"),
     ("flags", "cache2-bf16", "autocast-cache", "PitfallChecks flags cache2-bf16: autocast-cache"),
     ("clean", "cache2-fp32", "PitfallChecks: cache2-fp32 has no finding"),
-    ("clean", "plain2-bf16", "PitfallChecks: plain2-bf16 has no finding"),
+    ("clean", "plain2-bf16", "PitfallChecks: plain2-bf16 has no finding", {"only_if": "lightning-autocast-no-cache"}),
+    ("flags", "plain2-bf16", "autocast-cache", "PitfallChecks flags plain2-bf16 where Lightning's own autocast caches: autocast-cache", {"only_if": "lightning-autocast-caches"}),  # noqa: E501
     ("clean", "plain2-fp32", "PitfallChecks: plain2-fp32 has no finding"),
     ("flags", "shared-bf16", "porting", "PitfallChecks flags shared-bf16: porting (unused EMA copies)"),
     ("flags", "shared-plain-bf16", "porting", "PitfallChecks flags shared-plain-bf16: porting (unused EMA copies)"),

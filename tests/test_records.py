@@ -114,8 +114,42 @@ def test_non_utf8_and_deep_nesting_are_clean_errors(tmp_path):
 
 def test_record_under_another_examples_name(tmp_path, good_record):
     path = write_record(good_record, tmp_path / "plot_02_two_optimizers.json")
-    with pytest.raises(RecordError, match="holds the record of 'plot_99_fake', not of 'plot_02_two_optimizers'"):
+    with pytest.raises(RecordError, match="holds the record of 'plot_99_fake', not of 'plot_02_two_optimizers'") as err:
         load_record(path)
+    # the fix names the example the record belongs to, whose run writes plot_99_fake.json
+    assert "rerun the example it names (python examples/plot_99_fake.py" in str(err.value)
+    assert "python examples/plot_02_two_optimizers.py" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["copy of the record.json", "plot_02_two_optimizers.json"])
+def test_schema_fix_hint_names_the_records_example_not_its_file(tmp_path, good_record, name):
+    """A record saved under another name gets the rerun hint of its ``example`` field, through the gate too."""
+    from mpguide.verify import gate
+
+    del good_record["runs"][0]["loss"]
+    path = tmp_path / name
+    path.write_text(json.dumps(good_record))
+    for message in (
+        _error_of(lambda: load_record(path)),
+        _error_of(lambda: records.validate_record(good_record, path)),
+        gate.judge([path]).record_errors[0],
+    ):
+        assert "missing field 'loss'" in message, message
+        assert "rerun the example (python examples/plot_99_fake.py" in message, message
+        assert f"python examples/{path.stem}.py" not in message, message
+
+
+def test_schema_fix_hint_falls_back_to_the_file_name(tmp_path, good_record):
+    """Without a usable ``example`` field the file's stem is the only name there is."""
+    good_record["example"] = ["not", "a", "name"]
+    message = _error_of(lambda: records.validate_record(good_record, tmp_path / "plot_07_x.json"))
+    assert "rerun the example (python examples/plot_07_x.py" in message, message
+
+
+def _error_of(call) -> str:
+    with pytest.raises(RecordError) as err:
+        call()
+    return str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -162,8 +196,8 @@ def test_unknown_fields_are_refused_naming_file_field_and_fix(good_record, mutat
     assert str(err.value) == (
         f"{where}: unknown field {field!r}, which schema 2 does not define (1 unknown field(s) in all): {hint} "
         f"(fix the name), a field of a newer mpguide (update this checkout) or a hand edit; rerun the example "
-        f"(python examples/r.py, or rebuild the docs with nox -s docs) to write a fresh record"
-    )
+        f"(python examples/plot_99_fake.py, or rebuild the docs with nox -s docs) to write a fresh record"
+    )  # the record's example, not its file name r.json
 
 
 def test_a_runs_extra_is_free_form(good_record):

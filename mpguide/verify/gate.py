@@ -45,6 +45,7 @@ from typing import Any
 
 from . import hints
 from .claims import declarations, evaluate_record
+from .claims.conditions import NOT_APPLICABLE
 from .claims.verdicts import Verdict, hardware_label
 from .records import REPO_ROOT, RecordError, load_record, record_path, reference_dir
 from .records.integrity import integrity_problems, staleness
@@ -118,13 +119,15 @@ class GateReport:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """One line: checks passed, failed, inconclusive, not judged; plus a line per inconclusive claim
+        """One line: checks passed, failed, inconclusive, not judged, not applicable on this release (claims
+        declared ``only_if`` a measured condition the record does not meet); plus a line per inconclusive claim
         and per stale reference."""
         judged = [v for v in self.verdicts if v.judged]
+        inapplicable = [v for v in judged if not v.applicable]
         lines = [
             f"claim gate: {sum(v.passed for v in judged)} checks passed, {len(self.failures)} failed, "
             f"{len(self.inconclusive)} inconclusive, {len(self.verdicts) - len(judged)} not judged, "
-            f"in {len(self.records)} record(s)"
+            f"{len(inapplicable)} {NOT_APPLICABLE} (only_if), in {len(self.records)} record(s)"
         ]
         lines += [f"  INCONCLUSIVE (not a pass): {v.message()}" for v in self.inconclusive]
         lines += [f"  stale reference {path}: {why}" for path, why in self.stale.items()]

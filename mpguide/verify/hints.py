@@ -9,7 +9,9 @@ works in the reader's situation.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 #: Environment variable naming the examples folder, set by the docs build; without it, ``examples/`` of the checkout.
 EXAMPLES_ENV = "MPGUIDE_EXAMPLES_DIR"
@@ -30,3 +32,17 @@ def rerun(example: str) -> str:
     if in_checkout():
         return f"python examples/{example}.py, or rebuild the docs with nox -s docs"
     return f"python {example}.py in the folder of the downloaded example"
+
+
+def example_of(record: Any, path: Path | str) -> str:
+    """The example a record belongs to, for a rerun hint: its ``example`` field, else the file's stem.
+
+    A record's file name may differ from its example (a copy, a reference kept under another name, a file
+    renamed by hand); the command that writes the record again is the one of the example the record names.
+    The file's stem is used only when the record has no usable ``example`` (not an object, the field
+    missing, or not a file stem of letters, digits, ``_`` and ``-``).
+    """
+    name = record.get("example") if isinstance(record, dict) else None
+    if isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
+        return name
+    return Path(path).stem

@@ -25,6 +25,9 @@ PLUGIN_REFUSES = "plugin refuses"
 CPU_ARTIFACT = "CPU-only artifact"
 #: Outcome "not judged", the record could not judge the claim.
 NOT_JUDGED = "not judged"
+#: Outcome "not applicable on this release": a claim declared ``only_if`` a measured condition
+#: (:mod:`mpguide.verify.claims.conditions`) that the release's record did not meet; neither holds nor fails.
+NOT_APPLICABLE = "not applicable on this release"
 #: Outcome "inconclusive", a throughput claim the rounds could not decide (never a pass).
 INCONCLUSIVE = "inconclusive"
 #: Outcome "not run", the column does not run that example (an older-torch column runs a few).
@@ -40,6 +43,7 @@ OUTCOMES = (
     PLUGIN_REFUSES,
     CPU_ARTIFACT,
     INCONCLUSIVE,
+    NOT_APPLICABLE,
     NOT_JUDGED,
     NOT_RUN,
     NOT_RERUN,
@@ -55,6 +59,8 @@ OUTCOME_MEANING = {
     CPU_ARTIFACT: "a 16-mixed claim on a release whose CPU GradScaler is disabled: the CPU run trains fp16 "
     "without loss scaling, so it says nothing about that release on a GPU (not 'not affected')",
     INCONCLUSIVE: "a throughput claim whose rounds could not decide it (never counted as holding)",
+    NOT_APPLICABLE: "the claim is declared only where a measured condition holds (only_if, e.g. Lightning's own "
+    "autocast caches casts), and that release's record measured otherwise; a paired claim says what holds there",
     NOT_JUDGED: "the record could not judge the claim",
     NOT_RUN: "that column does not run this example (the older-torch columns run only the torch-dependent ones)",
     NOT_RERUN: "the example or the library code changed since this cell ran (docstrings and comments do not "
@@ -186,7 +192,7 @@ def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | No
 
     Derived from what the summary stores, in this order:
 
-    * ``pass`` -> :data:`HOLDS`; ``not judged`` -> :data:`NOT_JUDGED`;
+    * ``pass`` -> :data:`HOLDS`; ``not judged`` -> :data:`NOT_JUDGED`; ``not applicable`` -> :data:`NOT_APPLICABLE`;
     * the release or the example could not run, or a run of the claim raised an ``AttributeError``,
       ``ImportError`` or a ``TypeError`` about an unexpected keyword -> :data:`CANNOT_RUN`, naming the
       missing API;
@@ -205,6 +211,8 @@ def outcome(summary: dict[str, Any], example: str, cid: str, examples: Path | No
         return HOLDS, message
     if verdict == "not judged":
         return NOT_JUDGED, message
+    if verdict == "not applicable":
+        return NOT_APPLICABLE, message
     if verdict == "inconclusive":
         return INCONCLUSIVE, message
     if verdict == "not run":

@@ -16,6 +16,7 @@ from .matrix_outcomes import (
     DOES_NOT_HOLD,
     HOLDS,
     INCONCLUSIVE,
+    NOT_APPLICABLE,
     NOT_JUDGED,
     NOT_RERUN,
     NOT_RUN,
@@ -139,7 +140,8 @@ def release_outcomes(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
     it takes the outcome of its first claim that does not hold, in the order of
     :data:`~mpguide_build.matrix_outcomes.OUTCOMES` read from the most telling: a real difference
     (:data:`~mpguide_build.matrix_outcomes.DOES_NOT_HOLD`) before the reasons nothing could be learnt
-    (cannot run, plugin refuses, CPU-only artifact).
+    (cannot run, plugin refuses, CPU-only artifact). A claim not applicable on a release (declared ``only_if`` a
+    measured condition that release did not meet) is left out there, unless every claim is.
     """
     rank = {
         DOES_NOT_HOLD: 0,
@@ -150,10 +152,13 @@ def release_outcomes(summaries: Sequence[dict[str, Any]], claims: Sequence[tuple
         NOT_JUDGED: 5,
         NOT_RUN: 6,
         NOT_RERUN: 7,
+        NOT_APPLICABLE: 8,
     }
     out: dict[str, list[str]] = {}
     for s in sorted(summaries, key=lambda s: version_key(s["lightning"])):
         found = [outcome(s, ex, cid)[0] for ex, cid in claims]
+        if set(found) != {NOT_APPLICABLE}:  # a claim declared for other releases says nothing about this one
+            found = [o for o in found if o != NOT_APPLICABLE]
         other = sorted((o for o in found if o != HOLDS), key=rank.get)
         out.setdefault(other[0] if other else HOLDS, []).append(s["lightning"])
     return out
@@ -239,6 +244,11 @@ def applies_sentence(
         parts.append(f"Untested on {_releases(groups[CPU_ARTIFACT])} (their CPU GradScaler is disabled).")
     if NOT_JUDGED in groups:
         parts.append(f"Not judged on {_releases(groups[NOT_JUDGED])}.")
+    if NOT_APPLICABLE in groups:
+        parts.append(
+            f"Not applicable on {_releases(groups[NOT_APPLICABLE])} (declared only where a measured condition "
+            "holds, which those releases' records did not meet)."
+        )
     if INCONCLUSIVE in groups:
         parts.append(f"Inconclusive on {_releases(groups[INCONCLUSIVE])} (the timing rounds could not decide).")
     if NOT_RERUN in groups:

@@ -34,7 +34,7 @@ def build_line(prefix: str = "") -> str:
     where, dates = set(), set()
     for name in names:
         entry = page_entries(name)[0]
-        checks = [v for v in entry.verdicts if v.judged and v.kind not in ("finite", "completes")]
+        checks = [v for v in entry.verdicts if v.judged and v.applicable and v.kind not in ("finite", "completes")]
         held += sum(v.passed for v in checks)
         judged += len(checks)
         runs += len(entry.record["runs"])
@@ -66,7 +66,7 @@ def _stale_examples(summary: dict[str, Any]) -> set[str]:
 
 def release_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     """One row per Lightning column (newest first): examples whose pitfalls reproduce, are fixed, not re-run."""
-    from .matrix_outcomes import DOES_NOT_HOLD, HOLDS, outcome
+    from .matrix_outcomes import DOES_NOT_HOLD, HOLDS, NOT_APPLICABLE, outcome
     from .matrix_summary import column_label, column_order, not_rerun_since
 
     rows = []
@@ -82,7 +82,9 @@ def release_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
                 other.append(_short(example))
                 stale_listed += 1
                 continue
-            classes = {outcome(summary, example, c["id"])[0] for c in claims}
+            classes = {outcome(summary, example, c["id"])[0] for c in claims} - {NOT_APPLICABLE}
+            if not classes:  # every pitfall claim of the example is declared for another release
+                continue
             if classes == {HOLDS}:
                 reproduce.append(_short(example))
             elif DOES_NOT_HOLD in classes and classes <= {HOLDS, DOES_NOT_HOLD}:

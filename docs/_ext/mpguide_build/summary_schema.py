@@ -21,7 +21,7 @@ class MatrixClaim(StrictModel):
     kind: Name
     runs: list[str]
     title: str
-    verdict: Literal["pass", "fail", "inconclusive", "not judged"]
+    verdict: Literal["pass", "fail", "inconclusive", "not judged", "not applicable"]
     observed: str | None = None
     message: str
     #: the check in words (result, measured value with its unit, what is allowed), as the example's table

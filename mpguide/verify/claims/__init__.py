@@ -16,10 +16,12 @@ the curve and rate metrics in :mod:`mpguide.verify.claims.metrics`, the judging 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from ..._sections import SECTIONS
+from . import conditions
 from .judging import evaluate_claim
 from .metrics import decide_paired as decide_paired
 from .metrics import relative_gap as relative_gap
@@ -237,6 +239,10 @@ def evaluate_record(
     the declared claims the record already held, on runs whose recipe and precision are unchanged;
     the other declared claims come back ``judged=False`` with the reason.
 
+    A claim declared ``only_if`` a measured condition (:mod:`mpguide.verify.claims.conditions`) is judged only
+    where the record's ``env`` meets it; elsewhere its verdict is "not applicable on this release"
+    (``applicable=False``: neither a pass nor a failure), and "not judged" when ``env`` lacks the measurement.
+
     Implicit checks: a run that is not the subject of a ``raises`` claim must complete without an
     exception (``completes``) and have only finite losses, one per step, as many steps as the
     record's preset plans with the run's ``limit_train_batches`` (``finite``; see
@@ -285,7 +291,21 @@ def evaluate_record(
                 )
             )
         else:
-            verdicts.append(evaluate_claim(claim, runs, verdict))
+            judged_claim = evaluate_claim(claim, runs, verdict)
+            applies, why = conditions.applies(claim, record.get("env", {}))
+            if applies is not True:  # the metric and threshold stay the judged ones: the claim keeps its identity
+                judged_claim = dataclasses.replace(
+                    judged_claim,
+                    value=None,
+                    passed=False,
+                    inconclusive=False,
+                    judged=applies is False,
+                    applicable=False,
+                    observed=conditions.NOT_APPLICABLE if applies is False else "not judged",
+                    detail=why,
+                    extra={**judged_claim.extra, conditions.OPTION: claim[conditions.OPTION]},
+                )
+            verdicts.append(judged_claim)
 
     for run_id, run in runs.items():
         if run_id in expected_errors or run_id not in judged_runs:

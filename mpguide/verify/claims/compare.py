@@ -23,6 +23,7 @@ CLAIM_KEYS = (
     "expected",
     "section",
     "only_on",
+    "only_if",
 )
 
 
@@ -31,7 +32,7 @@ def claim_identity(claim: dict[str, Any]) -> dict[str, Any]:
     return {k: claim[k] for k in CLAIM_KEYS if k in claim}
 
 
-_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "section", "only_on")
+_DEFINING = ("tolerance", "exception", "message", "category", "key", "expected", "section", "only_on", "only_if")
 
 
 def _claim_label(claim: dict[str, Any]) -> str:

@@ -22,7 +22,10 @@ declares without importing torch or running anything, and compares every record 
 Run options: ``label`` (legend text), ``plugin`` (a key of the plugin table passed to
 ``run_example``), ``trainer`` (extra ``Trainer`` keyword arguments), ``plain_flag`` (pass
 ``Trainer(precision=...)`` even on CPU), ``seed`` (default 0). Claim options: ``only_on``
-(``"cpu"`` or ``"cuda"``: the claim applies to records made on that accelerator only).
+(``"cpu"`` or ``"cuda"``: the claim applies to records made on that accelerator only), ``only_if`` (a
+measured condition of :mod:`mpguide.verify.claims.conditions`, e.g. ``"lightning-autocast-caches"``: the record
+holds the claim everywhere, and it is judged only where the condition holds, "not applicable on this release"
+elsewhere).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 from .. import claims as claims_mod
 from ..hints import EXAMPLES_ENV as EXAMPLES_ENV
 from ..hints import examples_dir as examples_dir
+from . import conditions
 from .compare import claim_identity, compare_with_declaration
 from .judging import KINDS
 
@@ -252,8 +256,13 @@ def _claim_entry(entry: Any, i: int, where: str, run_ids: set[str]) -> dict[str,
     if args and isinstance(args[-1], dict):
         options = args.pop()
     for key, value in options.items():
-        if key not in _CLAIM_OPTIONS or value not in _CLAIM_OPTIONS[key]:
-            raise DeclarationError(f"{at}: unknown claim option {key}={value!r}; known: {_CLAIM_OPTIONS}")
+        if key == conditions.OPTION:
+            problem = conditions.check(value, at)
+            if problem:
+                raise DeclarationError(problem)
+        elif key not in _CLAIM_OPTIONS or value not in _CLAIM_OPTIONS[key]:
+            known = {**_CLAIM_OPTIONS, conditions.OPTION: tuple(sorted(conditions.CONDITIONS))}
+            raise DeclarationError(f"{at}: unknown claim option {key}={value!r}; known: {known}")
     try:
         claim = getattr(claims_mod, entry[0])(*args)
     except (TypeError, claims_mod.ClaimSpecError) as err:

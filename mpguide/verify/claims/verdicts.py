@@ -30,6 +30,9 @@ class Verdict:
             and first message line, the recorded value, the number of matching warnings).
         judged: ``False`` for a claim that could not be judged on this record (a stale reference
             record made before the claim existed); it neither passes nor fails.
+        applicable: ``False`` for a claim declared ``only_if`` a measured condition the record's ``env`` does not
+            meet (:mod:`mpguide.verify.claims.conditions`): "not applicable on this release", never a pass
+            (``passed`` must be ``False``) and never a failure.
         inconclusive: ``True`` for a claim the data could not decide (a paired rate claim whose
             interval reaches across its band edge; :data:`~mpguide.verify.claims.tolerances.PAIRED_RULE`). It is never a
             pass (``passed`` must be ``False``) and never a failure; what it does to a build:
@@ -52,27 +55,32 @@ class Verdict:
     judged: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     inconclusive: bool = False
+    applicable: bool = True
 
     def __post_init__(self) -> None:
         if self.inconclusive and self.passed:
             raise ValueError(f"{self.example}: claim {self.title!r} is inconclusive and cannot also pass")
+        if not self.applicable and self.passed:
+            raise ValueError(f"{self.example}: claim {self.title!r} does not apply and cannot also pass")
 
     @property
     def status(self) -> str:
-        """``"pass"``, ``"FAIL"``, ``"inconclusive"`` or ``"not judged"``."""
+        """``"pass"``, ``"FAIL"``, ``"inconclusive"``, ``"not judged"`` or ``"not applicable"``."""
         if not self.judged:
             return "not judged"
+        if not self.applicable:
+            return "not applicable"
         return "inconclusive" if self.inconclusive else "pass" if self.passed else "FAIL"
 
     @property
     def failed(self) -> bool:
         """A judged, decided claim that did not pass (what fails the gate)."""
-        return self.judged and not self.passed and not self.inconclusive
+        return self.judged and self.applicable and not self.passed and not self.inconclusive
 
     @property
     def undecided(self) -> bool:
         """A judged claim the data could not decide (see ``inconclusive``)."""
-        return self.judged and self.inconclusive
+        return self.judged and self.applicable and self.inconclusive
 
     def shown_value(self) -> str:
         """The observed value as table text: the number (4 significant digits) or the observed text."""
@@ -96,7 +104,9 @@ class Verdict:
         value = "n/a" if self.value is None else f"{self.value:.4g}"
         if self.observed:
             value = self.observed
-        word = {"pass": "passed", "FAIL": "FAILED"}.get(self.status, self.status)
+        word = {"pass": "passed", "FAIL": "FAILED", "not applicable": "not applicable on this release"}.get(
+            self.status, self.status
+        )
         measured = value if value.startswith(f"{self.metric} =") else f"{self.metric} = {value}"
         return (
             f"{self.example}: {self.kind}({', '.join(self.runs)}) {word}"

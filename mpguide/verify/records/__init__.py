@@ -8,7 +8,8 @@ claim gate. Layout (``schema_version`` 2)::
       "schema_version": 2,
       "created": "2026-11-29T20:00:00Z",        # UTC, ISO 8601
       "preset": "quick",                        # size preset, see mpguide.verify.hardware
-      "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform"},
+      "env": {"python", "torch", "lightning", "accelerator", "device", "cuda", "platform",
+              "lightning_autocast_cache"?},         # measured: mpguide.verify.claims.conditions
       "source": {"example_code", "library_code", "declaration_sha256", "commit", "dirty",
                  "run_env": {"MPGUIDE_PRESET", "MPGUIDE_DEVICE", "swaps"},
                  "example_sha256"?, "library_sha256"?, "upgraded_from_schema"?},
@@ -18,11 +19,13 @@ claim gate. Layout (``schema_version`` 2)::
                 "skipped_steps": int, "seconds": float, "error": null | {"type", "message", "traceback"},
                 "warnings": [str], "extra": {}}],
       "claims": [{"kind", "runs", "title", "tolerance" | "exception" | "message" | "category" | "key" | "section"
-                  | "expected" | "only_on", "value", "threshold", "verdict", "metric", "detail", "observed"}]
+                  | "expected" | "only_on" | "only_if",
+                  "value", "threshold", "verdict", "metric", "detail", "observed"}]
     }
 
 A claim's ``verdict`` is ``"pass"``, ``"FAIL"``, ``"inconclusive"`` (a paired throughput claim the data
-could not decide; never a pass, see :data:`mpguide.verify.claims.tolerances.INCONCLUSIVE_RULE`) or ``"not judged"``, as
+could not decide; never a pass, see :data:`mpguide.verify.claims.tolerances.INCONCLUSIVE_RULE`), ``"not judged"``
+or ``"not applicable"`` (an ``only_if`` claim whose measured condition does not hold in ``env``), as
 :attr:`mpguide.verify.claims.verdicts.Verdict.status` gives it when the record is written; the gate re-judges every
 record and never reads these words.
 
@@ -107,8 +110,9 @@ def record_path(example: str, directory: Path | None = None) -> Path:
     return Path(directory or results_dir()) / f"{example}.json"
 
 
-def environment(accelerator: str) -> dict[str, str]:
-    """Versions and hardware of this process, for the ``env`` field.
+def environment(accelerator: str) -> dict[str, Any]:
+    """Versions and hardware of this process, for the ``env`` field, and the conditions claims may depend on,
+    measured here (:func:`mpguide.verify.claims.conditions.measure`).
 
     Args:
         accelerator: ``"cpu"`` or ``"cuda"``.
@@ -116,6 +120,7 @@ def environment(accelerator: str) -> dict[str, str]:
     import lightning
     import torch
 
+    from ..claims import conditions
     from ..hardware import device_name
 
     return {
@@ -126,6 +131,7 @@ def environment(accelerator: str) -> dict[str, str]:
         "device": device_name(accelerator),
         "cuda": (torch.version.cuda or "unknown") if accelerator == "cuda" else "cpu",
         "platform": platform.platform(terse=True),
+        **conditions.measure(),
     }
 
 
@@ -362,7 +368,11 @@ def load_record(path: Path) -> dict[str, Any]:
         fallback = declared(str(record.get("example") or path.stem))
     validate_record(record, path, fallback)
     if record["example"] != path.stem:
-        raise RecordError(f"{path}: holds the record of {record['example']!r}, not of {path.stem!r}; {fix}")
+        raise RecordError(
+            f"{path}: holds the record of {record['example']!r}, not of {path.stem!r} (its file name); delete "
+            f"this copy and rerun the example it names ({hints.rerun(record['example'])}), which writes "
+            f"{record['example']}.json"
+        )
     return record
 
 

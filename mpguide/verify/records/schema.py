@@ -67,6 +67,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .. import hints
+from ..claims.conditions import CONDITIONS
 
 #: Bump when the layout changes incompatibly; the gate refuses other versions.
 SCHEMA_VERSION = 2
@@ -264,7 +265,7 @@ def _validate_extra(extra: dict[str, Any], raised: bool, measures: dict[str, str
 
 
 class Env(StrictModel):
-    """``env``: versions and hardware of the process that made the record (all strings)."""
+    """``env``: versions and hardware of the process that made the record (strings), and the measured conditions."""
 
     python: str
     torch: str
@@ -273,6 +274,9 @@ class Env(StrictModel):
     device: str
     cuda: str
     platform: str
+    #: measured when the record is made (mpguide.verify.claims.conditions.measure): does the installed Lightning's
+    #: own autocast region cache weight casts; absent in records made before it was measured
+    lightning_autocast_cache: bool | None = None
 
 
 class RunEnv(StrictModel):
@@ -427,6 +431,7 @@ class Claim(StrictModel):
     section: str = ""  # a flags claim: the guide section PitfallChecks must report (mpguide.checks.SECTIONS)
     expected: Any = None
     only_on: Literal["cpu", "cuda"] = "cpu"
+    only_if: Literal[tuple(CONDITIONS)] | None = None  # type: ignore[valid-type]  # a measured condition
     # what the run that wrote the record judged (the gate judges again and does not read these)
     value: AnyNumber | None = None  # NaN for a curve that could not be compared, None for no number
     threshold: str = ""
@@ -602,8 +607,7 @@ def describe(err: ValidationError, record: Any, path: Path | str) -> str:
     errors = err.errors(include_url=False)
     first = errors[0]
     loc, kind, ctx = tuple(first["loc"]), first["type"], first.get("ctx") or {}
-    stem = Path(path).stem
-    fix = f"rerun the example ({hints.rerun(stem)}) to write a fresh record"
+    fix = f"rerun the example ({hints.rerun(hints.example_of(record, path))}) to write a fresh record"
 
     def where(at: tuple[Any, ...]) -> str:
         text = json_path(at, record=record)
@@ -659,7 +663,7 @@ def validate_record(
     Raises:
         RecordError: naming ``path``, the first problem's field (a JSON path) and the fix.
     """
-    fix = f"rerun the example ({hints.rerun(Path(path).stem)}) to write a fresh record"
+    fix = f"rerun the example ({hints.rerun(hints.example_of(record, path))}) to write a fresh record"
     if not isinstance(record, dict):
         raise RecordError(f"{path}: a record must be a JSON object, found {type(record).__name__}; {fix}")
     version = record.get("schema_version")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..claims import evaluate_record
+from ..claims.conditions import CONDITIONS, NOT_APPLICABLE
 from ..claims.tolerances import TOLERANCES
 from ..claims.verdicts import Verdict
 from ..records import short_paths
@@ -72,6 +73,8 @@ def measured_text(v: Verdict) -> str:
     numeric = value is not None and not observed
     if not v.judged:
         return "not judged on this record"
+    if not v.applicable:
+        return NOT_APPLICABLE
     if v.kind == "match":
         return f"largest gap between smoothed loss curves: {_percent(value)}" if numeric else observed or "n/a"
     if v.kind == "diverge":
@@ -109,6 +112,8 @@ def allowed_text(v: Verdict, tolerance_href: str | None = None) -> str:
     name = _tolerance_name(v, tolerance_href)
     if not v.judged:
         return "-"
+    if not v.applicable:
+        return f"only where {CONDITIONS[v.extra['only_if']][2]}"
     if v.kind == "match" and tol:
         return f"at most {_percent(tol.value)}{name}"
     if v.kind == "diverge" and tol:
@@ -139,6 +144,8 @@ def result_text(v: Verdict) -> str:
     (or "NO"); for an expected error "the error still appears: yes" (or "NO")."""
     if not v.judged:
         return "not judged (older record)"
+    if not v.applicable:
+        return NOT_APPLICABLE
     if v.undecided:
         return "inconclusive (not a pass)"
     if v.kind in PITFALL_KINDS:
@@ -241,14 +248,17 @@ def count_line(verdicts: Sequence[Verdict]) -> str:
     """
     shown = [v for v in verdicts if v.kind not in ("finite", "completes") or v.failed]
     hidden = [v for v in verdicts if v.kind in ("finite", "completes") and not v.failed]
-    judged = [v for v in shown if v.judged]
+    inapplicable = sum(v.judged and not v.applicable for v in shown)
+    judged = [v for v in shown if v.judged and v.applicable]
     ok = sum(v.passed for v in judged)
     undecided = sum(v.undecided for v in judged)
     text = f"{ok} of {len(judged)} checks in the table hold"
     if undecided:
         text += f", {undecided} inconclusive (not a pass)"
-    if len(judged) < len(shown):
-        text += f" ({len(shown) - len(judged)} not judged)"
+    if inapplicable:
+        text += f", {inapplicable} {NOT_APPLICABLE}"
+    if len(judged) + inapplicable < len(shown):
+        text += f" ({len(shown) - len(judged) - inapplicable} not judged)"
     if hidden:
         text += (
             f"; besides, {len(hidden)} automatic check{'s' if len(hidden) != 1 else ''} (every run trains to "
@@ -301,7 +311,7 @@ class VerdictTable:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in WORD_COLUMNS)
         body = []
         for row, v in zip(rows, shown):
-            failed = row["verdict"] not in ("pass", "not judged")
+            failed = row["verdict"] not in ("pass", "not judged", "not applicable")
             cells = [html.escape(row[c]) for c in WORD_COLUMNS]
             if self.tolerance_href and v.tolerance and v.judged:
                 plain = html.escape(f" ({v.tolerance})")
