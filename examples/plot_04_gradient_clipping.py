@@ -22,6 +22,7 @@ clipped; which optimizer the hook receives in a GAN, and where a logged norm is 
 :class:`~mpguide.precision.ManualMixedPrecision` makes the clip-before-step habit correct.
 """
 
+
 # %%
 # Three ways to clip
 # ------------------
@@ -31,54 +32,77 @@ clipped; which optimizer the hook receives in a GAN, and where a logged norm is 
 import lightning.pytorch as pl
 import matplotlib.pyplot as plt
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 from torch import nn
 from torch.nn import functional as F
 
-from mpguide.data import NUM_FEATURES, digits_loader
+from mpguide.data import (
+    NUM_FEATURES,
+    digits_loader,
+)
 from mpguide.models import DigitsClassifier
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_04_gradient_clipping")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_04_gradient_clipping"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 MAX_NORM = 0.5
 
 
 class ClipBeforeStep(DigitsClassifier):
-    """The common habit: clip between the backward and the step."""
+    """The common habit: clip between the
+    backward and the step."""
 
     def clip(self, optimizer):
-        self.clip_gradients(optimizer, gradient_clip_val=MAX_NORM, gradient_clip_algorithm="norm")
+        self.clip_gradients(
+            optimizer,
+            gradient_clip_val=MAX_NORM,
+            gradient_clip_algorithm="norm",
+        )
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         opt.zero_grad()
         loss = self.compute_loss(batch)
         self.manual_backward(loss)
-        self.clip(opt)  # under 16-mixed these gradients are still scaled
+        # under 16-mixed these gradients are
+        # still scaled
+        self.clip(opt)
         opt.step()
         return loss.detach()
 
 
 class ClipInHook(ClipBeforeStep):
-    """The right place: Lightning calls this hook inside ``opt.step()``, after unscaling."""
+    """The right place: Lightning calls this
+    hook inside ``opt.step()``, after
+    unscaling."""
 
     def clip(self, optimizer):
-        pass  # nothing between backward and step
+        # nothing between backward and step
+        pass
 
-    def on_before_optimizer_step(self, optimizer):
+    def on_before_optimizer_step(
+        self, optimizer
+    ):
         ClipBeforeStep.clip(self, optimizer)
 
 
 class UnscaleYourself(ClipBeforeStep):
-    """Unscaling by hand before clipping: the step unscales again, and GradScaler refuses."""
+    """Unscaling by hand before clipping: the
+    step unscales again, and GradScaler
+    refuses."""
 
     def clip(self, optimizer):
-        self.trainer.precision_plugin.scaler.unscale_(optimizer.optimizer)
+        self.trainer.precision_plugin.scaler.unscale_(
+            optimizer.optimizer
+        )
         super().clip(optimizer)
 
 
@@ -89,23 +113,35 @@ class UnscaleYourself(ClipBeforeStep):
 # CPU that flag silently becomes bf16-mixed (no GradScaler, nothing scaled), so Lightning's plugin is
 # passed explicitly.
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = ClipInHook(optimizer="sgd", lr=0.05)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=20,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(
-    f"optimizer steps: {trainer.global_step}, loss scale after the run: {trainer.precision_plugin.scaler.get_scale():g}"
+trainer.fit(
+    model, digits_loader(batch_size=64)
 )
+print(
+    "optimizer steps: "
+    f"{trainer.global_step}, loss scale "
+    "after the run: "
+    f"{trainer.precision_plugin.scaler.get_scale():g}"
+)
+
 
 # %%
 # ``configure_gradient_clipping`` is an automatic-optimization hook
@@ -116,19 +152,31 @@ print(
 
 
 class NoClip(ClipInHook):
-    """The same step without clipping (for the gradient norms a logging callback sees)."""
+    """The same step without clipping (for the
+    gradient norms a logging callback sees).
+    """
 
-    def on_before_optimizer_step(self, optimizer):
+    def on_before_optimizer_step(
+        self, optimizer
+    ):
         pass
 
 
 class ClipInConfigureHook(ClipInHook):
-    """Clipping left in the automatic hook: in manual optimization it never runs."""
+    """Clipping left in the automatic hook: in
+    manual optimization it never runs."""
 
-    def on_before_optimizer_step(self, optimizer):
+    def on_before_optimizer_step(
+        self, optimizer
+    ):
         pass
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+    def configure_gradient_clipping(
+        self,
+        optimizer,
+        gradient_clip_val=None,
+        gradient_clip_algorithm=None,
+    ):
         ClipBeforeStep.clip(self, optimizer)
 
 
@@ -144,51 +192,111 @@ LATENT = 16
 
 
 class GANClipTrap(DigitsClassifier):
-    """Clips the discriminator in the hook, found with the comparison that is never true."""
+    """Clips the discriminator in the hook,
+    found with the comparison that is never
+    true."""
 
     def __init__(self, lr=0.05):
-        super().__init__(optimizer="sgd", lr=lr)
-        self.generator = nn.Sequential(nn.Linear(LATENT, 64), nn.ReLU(), nn.Linear(64, NUM_FEATURES))
-        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
+        super().__init__(
+            optimizer="sgd", lr=lr
+        )
+        self.generator = nn.Sequential(
+            nn.Linear(LATENT, 64),
+            nn.ReLU(),
+            nn.Linear(64, NUM_FEATURES),
+        )
+        self.discriminator = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 64),
+            nn.LeakyReLU(0.2),
+            nn.Linear(64, 1),
+        )
 
     def training_step(self, batch, batch_idx):
         real = batch[0]
         opt_g, opt_d = self.optimizers()
-        noise = torch.Generator().manual_seed(batch_idx)
-        fake = self.generator(torch.randn(len(real), LATENT, generator=noise).to(real))
-        ones, zeros = torch.ones(len(real), 1).to(real), torch.zeros(len(real), 1).to(real)
+        noise = torch.Generator().manual_seed(
+            batch_idx
+        )
+        fake = self.generator(
+            torch.randn(
+                len(real),
+                LATENT,
+                generator=noise,
+            ).to(real)
+        )
+        ones, zeros = (
+            torch.ones(len(real), 1).to(real),
+            torch.zeros(len(real), 1).to(
+                real
+            ),
+        )
         with opt_d.toggle_model():
-            d_real, d_fake = self.discriminator(real), self.discriminator(fake.detach())
-            loss_d = F.binary_cross_entropy_with_logits(d_real, ones)
-            loss_d = loss_d + F.binary_cross_entropy_with_logits(d_fake, zeros)
+            d_real, d_fake = (
+                self.discriminator(real),
+                self.discriminator(
+                    fake.detach()
+                ),
+            )
+            loss_d = F.binary_cross_entropy_with_logits(
+                d_real, ones
+            )
+            loss_d = (
+                loss_d
+                + F.binary_cross_entropy_with_logits(
+                    d_fake, zeros
+                )
+            )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             opt_d.step()
         with opt_g.toggle_model():
-            loss_g = F.binary_cross_entropy_with_logits(self.discriminator(fake), ones)
+            loss_g = F.binary_cross_entropy_with_logits(
+                self.discriminator(fake), ones
+            )
             opt_g.zero_grad()
             self.manual_backward(loss_g)
             opt_g.step()
         return (loss_d + loss_g).detach()
 
     def is_discriminator(self, optimizer):
-        return optimizer is self.optimizers()[1]  # the trap: a wrapper is never the raw optimizer
+        # the trap: a wrapper is never the raw
+        # optimizer
+        return (
+            optimizer is self.optimizers()[1]
+        )
 
-    def on_before_optimizer_step(self, optimizer):
+    def on_before_optimizer_step(
+        self, optimizer
+    ):
         if self.is_discriminator(optimizer):
-            self.clip_gradients(optimizer, gradient_clip_val=GAN_MAX_NORM, gradient_clip_algorithm="norm")
+            self.clip_gradients(
+                optimizer,
+                gradient_clip_val=GAN_MAX_NORM,
+                gradient_clip_algorithm="norm",
+            )
 
     def configure_optimizers(self):
         return (
-            torch.optim.SGD(self.generator.parameters(), lr=self.lr),
-            torch.optim.SGD(self.discriminator.parameters(), lr=self.lr),
+            torch.optim.SGD(
+                self.generator.parameters(),
+                lr=self.lr,
+            ),
+            torch.optim.SGD(
+                self.discriminator.parameters(),
+                lr=self.lr,
+            ),
         )
 
 
 class GANClipFixed(GANClipTrap):
     def is_discriminator(self, optimizer):
-        # the hook gets the raw torch optimizer: compare with the wrapper's .optimizer
-        return optimizer is self.optimizers()[1].optimizer
+        # the hook gets the raw torch
+        # optimizer: compare with the
+        # wrapper's .optimizer
+        return (
+            optimizer
+            is self.optimizers()[1].optimizer
+        )
 
 
 GAN_MAX_NORM = 0.05
@@ -382,28 +490,97 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # gradient RMS, which shrinks by the same factor, so its updates keep their size. Curves that lie
 # on top of another (the hook run on fp32, say) carry markers and say so in the legend.
 
-fig, ((sgd_seen, sgd_applied), (adam_seen, adam_applied)) = plotting.figure(2, 2, 12, 8.4)
+(
+    fig,
+    (
+        (sgd_seen, sgd_applied),
+        (adam_seen, adam_applied),
+    ),
+) = plotting.figure(2, 2, 12, 8.4)
 plotting.describe(
     fig,
-    "Clipping between backward and step under 16-mixed sees norms about 65536 times too large; "
-    "SGD's updates then shrink by that factor, AdamW's do not; clipping in the hook sees the real norm",
+    "Clipping between backward and step "
+    "under 16-mixed sees norms about 65536 "
+    "times too large; "
+    "SGD's updates then shrink by that "
+    "factor, AdamW's do not; clipping in "
+    "the hook sees the real norm",
 )
-names = {"sgd-fp32": "fp32, clip before step", "sgd-fp16": "16-mixed, clip before step"}
-names |= {"sgd-fp16-hook": "16-mixed, clip in on_before_optimizer_step", "adamw-fp32": names["sgd-fp32"]}
+names = {
+    "sgd-fp32": "fp32, clip before step",
+    "sgd-fp16": "16-mixed, clip before step",
+}
+names |= {
+    "sgd-fp16-hook": (
+        "16-mixed, clip in "
+        "on_before_optimizer_step"
+    ),
+    "adamw-fp32": names["sgd-fp32"],
+}
 names["adamw-fp16"] = names["sgd-fp16"]
-colors = {"sgd-fp32": "#0072B2", "sgd-fp16": "#D55E00", "sgd-fp16-hook": "#009E73"}
-colors |= {"adamw-fp32": "#0072B2", "adamw-fp16": "#D55E00"}
-style = {"colors": colors, "log_base": 10, "labels": names, "steps": False}
+colors = {
+    "sgd-fp32": "#0072B2",
+    "sgd-fp16": "#D55E00",
+    "sgd-fp16-hook": "#009E73",
+}
+colors |= {
+    "adamw-fp32": "#0072B2",
+    "adamw-fp16": "#D55E00",
+}
+style = {
+    "colors": colors,
+    "log_base": 10,
+    "labels": names,
+    "steps": False,
+}
 for (seen, applied), ids, optimizer in [
-    ((sgd_seen, sgd_applied), ["sgd-fp32", "sgd-fp16-hook", "sgd-fp16"], "SGD"),
-    ((adam_seen, adam_applied), ["adamw-fp32", "adamw-fp16"], "AdamW"),
+    (
+        (sgd_seen, sgd_applied),
+        [
+            "sgd-fp32",
+            "sgd-fp16-hook",
+            "sgd-fp16",
+        ],
+        "SGD",
+    ),
+    (
+        (adam_seen, adam_applied),
+        ["adamw-fp32", "adamw-fp16"],
+        "AdamW",
+    ),
 ]:
-    title = f"{optimizer}: gradient norm seen by the clip"
-    plotting.plot_extra_series(seen, record, ids, "seen_norm", title, "L2 norm", legend=False, **style)
-    title = f"{optimizer}: norm of the applied update"
-    plotting.plot_extra_series(applied, record, ids, "update_norm", title, "L2 norm", **style)
-plotting.save_figure(fig, record["example"], "norms")
+    title = (
+        f"{optimizer}: gradient norm seen by "
+        "the clip"
+    )
+    plotting.plot_extra_series(
+        seen,
+        record,
+        ids,
+        "seen_norm",
+        title,
+        "L2 norm",
+        legend=False,
+        **style,
+    )
+    title = (
+        f"{optimizer}: norm of the applied "
+        "update"
+    )
+    plotting.plot_extra_series(
+        applied,
+        record,
+        ids,
+        "update_norm",
+        title,
+        "L2 norm",
+        **style,
+    )
+plotting.save_figure(
+    fig, record["example"], "norms"
+)
 plt.show()
+
 
 # %%
 # Loss curves
@@ -413,21 +590,60 @@ plt.show()
 # stays close to fp32, so a loss curve alone is no evidence that a clip between backward and step is
 # harmless; the norms above are.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5.6)
+fig, (left, right) = plotting.figure(
+    1, 2, 12, 5.6
+)
 plotting.describe(
     fig,
-    "SGD stalls when it clips scaled gradients and trains like fp32 when it clips in the hook; "
+    "SGD stalls when it clips scaled "
+    "gradients and trains like fp32 when it "
+    "clips in the hook; "
     "AdamW hides the same mistake",
 )
-short = {"sgd-fp32": "fp32", "sgd-fp16": "16-mixed, clip before step", "sgd-fp16-hook": "16-mixed, clip in hook"}
-short |= {"sgd-fp16-plugin": "16-mixed + ManualMixedPrecision, clip before step", "adamw-fp32": "fp32"}
+short = {
+    "sgd-fp32": "fp32",
+    "sgd-fp16": "16-mixed, clip before step",
+    "sgd-fp16-hook": "16-mixed, clip in hook",
+}
+short |= {
+    "sgd-fp16-plugin": (
+        "16-mixed + ManualMixedPrecision, "
+        "clip before step"
+    ),
+    "adamw-fp32": "fp32",
+}
 short["adamw-fp16"] = short["sgd-fp16"]
-sgd_ids = ["sgd-fp32", "sgd-fp16", "sgd-fp16-hook", "sgd-fp16-plugin"]
-sgd_colors = {"sgd-fp16": "#D55E00", "sgd-fp16-plugin": "#CC79A7"}
-plotting.plot_loss_curves(left, record, sgd_ids, "SGD", sgd_colors, labels=short)
-plotting.plot_loss_curves(right, record, ["adamw-fp32", "adamw-fp16"], "AdamW", {"adamw-fp16": "#D55E00"}, labels=short)
-plotting.save_figure(fig, record["example"], "curves")
+sgd_ids = [
+    "sgd-fp32",
+    "sgd-fp16",
+    "sgd-fp16-hook",
+    "sgd-fp16-plugin",
+]
+sgd_colors = {
+    "sgd-fp16": "#D55E00",
+    "sgd-fp16-plugin": "#CC79A7",
+}
+plotting.plot_loss_curves(
+    left,
+    record,
+    sgd_ids,
+    "SGD",
+    sgd_colors,
+    labels=short,
+)
+plotting.plot_loss_curves(
+    right,
+    record,
+    ["adamw-fp32", "adamw-fp16"],
+    "AdamW",
+    {"adamw-fp16": "#D55E00"},
+    labels=short,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # What the hooks received
@@ -439,22 +655,52 @@ plt.show()
 # once per batch, so only the fixed version clips its discriminator. Last, the errors of the three
 # recipes that cannot work: a second ``unscale_``, a fused AdamW, and ``gradient_clip_val`` in manual mode.
 
-for run_id in ("norms-fp16", "norms-fused-fp16", "gan-trap-fp16", "gan-fixed-fp16"):
-    extra = plotting.run_by_id(record, run_id)["extra"]
+for run_id in (
+    "norms-fp16",
+    "norms-fused-fp16",
+    "gan-trap-fp16",
+    "gan-fixed-fp16",
+):
+    extra = plotting.run_by_id(
+        record, run_id
+    )["extra"]
     if run_id.startswith("norms"):
         print(
-            f"{run_id}: after_backward = scale x before_step: {extra['after_backward_is_scale_x_before_step']}, "
-            f"before_step = after_backward: {extra['before_step_equals_after_backward']}"
+            f"{run_id}: after_backward = "
+            "scale x before_step: "
+            f"{extra['after_backward_is_scale_x_before_step']}, "
+            "before_step = after_backward: "
+            f"{extra['before_step_equals_after_backward']}"
         )
     else:
         print(
-            f"{run_id}: {extra['hook_calls']} hook calls, `is optimizers()[1]` true {extra['wrapper_comparison_true']}"
-            f" times, `is ...[1].optimizer` true {extra['raw_comparison_true']}; D clipped: {extra['d_clipped']}"
+            f"{run_id}: "
+            f"{extra['hook_calls']} hook "
+            "calls, `is optimizers()[1]` "
+            "true "
+            f"{extra['wrapper_comparison_true']}"
+            " times, `is ...[1].optimizer` "
+            "true "
+            f"{extra['raw_comparison_true']}; D clipped: {extra['d_clipped']}"
         )
-for run_id in ("unscale-fp16", "fused-bf16", "trainer-flag"):
-    error = plotting.run_by_id(record, run_id)["error"]
-    # on another Lightning release a run may not raise: the verdicts below say whether one was expected
-    print(f"{run_id}: {error['type']}: {error['message']}" if error else f"{run_id}: no error was raised")
+for run_id in (
+    "unscale-fp16",
+    "fused-bf16",
+    "trainer-flag",
+):
+    error = plotting.run_by_id(
+        record, run_id
+    )["error"]
+    # on another Lightning release a run may
+    # not raise: the verdicts below say
+    # whether one was expected
+    print(
+        f"{run_id}: {error['type']}: "
+        f"{error['message']}"
+        if error
+        else f"{run_id}: no error was raised"
+    )
+
 
 # %%
 # Conclusion
@@ -465,6 +711,7 @@ for run_id in ("unscale-fp16", "fused-bf16", "trainer-flag"):
 # first (once) so that the clip sees real gradients. A loss curve with AdamW will not warn you. Log
 # gradient norms in the same hook (a fused optimizer's are still scaled there), and with several
 # optimizers compare the hook's argument with ``self.optimizers()[i].optimizer``.
+
 
 # %%
 # Evidence: the verdicts

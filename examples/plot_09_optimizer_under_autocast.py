@@ -25,6 +25,7 @@ here, and 16-mixed does. **Prerequisites**: a torch with ``torch.optim.Muon``; t
 ``plot_01_porting_to_manual.py``.
 """
 
+
 # %%
 # Weight matrices only
 # --------------------
@@ -37,37 +38,57 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_09_optimizer_under_autocast")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_09_optimizer_under_autocast"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
 class MuonMLP(pl.LightningModule):
     def __init__(self, manual: bool = False):
         super().__init__()
-        self.automatic_optimization = not manual
+        self.automatic_optimization = (
+            not manual
+        )
         self.net = nn.Sequential(
-            nn.Linear(NUM_FEATURES, 64, bias=False), nn.Tanh(), nn.Linear(64, NUM_CLASSES, bias=False)
+            nn.Linear(
+                NUM_FEATURES, 64, bias=False
+            ),
+            nn.Tanh(),
+            nn.Linear(
+                64, NUM_CLASSES, bias=False
+            ),
         )
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
-        loss = F.cross_entropy(self.net(images), labels)
+        loss = F.cross_entropy(
+            self.net(images), labels
+        )
         if self.automatic_optimization:
             return loss
         opt = self.optimizers()
         opt.zero_grad()
         self.manual_backward(loss)
-        opt.step()  # in manual optimization this runs inside training_step's autocast region
+        # in manual optimization this runs
+        # inside training_step's autocast
+        # region
+        opt.step()
         return loss.detach()
 
     def configure_optimizers(self):
-        return torch.optim.Muon(self.parameters(), lr=0.02)
+        return torch.optim.Muon(
+            self.parameters(), lr=0.02
+        )
 
 
 # %%
@@ -79,9 +100,15 @@ class MuonMLP(pl.LightningModule):
 # on other releases; there, wrap ``opt.step()`` in ``torch.autocast(device, enabled=False)`` yourself.
 
 from mpguide.data import digits_loader
-from mpguide.precision import ManualMixedPrecision
+from mpguide.precision import (
+    ManualMixedPrecision,
+)
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 final = {}
 for manual in (False, True):
     pl.seed_everything(0)
@@ -90,15 +117,31 @@ for manual in (False, True):
         accelerator=device,
         devices=1,
         max_steps=20,
-        plugins=[ManualMixedPrecision("16-mixed", device)],
+        plugins=[
+            ManualMixedPrecision(
+                "16-mixed", device
+            )
+        ],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, digits_loader(batch_size=64))
-    final[manual] = torch.cat([p.detach().flatten() for p in model.parameters()])
-print(f"largest weight difference, manual port vs automatic: {(final[True] - final[False]).abs().max():g}")
+    trainer.fit(
+        model, digits_loader(batch_size=64)
+    )
+    final[manual] = torch.cat(
+        [
+            p.detach().flatten()
+            for p in model.parameters()
+        ]
+    )
+print(
+    "largest weight difference, manual port "
+    "vs automatic: "
+    f"{(final[True] - final[False]).abs().max():g}"
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -173,6 +216,7 @@ record = runner.run_example(
 )
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
+
 # %%
 # Manual against automatic, step by step
 # --------------------------------------
@@ -183,17 +227,30 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 8, 4.8)
-plotting.describe(fig, "Muon: the manual port drifts from automatic under stock 16-mixed, not with the plugin")
+plotting.describe(
+    fig,
+    "Muon: the manual port drifts from "
+    "automatic under stock 16-mixed, not "
+    "with the plugin",
+)
 plotting.plot_extra_series(
     ax,
     record,
-    ["manual-fp16", "manual-fp16-plugin", "manual-bf16"],
+    [
+        "manual-fp16",
+        "manual-fp16-plugin",
+        "manual-bf16",
+    ],
     "max_abs_diff_vs_automatic",
-    "Manual port vs automatic optimization (Muon)",
+    "Manual port vs automatic optimization "
+    "(Muon)",
     "max |W_manual - W_automatic|",
 )  # series that are exactly 0 are drawn once
-plotting.save_figure(fig, record["example"], "drift")
+plotting.save_figure(
+    fig, record["example"], "drift"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -206,6 +263,7 @@ plt.show()
 # ``plugins=[ManualMixedPrecision(precision, device)]``, which runs the optimizer step (and the
 # backward and clipping) with autocast disabled, as automatic optimization does; or open
 # ``with torch.autocast(device, enabled=False):`` around ``opt.step()`` yourself.
+
 
 # %%
 # Evidence: the verdicts

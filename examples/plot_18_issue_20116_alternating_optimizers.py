@@ -18,6 +18,7 @@ one micro-batch per step; what raises the ``AssertionError``; a fix that warns w
 why one optimizer per window keeps the loss scale constant. **Prerequisites**: :doc:`plot_02_two_optimizers`.
 """
 
+
 # %%
 # Two models
 # ----------
@@ -35,42 +36,93 @@ from mpguide.data import NUM_FEATURES
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_18_issue_20116_alternating_optimizers")  # MPGUIDE_* settings, before anything runs
+runner.check_settings(
+    "plot_18_issue_20116_alternating_optimizers"
+)  # MPGUIDE_* settings, before anything runs
 # sphinx_gallery_end_ignore
 
 LATENT = 16
 
 
 class TwoModels(pl.LightningModule):
-    """A generator (16 noise values to an 8x8 image) and a discriminator, one Adam optimizer each."""
+    """A generator (16 noise values to an 8x8
+    image) and a discriminator, one Adam
+    optimizer each."""
 
-    detach_for_model_2 = False  # the mistake studied below: model 2's loss from a detached batch
+    # the mistake studied below: model 2's
+    # loss from a detached batch
+    detach_for_model_2 = False
 
     def __init__(self, lr: float = 1e-3):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
-        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 1))
+        self.generator = nn.Sequential(
+            nn.Linear(LATENT, 128),
+            nn.ReLU(),
+            nn.Linear(128, NUM_FEATURES),
+            nn.Sigmoid(),
+        )
+        self.discriminator = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 128),
+            nn.LeakyReLU(0.2),
+            nn.Linear(128, 1),
+        )
 
     def generate(self, n, batch_idx):
-        gen = torch.Generator().manual_seed(10_000 * self.current_epoch + batch_idx)
-        return self.generator(torch.randn(n, LATENT, generator=gen).to(self.device))
+        gen = torch.Generator().manual_seed(
+            10_000 * self.current_epoch
+            + batch_idx
+        )
+        return self.generator(
+            torch.randn(
+                n, LATENT, generator=gen
+            ).to(self.device)
+        )
 
     def judge(self, images, is_real):
         logits = self.discriminator(images)
-        return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, float(is_real)))
+        return F.binary_cross_entropy_with_logits(
+            logits,
+            torch.full_like(
+                logits, float(is_real)
+            ),
+        )
 
-    def inner_training_step(self, batch, batch_idx, compute_model_1_loss):
+    def inner_training_step(
+        self,
+        batch,
+        batch_idx,
+        compute_model_1_loss,
+    ):
         real, _ = batch
-        fake = self.generate(len(real), batch_idx)
+        fake = self.generate(
+            len(real), batch_idx
+        )
         if compute_model_1_loss:
-            return self.judge(real, True) + self.judge(fake.detach(), False)
-        return self.judge(fake.detach() if self.detach_for_model_2 else fake, True)
+            return self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
+        return self.judge(
+            fake.detach()
+            if self.detach_for_model_2
+            else fake,
+            True,
+        )
 
     def configure_optimizers(self):
-        opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=(0.5, 0.999))
-        opt_g = torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(
+            self.discriminator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
+        opt_g = torch.optim.Adam(
+            self.generator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
         return opt_d, opt_g
 
 
@@ -89,8 +141,14 @@ import warnings
 
 
 def has_gradients(opt):
-    """True when a parameter of ``opt`` holds a gradient, i.e. ``opt.step()`` would change something."""
-    return any(p.grad is not None for group in opt.param_groups for p in group["params"])
+    """True when a parameter of ``opt`` holds
+    a gradient, i.e. ``opt.step()`` would
+    change something."""
+    return any(
+        p.grad is not None
+        for group in opt.param_groups
+        for p in group["params"]
+    )
 
 
 class ReporterFixed(TwoModels):
@@ -99,44 +157,89 @@ class ReporterFixed(TwoModels):
     def training_step(self, batch, batch_idx):
         n = self.n_batches_per_optimizer
         opts = self.optimizers()
-        current_cycle = (batch_idx // n) % len(opts)
+        current_cycle = (
+            batch_idx // n
+        ) % len(opts)
         opt = opts[current_cycle]
         if batch_idx % n == 0:
-            opt.zero_grad()  # once per window, not every batch
+            # once per window, not every batch
+            opt.zero_grad()
         with opt.toggle_model():
-            loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
-            if loss.requires_grad:  # a loss cut off from every trainable weight cannot be backwarded
+            loss = self.inner_training_step(
+                batch,
+                batch_idx,
+                compute_model_1_loss=current_cycle
+                == 0,
+            )
+            # a loss cut off from every
+            # trainable weight cannot be
+            # backwarded
+            if loss.requires_grad:
                 self.manual_backward(loss / n)
             if (batch_idx + 1) % n == 0:
                 if has_gradients(opt):
                     opt.step()
                 else:
-                    # no crash, but this model does not train: say so
-                    warnings.warn(f"optimizer {current_cycle} skipped at batch {batch_idx}: no gradients", stacklevel=2)
+                    # no crash, but this model
+                    # does not train: say so
+                    warnings.warn(
+                        f"optimizer {current_cycle} skipped at batch {batch_idx}: no gradients",
+                        stacklevel=2,
+                    )
         return loss.detach()
 
 
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = ReporterFixed()
-before = [m[0].weight.detach().clone() for m in (model.discriminator, model.generator)]
+before = [
+    m[0].weight.detach().clone()
+    for m in (
+        model.discriminator,
+        model.generator,
+    )
+]
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=12,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-changed = [not torch.equal(b, m[0].weight) for b, m in zip(before, (model.discriminator, model.generator))]
-print(f"optimizer steps: {trainer.global_step}, discriminator and generator changed: {changed}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+changed = [
+    not torch.equal(b, m[0].weight)
+    for b, m in zip(
+        before,
+        (
+            model.discriminator,
+            model.generator,
+        ),
+    )
+]
+print(
+    "optimizer steps: "
+    f"{trainer.global_step}, discriminator "
+    f"and generator changed: {changed}"
+)
+
 
 # %%
 # The step as posted, one switch per element
@@ -150,28 +253,58 @@ from contextlib import nullcontext
 
 
 class ReporterAlternation(TwoModels):
-    """#20116's training_step as posted; optimizer 0 trains model 1 (the discriminator)."""
+    """#20116's training_step as posted;
+    optimizer 0 trains model 1 (the
+    discriminator)."""
 
     n_batches_per_optimizer = 3
-    toggle = True  # ``with opt.toggle_model():``
-    guard = False  # the fix's guard: step only with gradients
+    # ``with opt.toggle_model():``
+    toggle = True
+    # the fix's guard: step only with
+    # gradients
+    guard = False
 
     def training_step(self, batch, batch_idx):
         opts = self.optimizers()
-        current_cycle = (batch_idx // self.n_batches_per_optimizer) % len(opts)
+        current_cycle = (
+            batch_idx
+            // self.n_batches_per_optimizer
+        ) % len(opts)
         opt = opts[current_cycle]
         opt.zero_grad()
-        with opt.toggle_model() if self.toggle else nullcontext():
-            loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
+        with (
+            opt.toggle_model()
+            if self.toggle
+            else nullcontext()
+        ):
+            loss = self.inner_training_step(
+                batch,
+                batch_idx,
+                compute_model_1_loss=current_cycle
+                == 0,
+            )
             self.manual_backward(loss)
-            if (batch_idx + 1) % self.n_batches_per_optimizer == 0 and (not self.guard or has_gradients(opt)):
+            if (
+                (batch_idx + 1)
+                % self.n_batches_per_optimizer
+                == 0
+                and (
+                    not self.guard
+                    or has_gradients(opt)
+                )
+            ):
                 opt.step()
         return loss.detach()
 
 
 def variant(**changes):
-    """The posted step with some elements changed (one ablation row)."""
-    return type("ReporterVariant", (ReporterAlternation,), changes)
+    """The posted step with some elements
+    changed (one ablation row)."""
+    return type(
+        "ReporterVariant",
+        (ReporterAlternation,),
+        changes,
+    )
 
 
 # %%
@@ -186,47 +319,86 @@ def variant(**changes):
 
 
 class FixedUnreached(ReporterFixed):
-    """The fix, with a model-2 loss that reaches no parameter of model 2, only a loss weight no optimizer holds."""
+    """The fix, with a model-2 loss that
+    reaches no parameter of model 2, only a
+    loss weight no optimizer holds."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.loss_weight = nn.Parameter(torch.ones(1))  # in no optimizer: toggle_model leaves it trainable
+        # in no optimizer: toggle_model leaves
+        # it trainable
+        self.loss_weight = nn.Parameter(
+            torch.ones(1)
+        )
 
-    def inner_training_step(self, batch, batch_idx, compute_model_1_loss):
+    def inner_training_step(
+        self,
+        batch,
+        batch_idx,
+        compute_model_1_loss,
+    ):
         if compute_model_1_loss:
-            return super().inner_training_step(batch, batch_idx, True)
-        fake = self.generate(len(batch[0]), batch_idx).detach()  # the mistake: model 2 is cut off
-        return (self.loss_weight * self.judge(fake, True)).squeeze()
+            return (
+                super().inner_training_step(
+                    batch, batch_idx, True
+                )
+            )
+        # the mistake: model 2 is cut off
+        fake = self.generate(
+            len(batch[0]), batch_idx
+        ).detach()
+        return (
+            self.loss_weight
+            * self.judge(fake, True)
+        ).squeeze()
 
 
 class OverlappingWindows(TwoModels):
-    """The discriminator steps every batch, inside the generator's window of two batches."""
+    """The discriminator steps every batch,
+    inside the generator's window of two
+    batches."""
 
     window = 2
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
         opt_d, opt_g = self.optimizers()
-        fake = self.generate(len(real), batch_idx)
+        fake = self.generate(
+            len(real), batch_idx
+        )
         with opt_d.toggle_model():
-            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            loss_d = self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             opt_d.step()
         with opt_g.toggle_model():
             loss_g = self.judge(fake, True)
-            self.manual_backward(loss_g / self.window)
-            if (batch_idx + 1) % self.window == 0:
+            self.manual_backward(
+                loss_g / self.window
+            )
+            if (
+                batch_idx + 1
+            ) % self.window == 0:
                 opt_g.step()
                 opt_g.zero_grad()
         return (loss_d + loss_g).detach()
 
 
 class OftenChangingScale:
-    """Mixed into a recipe: the GradScaler changes its scale at every step (``growth_interval=1``)."""
+    """Mixed into a recipe: the GradScaler
+    changes its scale at every step
+    (``growth_interval=1``)."""
 
     def on_fit_start(self):
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scaler = getattr(
+            self.trainer.precision_plugin,
+            "scaler",
+            None,
+        )
         if scaler is not None:
             scaler.set_growth_interval(1)
 
@@ -384,6 +556,7 @@ record = runner.run_example(
     "plot_18_issue_20116_alternating_optimizers", recipes, RUNS, CLAIMS, probes=checked, progress=brief
 )
 
+
 # %%
 # The posted step and the fix
 # ---------------------------
@@ -395,17 +568,51 @@ record = runner.run_example(
 
 import matplotlib.pyplot as plt
 
-fig, (left, right) = plotting.figure(1, 2, 11, 5.0)
-plotting.describe(fig, "#20116: the posted step and the fix train in 16-mixed as in fp32; cut off, model 2 never moves")
-colors = {"rep-fp32": "#0072B2", "rep-fp16": "#0072B2", "fixed-fp32": "#009E73", "fixed-fp16": "#009E73"}
+fig, (left, right) = plotting.figure(
+    1, 2, 11, 5.0
+)
+plotting.describe(
+    fig,
+    "#20116: the posted step and the fix "
+    "train in 16-mixed as in fp32; cut off, "
+    "model 2 never moves",
+)
+colors = {
+    "rep-fp32": "#0072B2",
+    "rep-fp16": "#0072B2",
+    "fixed-fp32": "#009E73",
+    "fixed-fp16": "#009E73",
+}
 colors["fixed-detached-fp16"] = "#D55E00"
 plotting.plot_loss_curves(
-    left, record, ["rep-fp32", "rep-fp16", "fixed-fp32", "fixed-fp16"], "As posted vs fixed", colors
+    left,
+    record,
+    [
+        "rep-fp32",
+        "rep-fp16",
+        "fixed-fp32",
+        "fixed-fp16",
+    ],
+    "As posted vs fixed",
+    colors,
 )
-cut_off = ["unreached-fp32", "unreached-guard-fp16", "fixed-detached-fp16"]
-plotting.plot_loss_curves(right, record, cut_off, "Model 2's loss detached", colors)
-plotting.save_figure(fig, record["example"], "curves")
+cut_off = [
+    "unreached-fp32",
+    "unreached-guard-fp16",
+    "fixed-detached-fp16",
+]
+plotting.plot_loss_curves(
+    right,
+    record,
+    cut_off,
+    "Model 2's loss detached",
+    colors,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # Which element does what
@@ -433,12 +640,21 @@ for run_id in (
 ):
     run = plotting.run_by_id(record, run_id)
     extra = run["extra"]
-    outcome = f"raised {run['error']['type']}" if run["error"] else "trained"
-    print(
-        f"{run['label']:<58} {outcome:<22} model 2 changed: {str(extra.get('generator_changed')):<5} "
-        f"micro-batches per step: {extra.get('micro_batches_kept')}  "
-        f"steps with a scale change inside: {extra.get('windows_with_scale_change')}"
+    outcome = (
+        f"raised {run['error']['type']}"
+        if run["error"]
+        else "trained"
     )
+    print(
+        f"{run['label']:<58} {outcome:<22} "
+        "model 2 changed: "
+        f"{str(extra.get('generator_changed')):<5} "
+        "micro-batches per step: "
+        f"{extra.get('micro_batches_kept')}  "
+        "steps with a scale change inside: "
+        f"{extra.get('windows_with_scale_change')}"
+    )
+
 
 # %%
 # Conclusion
@@ -450,6 +666,7 @@ for run_id in (
 # Keep one optimizer per window: an optimizer stepping inside another's window lets a loss-scale change
 # land inside it (:doc:`plot_02_two_optimizers`). ``plugins=[ManualMixedPrecision("16-mixed", "cuda")]``
 # (Lightning 2.6) makes the empty step a warned no-op instead.
+
 
 # %%
 # Evidence: the verdicts

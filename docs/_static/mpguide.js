@@ -8,6 +8,10 @@
  *    that hide content (the scroll container itself is the theme's .pst-scrollable-table-container).
  * 3. The in-page table of contents keeps the highlighted section in view: when the reader scrolls
  *    the page, the sidebar scrolls with it.
+ * 4. On a gallery page, a long code block whose lines are short (the reader's cells are formatted at
+ *    46 columns to fit a phone, mpguide_build.gallery_format) is set in two columns when two of its
+ *    longest lines fit side by side (a desktop): lines never wrap, the block is half as tall, and the
+ *    copy button still copies the block's text. Measured in tests/test_browser.py.
  */
 (function () {
   "use strict";
@@ -108,6 +112,29 @@
     });
   }
 
+  //: A block is set in two columns from this many lines (a short block reads better in one).
+  var TWO_COLUMNS_FROM_LINES = 24;
+
+  function twoColumnCode() {
+    if (!document.querySelector(".sphx-glr-example-title")) return;
+    document.querySelectorAll(".bd-article div.highlight-Python pre").forEach(function (pre) {
+      if (pre.closest("details")) return;
+      var lines = pre.textContent.replace(/\n$/, "").split("\n");
+      var longest = lines.reduce(function (a, line) { return Math.max(a, line.length); }, 0);
+      pre.classList.remove("mpguide-two-columns");
+      if (lines.length < TWO_COLUMNS_FROM_LINES) return;
+      var probe = document.createElement("span");
+      probe.textContent = "0".repeat(100);
+      pre.appendChild(probe);
+      var charWidth = probe.getBoundingClientRect().width / 100;
+      pre.removeChild(probe);
+      var style = getComputedStyle(pre);
+      var inner = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+      var gap = 3 * parseFloat(style.fontSize);  // the column gap in mpguide.css (3em)
+      pre.classList.toggle("mpguide-two-columns", 2 * (longest + 1) * charWidth + gap <= inner);
+    });
+  }
+
   function followToc() {
     var toc = document.querySelector(".bd-sidebar-secondary");
     var nav = document.querySelector("#pst-page-toc-nav");
@@ -134,7 +161,9 @@
     setupFigures();
     markWideTables();
     followToc();
+    twoColumnCode();
     window.addEventListener("resize", markWideTables);
+    window.addEventListener("resize", twoColumnCode);
     window.addEventListener("resize", function () {
       document.querySelectorAll(".mpguide-zoomable").forEach(markShrunk);
     });
