@@ -681,7 +681,8 @@ for run_id in (
             f"{extra['wrapper_comparison_true']}"
             " times, `is ...[1].optimizer` "
             "true "
-            f"{extra['raw_comparison_true']}; D clipped: {extra['d_clipped']}"
+            f"{extra['raw_comparison_true']}; "
+            f"D clipped: {extra['d_clipped']}"
         )
 for run_id in (
     "unscale-fp16",

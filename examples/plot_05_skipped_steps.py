@@ -140,7 +140,9 @@ print(
 )
 print(
     "learning rate now: "
-    f"{model.optimizers().param_groups[0]['lr']:g} = {BASE_LR:g} x {GAMMA}^{scheduler_steps}"
+    f"{model.optimizers().param_groups[0]['lr']:g}"
+    f" = {BASE_LR:g} x "
+    f"{GAMMA}^{scheduler_steps}"
 )
 
 
@@ -371,7 +373,8 @@ for run_id in (
         line += (
             f"{extra['skipped_steps']} "
             "skipped, first applied lr "
-            f"{extra['first_applied_lr']:.6g} (base {BASE_LR:g})"
+            f"{extra['first_applied_lr']:.6g}"
+            f" (base {BASE_LR:g})"
         )
     else:
         line += (

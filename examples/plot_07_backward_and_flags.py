@@ -161,7 +161,9 @@ for run in record["runs"]:
         f"{run['error']['type']}: "
         f"{run['error']['message'].splitlines()[0]}"
         if run["error"]
-        else f"trained {len(run['loss'])} steps, Trainer.precision = {run['extra']['trainer_precision']!r}, "
+        else f"trained {len(run['loss'])} steps, "
+        "Trainer.precision = "
+        f"{run['extra']['trainer_precision']!r}, "
         "GradScaler: "
         f"{'yes' if run['extra']['has_scaler'] else 'no'}"
     )

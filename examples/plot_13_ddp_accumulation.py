@@ -222,8 +222,10 @@ plotting.plot_loss_curves(
     },
     labels={
         "single-fp32": "1 process",
-        "ddp-fp32-every": "DDP x2, sync every micro-batch",
-        "ddp-fp32-window-end": "DDP x2, sync at window end",
+        "ddp-fp32-every": "DDP x2, "
+        "sync every micro-batch",
+        "ddp-fp32-window-end": "DDP x2, "
+        "sync at window end",
     },
 )
 runs = [
@@ -281,7 +283,8 @@ print(
     "sync at window end saves "
     f"{every['allreduce_calls'] - window_end['allreduce_calls']} all-reduces and "
     f"{saved / 1e6:.2f} MB per rank "
-    f"({saved / every['allreduce_bytes']:.0%}) over {window_end['global_step']} steps"
+    f"({saved / every['allreduce_bytes']:.0%}) over "
+    f"{window_end['global_step']} steps"
 )
 
 

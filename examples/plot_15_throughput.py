@@ -359,12 +359,15 @@ for run_id, _, precision, _ in RUNS:
         )
         share = (
             ", "
-            f"{bench[variant]['tflops'] / peak:.0%} of the bf16 peak"
+            f"{bench[variant]['tflops'] / peak:.0%}"
+            " of the bf16 peak"
             if peak
             else ""
         )
         print(
-            f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
+            f"{hardware.PRECISION_LABELS[precision]:>10} "
+            f"{variant}: "
+            f"{bench[variant]['steps_per_s']:.1f} "
             f"steps/s, x{gain:.2f} the "
             "manual loop, "
             f"{bench[variant]['tflops']:.1f} "
@@ -385,7 +388,9 @@ if peak is not None:
 if not size.tuned:
     print(
         "not timed on "
-        f"{hardware.device_name(accelerator)}: the speed-ups are measured on a GPU only"
+        f"{hardware.device_name(accelerator)}: "
+        "the speed-ups are measured on a GPU "
+        "only"
     )
 
 

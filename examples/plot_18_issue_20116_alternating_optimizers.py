@@ -183,7 +183,9 @@ class ReporterFixed(TwoModels):
                     # no crash, but this model
                     # does not train: say so
                     warnings.warn(
-                        f"optimizer {current_cycle} skipped at batch {batch_idx}: no gradients",
+                        f"optimizer {current_cycle}"
+                        " skipped at batch"
+                        f" {batch_idx}: no gradients",
                         stacklevel=2,
                     )
         return loss.detach()

@@ -130,8 +130,8 @@
       pre.removeChild(probe);
       var style = getComputedStyle(pre);
       var inner = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-      var gap = 3 * parseFloat(style.fontSize);  // the column gap in mpguide.css (3em)
-      pre.classList.toggle("mpguide-two-columns", 2 * (longest + 1) * charWidth + gap <= inner);
+      var gap = 1.2 * parseFloat(style.fontSize);  // the column gap in mpguide.css (1.2em)
+      pre.classList.toggle("mpguide-two-columns", 2 * longest * charWidth + gap <= inner);
     });
   }
 
