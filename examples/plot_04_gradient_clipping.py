@@ -483,12 +483,11 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # %%
 # What the clip saw, and what the optimizer did
 # ---------------------------------------------
-# Left: the gradient norm at the moment of clipping. In fp32 and inside the hook it is the real
-# norm; between backward and step under 16-mixed it is the real norm times the loss scale
-# (about 65536), so the clip cuts it to ``max_norm``. Right: the norm of each applied update. With
-# SGD the scaled clip leaves updates about 65536 times smaller; AdamW divides by its running
-# gradient RMS, which shrinks by the same factor, so its updates keep their size. Curves that lie
-# on top of another (the hook run on fp32, say) carry markers and say so in the legend.
+# Left: the norm at the clip. In fp32 and in the hook it is the real norm; between backward and step
+# under 16-mixed it is that times the loss scale (about 65536), so the clip cuts it to ``max_norm``.
+# Right: each applied update. SGD's updates become about 65536 times smaller; AdamW divides by its
+# gradient RMS, which shrinks by the same factor, so its updates keep their size. Curves on top of
+# another carry markers and say so in the legend.
 
 (
     fig,
@@ -648,12 +647,11 @@ plt.show()
 # %%
 # What the hooks received
 # -----------------------
-# A norm logged in ``on_after_backward`` under 16-mixed is the loss scale times the real one; in
-# ``on_before_optimizer_step`` (after unscaling) it is the real one, except with a fused optimizer,
-# which unscales inside its own step: there both hooks see the scaled norm. In the GAN, the hook's
-# optimizer is never ``self.optimizers()[1]`` (a wrapper) and is ``self.optimizers()[1].optimizer``
-# once per batch, so only the fixed version clips its discriminator. Last, the errors of the three
-# recipes that cannot work: a second ``unscale_``, a fused AdamW, and ``gradient_clip_val`` in manual mode.
+# In ``on_after_backward`` under 16-mixed a norm is the scale times the real one; in
+# ``on_before_optimizer_step`` it is the real one, except with a fused optimizer (it unscales inside
+# its step). In the GAN the hook gets ``self.optimizers()[1].optimizer``, never the wrapper, so only
+# the fixed version clips. Last, the errors of the three recipes that cannot work: a second
+# ``unscale_``, a fused AdamW, ``gradient_clip_val`` in manual mode.
 
 for run_id in (
     "norms-fp16",
@@ -706,12 +704,11 @@ for run_id in (
 # %%
 # Conclusion
 # ----------
-# In manual optimization, clip inside ``on_before_optimizer_step(self, optimizer)``: it is correct
-# in fp32, bf16-mixed and 16-mixed. Do not unscale by hand, and do not clip fused optimizers under
-# mixed precision. If your code clips between backward and step, ``ManualMixedPrecision`` unscales
-# first (once) so that the clip sees real gradients. A loss curve with AdamW will not warn you. Log
-# gradient norms in the same hook (a fused optimizer's are still scaled there), and with several
-# optimizers compare the hook's argument with ``self.optimizers()[i].optimizer``.
+# In manual optimization, clip inside ``on_before_optimizer_step(self, optimizer)``: correct in fp32,
+# bf16-mixed and 16-mixed. Do not unscale by hand, nor clip fused optimizers under mixed precision.
+# Code that clips between backward and step gets real gradients with ``ManualMixedPrecision`` (it
+# unscales once, first). AdamW's loss curve will not warn you. Log norms in the same hook, and with
+# several optimizers compare its argument with ``self.optimizers()[i].optimizer``.
 
 
 # %%

@@ -2,10 +2,9 @@
 #20970: bf16-mixed drifts after a manual port
 ==============================================
 
-A model with two encoders and two EMA teachers, ported to manual optimization: its bf16-mixed curve
-drifts from the automatic one while fp32 overlaps (`Lightning issue #20970
-<https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_). Here the posted ``training_step``
-trains next to its automatic original, element by element, with what does make bf16-mixed alone drift.
+Two encoders and two EMA teachers, ported to manual optimization: bf16-mixed drifts from the automatic
+curve while fp32 overlaps (`Lightning issue #20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_).
+Here the posted ``training_step`` runs beside its automatic original, element by element.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -224,8 +223,8 @@ class TwoTowerEMA(pl.LightningModule):
 # %%
 # The step to paste, and the ``Trainer`` call to copy
 # ---------------------------------------------------
-# No element of the posted step is specific to bf16, so the change only simplifies: no own autocast
-# (``precision="bf16-mixed"`` already runs ``training_step`` under one); the scheduler stays per batch.
+# Nothing in the posted step is bf16-specific; the fix only drops its own autocast
+# (``precision="bf16-mixed"`` already runs ``training_step`` in one). The scheduler stays per batch.
 
 
 class ReporterFixed(TwoTowerEMA):
