@@ -2,12 +2,11 @@
 Gradient clipping in manual optimization under 16-mixed
 =======================================================
 
-``Trainer(gradient_clip_val=...)`` is rejected in manual optimization, so users clip by hand,
-usually right between ``manual_backward`` and ``opt.step()``. Under 16-mixed the gradients at
-that point are still multiplied by the loss scale (65536 at start): the clip sees a huge norm,
-scales the gradients down to the limit, and after unscaling every update is about 65536 times too
-small. This example measures the norm the clip saw and the update that was applied, with SGD
-(training stops) and AdamW (the damage hides), and shows the recipes that are right.
+Manual optimization rejects ``Trainer(gradient_clip_val=...)``, so users clip by hand, usually between
+``manual_backward`` and ``opt.step()``. Under 16-mixed the gradients there are still times the loss scale
+(65536 at start): the clip cuts a huge norm to the limit, and after unscaling every update is about
+65536 times too small. Measured here with SGD (training stops) and AdamW (the damage hides), with the
+recipes that are right.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -183,10 +182,9 @@ class ClipInConfigureHook(ClipInHook):
 # %%
 # A GAN that clips only its discriminator
 # ---------------------------------------
-# With two optimizers the hook is called for each, and the natural test
-# ``optimizer is self.optimizers()[1]`` is **never true**: Lightning passes the hook the raw
-# :class:`torch.optim.Optimizer`, while ``self.optimizers()`` returns Lightning's wrappers
-# (``LightningOptimizer``). Compare with the wrapper's ``.optimizer`` instead.
+# The hook is called for each optimizer, and the natural test ``optimizer is self.optimizers()[1]``
+# is **never true**: the hook gets the raw :class:`torch.optim.Optimizer`, ``self.optimizers()``
+# Lightning's wrappers (``LightningOptimizer``). Compare with the wrapper's ``.optimizer`` instead.
 
 LATENT = 16
 
@@ -584,10 +582,9 @@ plt.show()
 # %%
 # Loss curves
 # -----------
-# The consequence: SGD that clips the scaled gradient does not train at all; clipping in the hook
-# (or with ``ManualMixedPrecision``) trains exactly like fp32. AdamW hides the mistake: its curve
-# stays close to fp32, so a loss curve alone is no evidence that a clip between backward and step is
-# harmless; the norms above are.
+# SGD that clips the scaled gradient does not train; clipping in the hook (or with
+# ``ManualMixedPrecision``) trains exactly like fp32. AdamW hides the mistake: its curve stays close
+# to fp32, so only the norms above show that a clip between backward and step is wrong.
 
 fig, (left, right) = plotting.figure(
     1, 2, 12, 5.6
