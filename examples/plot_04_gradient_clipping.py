@@ -108,9 +108,8 @@ class UnscaleYourself(ClipBeforeStep):
 # %%
 # The ``Trainer`` call to copy
 # ----------------------------
-# Clipping in the hook, with SGD, under 16-mixed. On a GPU ``precision="16-mixed"`` is enough; on a
-# CPU that flag silently becomes bf16-mixed (no GradScaler, nothing scaled), so Lightning's plugin is
-# passed explicitly.
+# Clipping in the hook, SGD, 16-mixed. On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag
+# silently becomes bf16-mixed (nothing scaled), so Lightning's plugin is passed explicitly.
 
 device = (
     "cuda"
@@ -701,11 +700,10 @@ for run_id in (
 # %%
 # Conclusion
 # ----------
-# In manual optimization, clip inside ``on_before_optimizer_step(self, optimizer)``: correct in fp32,
-# bf16-mixed and 16-mixed. Do not unscale by hand, nor clip fused optimizers under mixed precision.
-# Code that clips between backward and step gets real gradients with ``ManualMixedPrecision`` (it
-# unscales once, first). AdamW's loss curve will not warn you. Log norms in the same hook, and with
-# several optimizers compare its argument with ``self.optimizers()[i].optimizer``.
+# Clip inside ``on_before_optimizer_step(self, optimizer)``: correct in fp32, bf16-mixed and 16-mixed.
+# Do not unscale by hand, nor clip fused optimizers under mixed precision. A clip between backward and
+# step sees real gradients with ``ManualMixedPrecision`` (it unscales once, first). AdamW's loss curve
+# will not warn you. Log norms in the same hook; compare its argument with ``self.optimizers()[i].optimizer``.
 
 
 # %%
