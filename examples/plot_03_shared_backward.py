@@ -251,23 +251,70 @@ PLUGINS = {
     "MixedPrecision, growth_interval=20": stock_growth,
     "ManualMixedPrecision, growth_interval=20": fixed_growth,
 }
-# fmt: off
 RUNS = [
     # run id              recipe       precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Lightning's plugin"}),
-    ("fp16-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"}),  # noqa: E501
-    ("fp16-growth-stock", "body+head", "16-mixed", {"plugin": "MixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, Lightning's plugin"}),  # noqa: E501
-    ("fp16-growth-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, ManualMixedPrecision"}),  # noqa: E501
+    (
+        "fp16-plugin",
+        "body+head",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"},
+    ),
+    (
+        "fp16-growth-stock",
+        "body+head",
+        "16-mixed",
+        {"plugin": "MixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, Lightning's plugin"},
+    ),
+    (
+        "fp16-growth-plugin",
+        "body+head",
+        "16-mixed",
+        {
+            "plugin": "ManualMixedPrecision, growth_interval=20",
+            "label": "16-mixed, growth_interval=20, ManualMixedPrecision",
+        },
+    ),
 ]
 CLAIMS = [
-    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock: head update = fp32 update x (scale of backward / scale at head step)"),  # noqa: E501
+    (
+        "ratio",
+        "fp16-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock: head update = fp32 update x (scale of backward / scale at head step)",
+    ),
     ("expect", "fp16-stock", "predicted_at_overflow", 2.0, "stock: the head update doubles after an overflow"),
     ("ratio", "fp16-plugin", "fp32", "head_update_factor", 1.0, "update-ratio", "plugin: head update = fp32 update"),
-    ("ratio", "fp16-growth-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock, growth: update follows the predicted factor"),  # noqa: E501
+    (
+        "ratio",
+        "fp16-growth-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock, growth: update follows the predicted factor",
+    ),
     ("expect", "fp16-growth-stock", "smallest_scale_change", 0.5, "stock, growth: a growth step halves the update"),
-    ("ratio", "fp16-growth-plugin", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "plugin, growth: = fp32 update, or no update where the head overflowed"),  # noqa: E501
-    ("expect", "fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
+    (
+        "ratio",
+        "fp16-growth-plugin",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "plugin, growth: = fp32 update, or no update where the head overflowed",
+    ),
+    (
+        "expect",
+        "fp16-growth-plugin",
+        "steps_with_scale_change",
+        0,
+        "plugin, growth: the scale never changes mid-step",
+    ),
     ("match", "fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
@@ -276,7 +323,6 @@ CLAIMS = [
     ("flags", "fp16-stock", "scale-changes", "PitfallChecks flags fp16-stock: scale-changes"),
     ("flags", "fp16-growth-stock", "scale-changes", "PitfallChecks flags fp16-growth-stock: scale-changes"),
 ]
-# fmt: on
 
 recipes = {"body+head": BodyAndHead}
 probes = runner.with_checks(recipes, {"body+head": [HeadUpdate]})

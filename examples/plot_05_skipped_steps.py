@@ -258,25 +258,52 @@ recipes = {
 }
 probes = {name: [AppliedLearningRates] for name in ("scheduler every batch", "skip-aware")}
 probes["step in on_train_batch_end"] = [OptimizerStepCalls]
-# fmt: off
 RUNS = [
     # run id            recipe                   precision   options
     ("fp32", "scheduler every batch", "32-true", {"label": "fp32"}),
     ("fp16-naive", "scheduler every batch", "16-mixed", {"label": "16-mixed, scheduler every batch"}),
     ("fp16-skip-aware", "skip-aware", "16-mixed", {"label": "16-mixed, skip-aware scheduler"}),
     ("step-fp32", "step in training_step", "32-true", {"label": "fp32, opt.step() in training_step"}),
-    ("hook-fp32", "step in on_train_batch_end", "32-true", {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}}),  # noqa: E501
+    (
+        "hook-fp32",
+        "step in on_train_batch_end",
+        "32-true",
+        {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}},
+    ),
 ]
 CLAIMS = [
     ("expect", "fp16-naive", "skipped_any", True, "GradScaler skips steps at the default initial scale"),
     ("expect", "fp16-naive", "first_applied_lr_is_base", False, "naive: the first real update uses a later LR"),
-    ("warns", "fp16-naive", "UserWarning", "Detected call of `lr_scheduler.step()` before `optimizer.step()`", "naive: torch warns about the scheduler"),  # noqa: E501
+    (
+        "warns",
+        "fp16-naive",
+        "UserWarning",
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
+        "naive: torch warns about the scheduler",
+    ),
     ("expect", "fp16-skip-aware", "first_applied_lr", 0.002, "skip-aware: first real update uses the first LR"),
-    ("no_warning", "fp16-skip-aware", "Detected call of `lr_scheduler.step()` before `optimizer.step()`", "skip-aware: no scheduler warning"),  # noqa: E501
+    (
+        "no_warning",
+        "fp16-skip-aware",
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
+        "skip-aware: no scheduler warning",
+    ),
     ("expect", "fp16-naive", "global_step_counts_skipped", True, "global_step counts skipped steps too"),
     ("expect", "hook-fp32", "global_step", 0, "opt.step() in on_train_batch_end: global_step stays 0"),
-    ("expect", "hook-fp32", "ran_past_max_steps", True, "opt.step() in on_train_batch_end: max_steps=3 never stops it"),
-    ("same", "hook-fp32", "step-fp32", "final_weights", "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise"),  # noqa: E501
+    (
+        "expect",
+        "hook-fp32",
+        "ran_past_max_steps",
+        True,
+        "opt.step() in on_train_batch_end: max_steps=3 never stops it",
+    ),
+    (
+        "same",
+        "hook-fp32",
+        "step-fp32",
+        "final_weights",
+        "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise",
+    ),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("clean", "fp16-skip-aware", "PitfallChecks: fp16-skip-aware has no finding"),
@@ -284,7 +311,6 @@ CLAIMS = [
     ("flags", "fp16-naive", "schedulers", "PitfallChecks flags fp16-naive: schedulers"),
     ("flags", "hook-fp32", "step-frequencies", "PitfallChecks flags hook-fp32: step-frequencies"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_05_skipped_steps", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)

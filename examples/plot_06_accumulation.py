@@ -225,10 +225,12 @@ from mpguide.verify.show import plotting, report
 
 
 class WindowProbe(Callback):
-    # fmt: off
-    measures = {"window_moved": "list[bool]", "scale_constant_in_windows": "bool", "overflow_window_skipped": "bool",
-                "other_windows_moved": "bool"}
-    # fmt: on
+    measures = {
+        "window_moved": "list[bool]",
+        "scale_constant_in_windows": "bool",
+        "overflow_window_skipped": "bool",
+        "other_windows_moved": "bool",
+    }
 
     def __init__(self):
         self.window_moved, self.scales, self.start = [], [], None  # moved per window; scale per micro-batch
@@ -285,12 +287,21 @@ recipes = {
 }
 probes = {name: [WindowProbe] for name in recipes if name != "automatic" and "N=3" not in name}
 probes.update({name: [TailProbe] for name in recipes if "N=3" in name})
-# fmt: off
 RUNS = [
     # run id           recipe                   precision     options
     ("auto-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"}),
-    ("auto-bf16", "automatic", "bf16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"}),  # noqa: E501
-    ("auto-fp16", "automatic", "16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"}),
+    (
+        "auto-bf16",
+        "automatic",
+        "bf16-mixed",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"},
+    ),
+    (
+        "auto-fp16",
+        "automatic",
+        "16-mixed",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"},
+    ),
     ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
@@ -300,8 +311,18 @@ RUNS = [
     ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
     ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
-    ("trainer-flag", "manual", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),  # noqa: E501
-    ("auto3-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 3}, "label": "automatic, N = 3, 32-true"}),  # noqa: E501
+    (
+        "trainer-flag",
+        "manual",
+        "32-true",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"},
+    ),
+    (
+        "auto3-fp32",
+        "automatic",
+        "32-true",
+        {"trainer": {"accumulate_grad_batches": 3}, "label": "automatic, N = 3, 32-true"},
+    ),
     ("manual3-fp32", "manual N=3", "32-true", {"label": "manual, N = 3, 32-true"}),
     ("modulo3-fp32", "modulo only N=3", "32-true", {"label": "(batch_idx + 1) % 3 only, 32-true"}),
 ]
@@ -316,12 +337,30 @@ CLAIMS = [
     ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
-    ("same", "manual3-fp32", "auto3-fp32", "final_weights", "N = 3, 28 batches per epoch: manual = automatic, bitwise (fp32)"),  # noqa: E501
+    (
+        "same",
+        "manual3-fp32",
+        "auto3-fp32",
+        "final_weights",
+        "N = 3, 28 batches per epoch: manual = automatic, bitwise (fp32)",
+    ),
     ("same", "manual3-fp32", "auto3-fp32", "global_step", "N = 3: as many optimizer steps as automatic accumulation"),
     ("expect", "manual3-fp32", "tail_stepped", True, "N = 3: each epoch's short last window steps"),
-    ("expect", "modulo3-fp32", "tail_stepped", False, "(batch_idx + 1) % N alone: the epoch's last window never steps"),
+    (
+        "expect",
+        "modulo3-fp32",
+        "tail_stepped",
+        False,
+        "(batch_idx + 1) % N alone: the epoch's last window never steps",
+    ),
     ("expect", "manual3-fp32", "schedule_equals_steps", True, "manual_stepping_batches = the optimizer steps taken"),
-    ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient accumulation is not supported for manual optimization", "Trainer(accumulate_grad_batches) is rejected in manual optimization"),  # noqa: E501
+    (
+        "raises",
+        "trainer-flag",
+        "MisconfigurationException",
+        "Automatic gradient accumulation is not supported for manual optimization",
+        "Trainer(accumulate_grad_batches) is rejected in manual optimization",
+    ),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
@@ -334,7 +373,6 @@ CLAIMS = [
     ("clean", "overflow-fp16", "PitfallChecks: overflow-fp16 has no finding"),
     ("flags", "zero-grad", "accumulation", "PitfallChecks flags zero-grad: accumulation"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)

@@ -120,7 +120,6 @@ recipes = {
     "manual_backward": functools.partial(Manual, optimizer="sgd", lr=0.05),
     "loss.backward()": functools.partial(Manual, plain_backward=True, optimizer="sgd", lr=0.05),
 }
-# fmt: off
 RUNS = [
     # run id                  recipe             precision     options
     ("fp16-manual-backward", "manual_backward", "16-mixed", {"label": "16-mixed, manual_backward"}),
@@ -130,11 +129,37 @@ RUNS = [
     ("flag-16-mixed", "manual_backward", "16-mixed", {"plain_flag": True, "label": 'Trainer(precision="16-mixed")'}),
 ]
 CLAIMS = [
-    ("raises", "fp16-loss-backward", "AssertionError", "Attempted unscale_ but _scale is None", "16-mixed: loss.backward() fails at the first step"),  # noqa: E501
-    ("match", "bf16-loss-backward", "bf16-manual-backward", "same-precision", "bf16-mixed: loss.backward() silently equals manual_backward"),  # noqa: E501
+    (
+        "raises",
+        "fp16-loss-backward",
+        "AssertionError",
+        "Attempted unscale_ but _scale is None",
+        "16-mixed: loss.backward() fails at the first step",
+    ),
+    (
+        "match",
+        "bf16-loss-backward",
+        "bf16-manual-backward",
+        "same-precision",
+        "bf16-mixed: loss.backward() silently equals manual_backward",
+    ),
     ("expect", "fp16-manual-backward", "has_scaler", True, "16-mixed as this site runs it has a GradScaler"),
-    ("warns", "flag-16-mixed", "UserWarning", "AMP with fp16 is not supported on CPU", "CPU: the plain flag warns and falls back", {"only_on": "cpu"}),  # noqa: E501
-    ("expect", "flag-16-mixed", "trainer_precision", "bf16-mixed", "CPU: the plain flag trains in bf16-mixed", {"only_on": "cpu"}),  # noqa: E501
+    (
+        "warns",
+        "flag-16-mixed",
+        "UserWarning",
+        "AMP with fp16 is not supported on CPU",
+        "CPU: the plain flag warns and falls back",
+        {"only_on": "cpu"},
+    ),
+    (
+        "expect",
+        "flag-16-mixed",
+        "trainer_precision",
+        "bf16-mixed",
+        "CPU: the plain flag trains in bf16-mixed",
+        {"only_on": "cpu"},
+    ),
     ("expect", "flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all", {"only_on": "cpu"}),
     ("expect", "flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler", {"only_on": "cuda"}),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -144,7 +169,6 @@ CLAIMS = [
     ("flags", "fp16-loss-backward", "backward-flags", "PitfallChecks flags fp16-loss-backward: backward-flags"),
     ("flags", "bf16-loss-backward", "backward-flags", "PitfallChecks flags bf16-loss-backward: backward-flags"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_07_backward_and_flags", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)

@@ -185,20 +185,47 @@ class DriftProbe(Callback):
 
 recipes = {"automatic": MuonMLP, "manual": lambda: MuonMLP(manual=True)}
 probes = {"automatic": [DriftProbe], "manual": [DriftProbe]}
-# fmt: off
 RUNS = [
     # run id               recipe       precision   options (each automatic run trains before its manual twin)
     ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
-    ("auto-fp16-plugin", "automatic", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"}),  # noqa: E501
-    ("manual-fp16-plugin", "manual", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"}),  # noqa: E501
+    (
+        "auto-fp16-plugin",
+        "automatic",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"},
+    ),
+    (
+        "manual-fp16-plugin",
+        "manual",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"},
+    ),
     ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
 ]
 CLAIMS = [
-    ("expect", "manual-fp16", "identical_to_automatic", False, "stock 16-mixed: the manual port of Muon differs from automatic"),  # noqa: E501
-    ("same", "manual-fp16-plugin", "auto-fp16-plugin", "weights_digest", "with ManualMixedPrecision: manual = automatic, bitwise"),  # noqa: E501
-    ("same", "auto-fp16-plugin", "auto-fp16", "weights_digest", "the plugin leaves automatic optimization unchanged, bitwise"),  # noqa: E501
+    (
+        "expect",
+        "manual-fp16",
+        "identical_to_automatic",
+        False,
+        "stock 16-mixed: the manual port of Muon differs from automatic",
+    ),
+    (
+        "same",
+        "manual-fp16-plugin",
+        "auto-fp16-plugin",
+        "weights_digest",
+        "with ManualMixedPrecision: manual = automatic, bitwise",
+    ),
+    (
+        "same",
+        "auto-fp16-plugin",
+        "auto-fp16",
+        "weights_digest",
+        "the plugin leaves automatic optimization unchanged, bitwise",
+    ),
     ("same", "manual-bf16", "auto-bf16", "weights_digest", "bf16-mixed: manual = automatic, bitwise"),
     ("match", "manual-fp16", "auto-fp16", "mixed-vs-fp32", "the drift does not show in the loss curve"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -209,7 +236,6 @@ CLAIMS = [
     ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
     ("flags", "manual-fp16", "optimizer-math", "PitfallChecks flags manual-fp16: optimizer-math"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)

@@ -161,20 +161,42 @@ recipes = {
     "half adapter, no clipping": lambda: BodyAndAdapter(half_adapter=True, clip=False),
     "fp32 adapter": lambda: BodyAndAdapter(half_adapter=False),
 }
-# fmt: off
 RUNS = [
     # run id              recipe                       precision     options
     ("half-fp16", "half adapter", "16-mixed", {"label": "fp16 adapter, 16-mixed"}),
     ("half-bf16", "half adapter", "bf16-mixed", {"label": "fp16 adapter, bf16-mixed, clipping"}),
-    ("half-bf16-noclip", "half adapter, no clipping", "bf16-mixed", {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}}),  # noqa: E501
+    (
+        "half-bf16-noclip",
+        "half adapter, no clipping",
+        "bf16-mixed",
+        {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}},
+    ),
     ("fp32", "fp32 adapter", "32-true", {"label": "fp32 adapter, fp32"}),
     ("fixed-bf16", "fp32 adapter", "bf16-mixed", {"label": "fp32 adapter, bf16-mixed"}),
     ("fixed-fp16", "fp32 adapter", "16-mixed", {"label": "fp32 adapter, 16-mixed"}),
 ]
 CLAIMS = [
-    ("raises", "half-fp16", "ValueError", "Attempting to unscale FP16 gradients.", "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients"),  # noqa: E501
-    ("raises", "half-bf16", "RuntimeError", "Unexpected floating ScalarType in at::autocast::prioritize", "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails"),  # noqa: E501
-    ("raises", "half-bf16-noclip", "RuntimeError", "returned nan values", "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN"),  # noqa: E501
+    (
+        "raises",
+        "half-fp16",
+        "ValueError",
+        "Attempting to unscale FP16 gradients.",
+        "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients",
+    ),
+    (
+        "raises",
+        "half-bf16",
+        "RuntimeError",
+        "Unexpected floating ScalarType in at::autocast::prioritize",
+        "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails",
+    ),
+    (
+        "raises",
+        "half-bf16-noclip",
+        "RuntimeError",
+        "returned nan values",
+        "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN",
+    ),
     ("match", "fixed-bf16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, bf16-mixed = fp32"),
     ("match", "fixed-fp16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, 16-mixed = fp32"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -185,7 +207,6 @@ CLAIMS = [
     ("flags", "half-bf16", "fp16-parameters", "PitfallChecks flags half-bf16: fp16-parameters"),
     ("flags", "half-bf16-noclip", "fp16-parameters", "PitfallChecks flags half-bf16-noclip: fp16-parameters"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)

@@ -162,28 +162,64 @@ recipes = {
     "sync at window end, overflow on rank 0": overflow_on_rank_zero(AccumulateSyncAtWindowEnd),
     "never sync, overflow on rank 0": overflow_on_rank_zero(AccumulateNeverSync),
 }
-# fmt: off
 RUNS = [
     # run id               recipe                                    precision   options
     ("single-fp32", "sync at window end", "32-true", {"label": "1 process, global batch 64, fp32"}),
-    ("ddp-fp32-every", "sync every micro-batch", "32-true", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"}),  # noqa: E501
-    ("ddp-fp32-window-end", "sync at window end", "32-true", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"}),  # noqa: E501
-    ("ddp-16-window-end", "sync at window end, overflow on rank 0", "16-mixed", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"}),  # noqa: E501
-    ("ddp-16-never", "never sync, overflow on rank 0", "16-mixed", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"}),  # noqa: E501
+    (
+        "ddp-fp32-every",
+        "sync every micro-batch",
+        "32-true",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"},
+    ),
+    (
+        "ddp-fp32-window-end",
+        "sync at window end",
+        "32-true",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"},
+    ),
+    (
+        "ddp-16-window-end",
+        "sync at window end, overflow on rank 0",
+        "16-mixed",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"},
+    ),
+    (
+        "ddp-16-never",
+        "never sync, overflow on rank 0",
+        "16-mixed",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"},
+    ),
 ]
 CLAIMS = [
-    ("match", "ddp-fp32-window-end", "ddp-fp32-every", "same-precision", "sync at window end = sync every micro-batch (fp32)"),  # noqa: E501
+    (
+        "match",
+        "ddp-fp32-window-end",
+        "ddp-fp32-every",
+        "same-precision",
+        "sync at window end = sync every micro-batch (fp32)",
+    ),
     ("match", "ddp-fp32-window-end", "single-fp32", "same-precision", "DDP x2 = 1 process, same global batch"),
     ("expect", "ddp-fp32-every", "allreduces_per_optimizer_step", 4.0, "sync every micro-batch: 4 all-reduces/step"),
     ("expect", "ddp-fp32-window-end", "allreduces_per_optimizer_step", 1.0, "sync at window end: 1 all-reduce/step"),
-    ("expect", "ddp-fp32-window-end", "allreduce_bytes_per_optimizer_step", 19240, "one all-reduce = 4810 fp32 gradients"),  # noqa: E501
+    (
+        "expect",
+        "ddp-fp32-window-end",
+        "allreduce_bytes_per_optimizer_step",
+        19240,
+        "one all-reduce = 4810 fp32 gradients",
+    ),
     ("expect", "ddp-fp32-window-end", "weights_agree_across_ranks", True, "replicas stay bitwise equal"),
-    ("expect", "ddp-16-window-end", "skipped_batches_per_rank", [[3, 43], [3, 43]], "16-mixed: overflow on rank 0 alone skips the window on both ranks"),  # noqa: E501
+    (
+        "expect",
+        "ddp-16-window-end",
+        "skipped_batches_per_rank",
+        [[3, 43], [3, 43]],
+        "16-mixed: overflow on rank 0 alone skips the window on both ranks",
+    ),
     ("expect", "ddp-16-window-end", "weights_agree_across_ranks", True, "16-mixed: replicas stay bitwise equal"),
     ("expect", "ddp-16-never", "skipped_batches_per_rank", [[3, 43], []], "never syncing: only rank 0 skips"),
     ("expect", "ddp-16-never", "weights_agree_across_ranks", False, "never syncing: the replicas drift apart"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, train=distributed.train_run)
 

@@ -338,7 +338,11 @@ from mpguide.verify.show import plotting, report
 
 
 class HeadUpdate:
-    measures = {"head_update_factor": "list[finite]", "predicted_factor": "list[finite]", "predicted_first_three": "list[finite]"}  # noqa: E501  # fmt: skip
+    measures = {
+        "head_update_factor": "list[finite]",
+        "predicted_factor": "list[finite]",
+        "predicted_first_three": "list[finite]",
+    }
 
     def __init__(self):
         self.factors, self.predicted = [], []
@@ -394,41 +398,114 @@ class UnusedModelMoved:
         return {"unused_model_moved": not torch.equal(self.initial, self.recipe.unused.weight.detach())}
 
 
-# fmt: off
-recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer, "library-free": LibraryFree,
-           "fabric.autocast() at 32-true": FabricAutocast32}
-probes = {"body+head": [HeadUpdate, Weights], "unused optimizer": [UnusedModelMoved], "library-free": [Weights],
-          "fabric.autocast() at 32-true": [Weights]}
-PLUGINS = {"FabricManualMixedPrecision": fabric.FabricManualMixedPrecision, "Trainer's MixedPrecision": TrainerMixedPrecision}  # noqa: E501
+recipes = {
+    "body+head": BodyAndHead,
+    "unused optimizer": StepsAnUnusedOptimizer,
+    "library-free": LibraryFree,
+    "fabric.autocast() at 32-true": FabricAutocast32,
+}
+probes = {
+    "body+head": [HeadUpdate, Weights],
+    "unused optimizer": [UnusedModelMoved],
+    "library-free": [Weights],
+    "fabric.autocast() at 32-true": [Weights],
+}
+PLUGINS = {
+    "FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
+    "Trainer's MixedPrecision": TrainerMixedPrecision,
+}
 RUNS = [
     # run id                     recipe                           precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Fabric's MixedPrecision"}),
-    ("fp16-fixed", "body+head", "16-mixed", {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"}),  # noqa: E501
+    (
+        "fp16-fixed",
+        "body+head",
+        "16-mixed",
+        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"},
+    ),
     ("unused-fp32", "unused optimizer", "32-true", {"label": "fp32, optimizer without gradients"}),
     ("unused-fp16-stock", "unused optimizer", "16-mixed", {"label": "16-mixed, optimizer without gradients"}),
-    ("unused-fp16-fixed", "unused optimizer", "16-mixed", {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"}),  # noqa: E501
-    ("manual-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"}),  # noqa: E501
-    ("trainer-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"}),  # noqa: E501
+    (
+        "unused-fp16-fixed",
+        "unused optimizer",
+        "16-mixed",
+        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"},
+    ),
+    (
+        "manual-plugin-in-fabric",
+        "body+head",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"},
+    ),
+    (
+        "trainer-plugin-in-fabric",
+        "body+head",
+        "16-mixed",
+        {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"},
+    ),
     ("libfree", "library-free", "32-true", {"label": "no library: own autocast + GradScaler"}),
     ("autocast32", "fabric.autocast() at 32-true", "32-true", {"label": "fabric.autocast() at 32-true"}),
 ]
 CLAIMS = [
-    ("expect", "fp16-stock", "predicted_first_three", [1.0, 2.0, 1.0], "stock: head update x1, x2, x1 around an overflow"),  # noqa: E501
-    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock: head update = fp32 update x predicted factor"),  # noqa: E501
-    ("expect", "fp16-fixed", "predicted_first_three", [1.0, 1.0, 1.0], "fixed: the scale never changes mid-iteration"),
+    (
+        "expect",
+        "fp16-stock",
+        "predicted_first_three",
+        [1.0, 2.0, 1.0],
+        "stock: head update x1, x2, x1 around an overflow",
+    ),
+    (
+        "ratio",
+        "fp16-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock: head update = fp32 update x predicted factor",
+    ),
+    (
+        "expect",
+        "fp16-fixed",
+        "predicted_first_three",
+        [1.0, 1.0, 1.0],
+        "fixed: the scale never changes mid-iteration",
+    ),
     ("ratio", "fp16-fixed", "fp32", "head_update_factor", 1.0, "update-ratio", "fixed: head update = fp32 update"),
     ("match", "fp16-fixed", "fp32", "mixed-vs-fp32", "fixed: 16-mixed loss = fp32 loss"),
     ("expect", "unused-fp32", "unused_model_moved", False, "fp32: the empty step silently does nothing"),
-    ("raises", "unused-fp16-stock", "AssertionError", "No inf checks were recorded for this optimizer", "stock 16-mixed: the empty step raises"),  # noqa: E501
-    ("warns", "unused-fp16-fixed", "NoGradientStepWarning", "none of its parameters has a gradient", "fixed: the empty step warns"),  # noqa: E501
+    (
+        "raises",
+        "unused-fp16-stock",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "stock 16-mixed: the empty step raises",
+    ),
+    (
+        "warns",
+        "unused-fp16-fixed",
+        "NoGradientStepWarning",
+        "none of its parameters has a gradient",
+        "fixed: the empty step warns",
+    ),
     ("expect", "unused-fp16-fixed", "unused_model_moved", False, "fixed: the empty step does nothing, as in fp32"),
-    ("raises", "manual-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'", "ManualMixedPrecision cannot be passed to Fabric"),  # noqa: E501
-    ("raises", "trainer-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'", "nor can the Trainer's own MixedPrecision"),  # noqa: E501
+    (
+        "raises",
+        "manual-plugin-in-fabric",
+        "AttributeError",
+        "'NoneType' object has no attribute 'trainer'",
+        "ManualMixedPrecision cannot be passed to Fabric",
+    ),
+    (
+        "raises",
+        "trainer-plugin-in-fabric",
+        "AttributeError",
+        "'NoneType' object has no attribute 'trainer'",
+        "nor can the Trainer's own MixedPrecision",
+    ),
     ("same", "libfree", "fp16-fixed", "weights", "no library: weights = FabricManualMixedPrecision (bitwise)"),
     ("match", "libfree", "fp32", "mixed-vs-fp32", "no library: 16-mixed loss = fp32 loss"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS, probes=probes, train=fabric_runs.train_run

@@ -192,11 +192,17 @@ from mpguide.verify.show import plotting, report
 
 
 class WeightsMoved(Callback):
-    # fmt: off
-    measures = {"student_moved": "count", "teacher_moved": "count", "teacher_elements": "count", "teacher_unchanged": "count",  # noqa: E501
-                "teacher_followed": "count", "teacher_frozen": "count", "nonfinite_weights": "count",
-                "weight_dtype": "name", "teacher_dtype": "name"}
-    # fmt: on
+    measures = {
+        "student_moved": "count",
+        "teacher_moved": "count",
+        "teacher_elements": "count",
+        "teacher_unchanged": "count",
+        "teacher_followed": "count",
+        "teacher_frozen": "count",
+        "nonfinite_weights": "count",
+        "weight_dtype": "name",
+        "teacher_dtype": "name",
+    }
 
     def on_fit_start(self, trainer, pl_module):
         self.module = pl_module
@@ -225,9 +231,9 @@ class WeightsMoved(Callback):
         }
 
 
-# fmt: off
 recipes = {
-    "teacher in the module's dtype": StudentTeacher, "fp32 teacher from bf16 weights": FP32Teacher,
+    "teacher in the module's dtype": StudentTeacher,
+    "fp32 teacher from bf16 weights": FP32Teacher,
     "fp32 teacher from weights cast to fp32": FP32TeacherFromCast,
     "AdamW": lambda: StudentTeacher(optimizer="adamw", lr=1e-3),
     "AdamW with eps 1e-4": lambda: StudentTeacher(optimizer="adamw", lr=1e-3, eps=1e-4),
@@ -239,24 +245,65 @@ RUNS = [
     ("bf16-mixed", "teacher in the module's dtype", "bf16-mixed", {"label": "SGD, bf16-mixed"}),
     ("bf16-true", "teacher in the module's dtype", "bf16-true", {"label": "SGD, bf16-true (bf16 teacher)"}),
     ("fp32-teacher", "fp32 teacher from bf16 weights", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher"}),
-    ("fp32-teacher-cast", "fp32 teacher from weights cast to fp32", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher from cast weights"}),  # noqa: E501
+    (
+        "fp32-teacher-cast",
+        "fp32 teacher from weights cast to fp32",
+        "bf16-true",
+        {"label": "SGD, bf16-true, fp32 teacher from cast weights"},
+    ),
     ("adamw-fp32", "AdamW", "32-true", {"label": "AdamW, fp32"}),
     ("adamw-16-mixed", "AdamW", "16-mixed", {"label": "AdamW, 16-mixed"}),
     ("adamw-16-true", "AdamW", "16-true", {"label": "AdamW, 16-true", "trainer": {"detect_anomaly": True}}),
     ("adamw-16-true-eps", "AdamW with eps 1e-4", "16-true", {"label": "AdamW eps=1e-4, 16-true"}),
 ]
 CLAIMS = [
-    ("rate_ratio", "bf16-true", "updates_lost/updates_with_gradient", "pitfall-majority", "bf16-true: most SGD updates round away"),  # noqa: E501
+    (
+        "rate_ratio",
+        "bf16-true",
+        "updates_lost/updates_with_gradient",
+        "pitfall-majority",
+        "bf16-true: most SGD updates round away",
+    ),
     ("rate_ratio", "fp32", "updates_kept/updates_with_gradient", "updates-kept", "fp32: every update is kept"),
-    ("rate_ratio", "bf16-mixed", "updates_kept/updates_with_gradient", "updates-kept", "bf16-mixed (fp32 weights): every update is kept"),  # noqa: E501
+    (
+        "rate_ratio",
+        "bf16-mixed",
+        "updates_kept/updates_with_gradient",
+        "updates-kept",
+        "bf16-mixed (fp32 weights): every update is kept",
+    ),
     ("match", "bf16-mixed", "fp32", "mixed-vs-fp32", "bf16-mixed = fp32"),
-    ("rate_ratio", "bf16-true", "teacher_frozen/student_moved", "pitfall-majority", "bf16 teacher: most weights never follow the student"),  # noqa: E501
+    (
+        "rate_ratio",
+        "bf16-true",
+        "teacher_frozen/student_moved",
+        "pitfall-majority",
+        "bf16 teacher: most weights never follow the student",
+    ),
     ("rate_ratio", "fp32", "teacher_followed/student_moved", "updates-kept", "fp32 teacher follows the student"),
-    ("raises", "fp32-teacher", "RuntimeError", "expected dtype float for `end`", "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes"),  # noqa: E501
-    ("rate_ratio", "fp32-teacher-cast", "teacher_followed/student_moved", "updates-kept", "fix: fp32 teacher from weights cast to fp32 follows the student"),  # noqa: E501
+    (
+        "raises",
+        "fp32-teacher",
+        "RuntimeError",
+        "expected dtype float for `end`",
+        "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes",
+    ),
+    (
+        "rate_ratio",
+        "fp32-teacher-cast",
+        "teacher_followed/student_moved",
+        "updates-kept",
+        "fix: fp32 teacher from weights cast to fp32 follows the student",
+    ),
     ("raises", "adamw-16-true", "RuntimeError", "returned nan values", "16-true, AdamW eps=1e-8: NaN"),
     ("expect", "adamw-16-true", "batches", 1, "16-true, AdamW eps=1e-8: NaN weights after the first step"),
-    ("diverge", "adamw-16-true-eps", "adamw-fp32", "pitfall-gap", "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW"),  # noqa: E501
+    (
+        "diverge",
+        "adamw-16-true-eps",
+        "adamw-fp32",
+        "pitfall-gap",
+        "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW",
+    ),
     ("match", "adamw-16-mixed", "adamw-fp32", "mixed-vs-fp32", "fix: AdamW under 16-mixed = fp32"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
@@ -268,7 +315,6 @@ CLAIMS = [
     ("flags", "fp32-teacher-cast", "fp16-parameters", "PitfallChecks flags fp32-teacher-cast: fp16-parameters"),
     ("flags", "adamw-16-true", "fp16-parameters", "PitfallChecks flags adamw-16-true: fp16-parameters"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)

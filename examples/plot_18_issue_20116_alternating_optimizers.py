@@ -436,10 +436,13 @@ def flat_grad(opt):
 
 
 class MicroBatches(Callback):
-    # fmt: off
-    measures = {"micro_batches_kept": "list[count]", "micro_batches_per_window": "list[count]",
-        "windows_with_scale_change": "count", "scale_changed_inside_a_window": "bool", "optimizer_steps": "count"}
-    # fmt: on
+    measures = {
+        "micro_batches_kept": "list[count]",
+        "micro_batches_per_window": "list[count]",
+        "windows_with_scale_change": "count",
+        "scale_changed_inside_a_window": "bool",
+        "optimizer_steps": "count",
+    }
 
     def __init__(self):
         self.added = {}  # optimizer -> [(gradient one backward added, loss scale of that backward)]
@@ -490,56 +493,182 @@ recipes = {
     "overlapping windows, growth_interval=1": type("OverlapGrowth", (OftenChangingScale, OverlappingWindows), {}),
 }
 probes = {name: [GeneratorAndWeights, MicroBatches] for name in recipes}
-# fmt: off
 RUNS = [
     ("rep-fp32", "#20116 as posted", "32-true", {"label": "#20116 as posted, 32-true"}),
     ("rep-fp16", "#20116 as posted", "16-mixed", {"label": "#20116 as posted, 16-mixed"}),
     ("rep-n1-fp16", "#20116, N=1", "16-mixed", {"label": "#20116, N=1 (no accumulation), 16-mixed"}),
     ("rep-notoggle-fp16", "#20116, no toggle_model", "16-mixed", {"label": "#20116 without toggle_model, 16-mixed"}),
-    ("unreached-fp32", "#20116, model 2 loss detached", "32-true", {"label": "#20116, model 2's loss detached, 32-true"}),  # noqa: E501
-    ("unreached-fp16", "#20116, model 2 loss detached", "16-mixed", {"label": "#20116, model 2's loss detached, 16-mixed"}),  # noqa: E501
-    ("unreached-toggle-fp32", "#20116, model 2 loss detached, toggle_model", "32-true", {"label": "same with toggle_model, 32-true"}),  # noqa: E501
-    ("unreached-toggle-fp16", "#20116, model 2 loss detached, toggle_model", "16-mixed", {"label": "same with toggle_model, 16-mixed"}),  # noqa: E501
-    ("unreached-guard-fp16", "#20116, model 2 loss detached, guard", "16-mixed", {"label": "model 2's loss detached + has_gradients guard, 16-mixed"}),  # noqa: E501
-    ("unreached-fp16-plugin", "#20116, model 2 loss detached", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed"}),  # noqa: E501
+    (
+        "unreached-fp32",
+        "#20116, model 2 loss detached",
+        "32-true",
+        {"label": "#20116, model 2's loss detached, 32-true"},
+    ),
+    (
+        "unreached-fp16",
+        "#20116, model 2 loss detached",
+        "16-mixed",
+        {"label": "#20116, model 2's loss detached, 16-mixed"},
+    ),
+    (
+        "unreached-toggle-fp32",
+        "#20116, model 2 loss detached, toggle_model",
+        "32-true",
+        {"label": "same with toggle_model, 32-true"},
+    ),
+    (
+        "unreached-toggle-fp16",
+        "#20116, model 2 loss detached, toggle_model",
+        "16-mixed",
+        {"label": "same with toggle_model, 16-mixed"},
+    ),
+    (
+        "unreached-guard-fp16",
+        "#20116, model 2 loss detached, guard",
+        "16-mixed",
+        {"label": "model 2's loss detached + has_gradients guard, 16-mixed"},
+    ),
+    (
+        "unreached-fp16-plugin",
+        "#20116, model 2 loss detached",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed"},
+    ),
     ("fixed-fp32", "#20116 fixed", "32-true", {"label": "#20116 fixed, 32-true"}),
     ("fixed-fp16", "#20116 fixed", "16-mixed", {"label": "#20116 fixed, 16-mixed"}),
-    ("fixed-unreached-fp16", "#20116 fixed, model 2's loss reaches none of it", "16-mixed", {"label": "#20116 fixed, model 2's loss misses it, 16-mixed"}),  # noqa: E501
-    ("fixed-detached-fp16", "#20116 fixed, model 2 loss detached", "16-mixed", {"label": "#20116 fixed, model 2's loss detached, 16-mixed"}),  # noqa: E501
-    ("fixed-fp16-growth", "#20116 fixed, growth_interval=1", "16-mixed", {"label": "#20116 fixed, scale changes every step, 16-mixed"}),  # noqa: E501
-    ("overlap-fp16-growth", "overlapping windows, growth_interval=1", "16-mixed", {"label": "D inside G's window, scale changes every step, 16-mixed"}),  # noqa: E501
+    (
+        "fixed-unreached-fp16",
+        "#20116 fixed, model 2's loss reaches none of it",
+        "16-mixed",
+        {"label": "#20116 fixed, model 2's loss misses it, 16-mixed"},
+    ),
+    (
+        "fixed-detached-fp16",
+        "#20116 fixed, model 2 loss detached",
+        "16-mixed",
+        {"label": "#20116 fixed, model 2's loss detached, 16-mixed"},
+    ),
+    (
+        "fixed-fp16-growth",
+        "#20116 fixed, growth_interval=1",
+        "16-mixed",
+        {"label": "#20116 fixed, scale changes every step, 16-mixed"},
+    ),
+    (
+        "overlap-fp16-growth",
+        "overlapping windows, growth_interval=1",
+        "16-mixed",
+        {"label": "D inside G's window, scale changes every step, 16-mixed"},
+    ),
 ]
 CLAIMS = [
-    ("expect", "rep-fp16", "generator_changed", True, "#20116 as posted trains both models under 16-mixed (no AssertionError here)"),  # noqa: E501
+    (
+        "expect",
+        "rep-fp16",
+        "generator_changed",
+        True,
+        "#20116 as posted trains both models under 16-mixed (no AssertionError here)",
+    ),
     ("match", "rep-fp16", "rep-fp32", "mixed-vs-fp32", "#20116 as posted: 16-mixed = fp32"),
-    ("expect", "rep-fp32", "micro_batches_kept", [1], "#20116 as posted: zero_grad() at the top leaves only the window's last micro-batch in each step"),  # noqa: E501
+    (
+        "expect",
+        "rep-fp32",
+        "micro_batches_kept",
+        [1],
+        "#20116 as posted: zero_grad() at the top leaves only the window's last micro-batch in each step",
+    ),
     ("expect", "rep-n1-fp16", "generator_changed", True, "#20116 with N=1 trains under 16-mixed"),
     ("expect", "rep-notoggle-fp16", "generator_changed", True, "#20116 without toggle_model trains under 16-mixed"),
-    ("raises", "unreached-fp16", "AssertionError", "No inf checks were recorded for this optimizer", "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's first step"),  # noqa: E501
-    ("expect", "unreached-fp32", "generator_changed", False, "the same code in fp32: no error, model 2 never changes"),
-    ("raises", "unreached-toggle-fp32", "RuntimeError", "does not require grad", "with toggle_model the same mistake stops in backward instead (fp32)"),  # noqa: E501
-    ("raises", "unreached-toggle-fp16", "RuntimeError", "does not require grad", "with toggle_model the same mistake stops in backward instead (16-mixed)"),  # noqa: E501
-    ("match", "unreached-guard-fp16", "unreached-fp32", "mixed-vs-fp32", "has_gradients guard: 16-mixed completes and = fp32"),  # noqa: E501
+    (
+        "raises",
+        "unreached-fp16",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's first step",
+    ),
+    (
+        "expect",
+        "unreached-fp32",
+        "generator_changed",
+        False,
+        "the same code in fp32: no error, model 2 never changes",
+    ),
+    (
+        "raises",
+        "unreached-toggle-fp32",
+        "RuntimeError",
+        "does not require grad",
+        "with toggle_model the same mistake stops in backward instead (fp32)",
+    ),
+    (
+        "raises",
+        "unreached-toggle-fp16",
+        "RuntimeError",
+        "does not require grad",
+        "with toggle_model the same mistake stops in backward instead (16-mixed)",
+    ),
+    (
+        "match",
+        "unreached-guard-fp16",
+        "unreached-fp32",
+        "mixed-vs-fp32",
+        "has_gradients guard: 16-mixed completes and = fp32",
+    ),
     ("expect", "unreached-guard-fp16", "generator_changed", False, "has_gradients guard: the empty step is skipped"),
-    ("warns", "fixed-unreached-fp16", "UserWarning", "optimizer 1 skipped at batch 5", "the fix, model 2's loss missing it: the skip is visible (a warning naming optimizer and batch)"),  # noqa: E501
+    (
+        "warns",
+        "fixed-unreached-fp16",
+        "UserWarning",
+        "optimizer 1 skipped at batch 5",
+        "the fix, model 2's loss missing it: the skip is visible (a warning naming optimizer and batch)",
+    ),
     ("expect", "fixed-unreached-fp16", "generator_changed", False, "the fix, model 2's loss missing it: G frozen"),
-    ("warns", "fixed-detached-fp16", "UserWarning", "optimizer 1 skipped at batch 5", "the fix, model 2's loss detached: no RuntimeError, the skip is visible"),  # noqa: E501
+    (
+        "warns",
+        "fixed-detached-fp16",
+        "UserWarning",
+        "optimizer 1 skipped at batch 5",
+        "the fix, model 2's loss detached: no RuntimeError, the skip is visible",
+    ),
     ("expect", "fixed-detached-fp16", "generator_changed", False, "the fix, model 2's loss detached: G frozen"),
     ("no_warning", "fixed-fp16", "skipped at batch", "the fix on #20116's own step: no skip, no warning"),
-    ("warns", "unreached-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient", "plugin: the same code completes under 16-mixed and warns"),  # noqa: E501
+    (
+        "warns",
+        "unreached-fp16-plugin",
+        "NoGradientStepWarning",
+        "was stepped but none of its parameters has a gradient",
+        "plugin: the same code completes under 16-mixed and warns",
+    ),
     ("match", "unreached-fp16-plugin", "unreached-fp32", "mixed-vs-fp32", "plugin: 16-mixed = fp32"),
     ("expect", "fixed-fp32", "micro_batches_kept", [3], "the fix: each step holds all 3 micro-batches of its window"),
     ("expect", "fixed-fp16", "generator_changed", True, "the fix trains both models under 16-mixed"),
     ("match", "fixed-fp16", "fixed-fp32", "mixed-vs-fp32", "the fix: 16-mixed = fp32"),
-    ("expect", "fixed-fp16-growth", "scale_changed_inside_a_window", False, "one optimizer per window: the scale never changes inside a window, even when it changes every step"),  # noqa: E501
-    ("expect", "overlap-fp16-growth", "scale_changed_inside_a_window", True, "D stepping inside G's window: a scale change lands inside G's windows"),  # noqa: E501
+    (
+        "expect",
+        "fixed-fp16-growth",
+        "scale_changed_inside_a_window",
+        False,
+        "one optimizer per window: the scale never changes inside a window, even when it changes every step",
+    ),
+    (
+        "expect",
+        "overlap-fp16-growth",
+        "scale_changed_inside_a_window",
+        True,
+        "D stepping inside G's window: a scale change lands inside G's windows",
+    ),
     ("clean", "rep-n1-fp16", "PitfallChecks: rep-n1-fp16 has no finding"),
     ("clean", "fixed-fp32", "PitfallChecks: fixed-fp32 has no finding"),
     ("clean", "fixed-fp16", "PitfallChecks: fixed-fp16 has no finding"),
     ("clean", "fixed-fp16-growth", "PitfallChecks: fixed-fp16-growth has no finding"),
     ("flags", "unreached-fp32", "no-gradient-step", "PitfallChecks flags unreached-fp32: no-gradient-step"),
     ("flags", "unreached-fp16", "no-gradient-step", "PitfallChecks flags unreached-fp16: no-gradient-step"),
-    ("flags", "unreached-fp16-plugin", "no-gradient-step", "PitfallChecks flags unreached-fp16-plugin: no-gradient-step"),  # noqa: E501
+    (
+        "flags",
+        "unreached-fp16-plugin",
+        "no-gradient-step",
+        "PitfallChecks flags unreached-fp16-plugin: no-gradient-step",
+    ),
     ("flags", "overlap-fp16-growth", "scale-changes", "PitfallChecks flags overlap-fp16-growth: scale-changes"),
     ("flags", "rep-fp32", "accumulation", "PitfallChecks flags rep-fp32: accumulation"),
     ("flags", "rep-fp16", "accumulation", "PitfallChecks flags rep-fp16: accumulation"),
@@ -547,10 +676,19 @@ CLAIMS = [
     ("flags", "unreached-toggle-fp32", "accumulation", "PitfallChecks flags unreached-toggle-fp32: accumulation"),
     ("flags", "unreached-toggle-fp16", "accumulation", "PitfallChecks flags unreached-toggle-fp16: accumulation"),
     ("flags", "unreached-guard-fp16", "accumulation", "PitfallChecks flags unreached-guard-fp16: accumulation"),
-    ("flags", "fixed-unreached-fp16", "no-gradient-step", "PitfallChecks flags fixed-unreached-fp16: the guard skipped every step of model 2"),  # noqa: E501
-    ("flags", "fixed-detached-fp16", "no-gradient-step", "PitfallChecks flags fixed-detached-fp16: the guard skipped every step of model 2"),  # noqa: E501
+    (
+        "flags",
+        "fixed-unreached-fp16",
+        "no-gradient-step",
+        "PitfallChecks flags fixed-unreached-fp16: the guard skipped every step of model 2",
+    ),
+    (
+        "flags",
+        "fixed-detached-fp16",
+        "no-gradient-step",
+        "PitfallChecks flags fixed-detached-fp16: the guard skipped every step of model 2",
+    ),
 ]
-# fmt: on
 
 checked = runner.with_checks(recipes, probes)  # and PitfallChecks on every run (mpguide.checks)
 brief = lambda line: line.startswith("  [") or print(line)  # noqa: E731 (the page prints no line per run)

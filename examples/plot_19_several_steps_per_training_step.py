@@ -239,12 +239,16 @@ from mpguide.verify.show import plotting, report
 
 
 class StepProbe(Callback):
-    # fmt: off
-    measures = {"optimizer_steps_per_batch": "number", "actor_clip_factor": "list[number]",
-                "critic_clip_factor": "list[number]", "actor_scaled_prediction": "list[number]",
-                "critic_scaled_prediction": "list[number]",
-                "scale_updates_per_optimizer_step": "number", "scale_updates": "count", "steps_skipped": "count"}
-    # fmt: on
+    measures = {
+        "optimizer_steps_per_batch": "number",
+        "actor_clip_factor": "list[number]",
+        "critic_clip_factor": "list[number]",
+        "actor_scaled_prediction": "list[number]",
+        "critic_scaled_prediction": "list[number]",
+        "scale_updates_per_optimizer_step": "number",
+        "scale_updates": "count",
+        "steps_skipped": "count",
+    }
 
     def __init__(self):
         self.true_norm, self.updates, self.skipped, self.batch = {}, 0, 0, None
@@ -305,29 +309,96 @@ class StepProbe(Callback):
 
 recipes = {"PPO": PPO, "clip before step": ClipBeforeStep}
 probes = {name: [StepProbe] for name in recipes}
-# fmt: off
 RUNS = [
     # run id          recipe               precision     options
     ("ppo-fp32", "PPO", "32-true", {"label": "PPO, fp32", "trainer": {"limit_train_batches": 3}}),
     ("ppo-bf16", "PPO", "bf16-mixed", {"label": "PPO, bf16-mixed", "trainer": {"limit_train_batches": 3}}),
     ("ppo-fp16", "PPO", "16-mixed", {"label": "PPO, 16-mixed", "trainer": {"limit_train_batches": 3}}),
-    ("old-clip-fp16", "clip before step", "16-mixed", {"label": "clip before opt.step(), 16-mixed", "trainer": {"limit_train_batches": 3}}),  # noqa: E501
+    (
+        "old-clip-fp16",
+        "clip before step",
+        "16-mixed",
+        {"label": "clip before opt.step(), 16-mixed", "trainer": {"limit_train_batches": 3}},
+    ),
     ("max-steps-fp32", "PPO", "32-true", {"label": "PPO, fp32, max_steps=30", "trainer": {"max_steps": 30}}),
 ]
 CLAIMS = [
-    ("expect", "ppo-fp32", "optimizer_steps_per_batch", 8.0, "fp32: global_step counts all 8 optimizer steps of each batch"),  # noqa: E501
-    ("expect", "ppo-bf16", "optimizer_steps_per_batch", 8.0, "bf16-mixed: global_step counts all 8 steps of each batch"),  # noqa: E501
-    ("expect", "ppo-fp16", "optimizer_steps_per_batch", 8.0, "16-mixed: global_step counts all 8 steps of each batch"),
+    (
+        "expect",
+        "ppo-fp32",
+        "optimizer_steps_per_batch",
+        8.0,
+        "fp32: global_step counts all 8 optimizer steps of each batch",
+    ),
+    (
+        "expect",
+        "ppo-bf16",
+        "optimizer_steps_per_batch",
+        8.0,
+        "bf16-mixed: global_step counts all 8 steps of each batch",
+    ),
+    (
+        "expect",
+        "ppo-fp16",
+        "optimizer_steps_per_batch",
+        8.0,
+        "16-mixed: global_step counts all 8 steps of each batch",
+    ),
     ("expect", "max-steps-fp32", "global_step", 32, "max_steps=30 stops after the fourth batch, at global_step 32"),
     ("expect", "max-steps-fp32", "batches", 4, "max_steps=30: four batches trained"),
-    ("ratio", "ppo-fp16", "ppo-fp32", "actor_clip_factor", 1.0, "clipped-norm", "16-mixed: the actor's clip acts as in fp32"),  # noqa: E501
-    ("ratio", "ppo-fp16", "ppo-fp32", "critic_clip_factor", 1.0, "clipped-norm", "16-mixed: the critic's clip acts as in fp32"),  # noqa: E501
-    ("ratio", "ppo-bf16", "ppo-fp32", "actor_clip_factor", 1.0, "clipped-norm", "bf16-mixed: the actor's clip acts as in fp32"),  # noqa: E501
-    ("ratio", "old-clip-fp16", "ppo-fp32", "actor_clip_factor", "actor_scaled_prediction", "clipped-norm", "old advice, 16-mixed: the actor's clip cuts the scaled gradient"),  # noqa: E501
-    ("ratio", "old-clip-fp16", "ppo-fp32", "critic_clip_factor", "critic_scaled_prediction", "clipped-norm", "old advice, 16-mixed: the critic's clip cuts the scaled gradient"),  # noqa: E501
-    ("expect", "ppo-fp16", "scale_updates_per_optimizer_step", 1.0, "16-mixed: GradScaler.update runs once per optimizer step"),  # noqa: E501
+    (
+        "ratio",
+        "ppo-fp16",
+        "ppo-fp32",
+        "actor_clip_factor",
+        1.0,
+        "clipped-norm",
+        "16-mixed: the actor's clip acts as in fp32",
+    ),
+    (
+        "ratio",
+        "ppo-fp16",
+        "ppo-fp32",
+        "critic_clip_factor",
+        1.0,
+        "clipped-norm",
+        "16-mixed: the critic's clip acts as in fp32",
+    ),
+    (
+        "ratio",
+        "ppo-bf16",
+        "ppo-fp32",
+        "actor_clip_factor",
+        1.0,
+        "clipped-norm",
+        "bf16-mixed: the actor's clip acts as in fp32",
+    ),
+    (
+        "ratio",
+        "old-clip-fp16",
+        "ppo-fp32",
+        "actor_clip_factor",
+        "actor_scaled_prediction",
+        "clipped-norm",
+        "old advice, 16-mixed: the actor's clip cuts the scaled gradient",
+    ),
+    (
+        "ratio",
+        "old-clip-fp16",
+        "ppo-fp32",
+        "critic_clip_factor",
+        "critic_scaled_prediction",
+        "clipped-norm",
+        "old advice, 16-mixed: the critic's clip cuts the scaled gradient",
+    ),
+    (
+        "expect",
+        "ppo-fp16",
+        "scale_updates_per_optimizer_step",
+        1.0,
+        "16-mixed: GradScaler.update runs once per optimizer step",
+    ),
 ]
-# fmt: on
 
 record = runner.run_example("plot_19_several_steps_per_training_step", recipes, RUNS, CLAIMS, probes=probes)
 
