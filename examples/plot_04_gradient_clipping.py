@@ -15,18 +15,17 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
     pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
     python plot_04_gradient_clipping.py
 
-**What you will learn**: clip in ``on_before_optimizer_step``, which Lightning calls inside ``opt.step()``
-after unscaling; why calling the scaler's ``unscale_`` yourself fails and fused optimizers cannot be
-clipped; which optimizer the hook receives in a GAN, and where a logged norm is real; that
-:class:`~mpguide.precision.ManualMixedPrecision` makes the clip-before-step habit correct.
+**What you will learn**: clip in ``on_before_optimizer_step`` (inside ``opt.step()``, after unscaling);
+why your own ``unscale_`` fails and fused optimizers cannot be clipped; which optimizer the hook gets in
+a GAN, where a logged norm is real; that :class:`~mpguide.precision.ManualMixedPrecision` makes the
+clip-before-step habit correct.
 """
 
 
 # %%
 # Three ways to clip
 # ------------------
-# All three use Lightning's ``self.clip_gradients`` with a maximum norm of 0.5; only the place of
-# the call differs.
+# All three call Lightning's ``self.clip_gradients`` (maximum norm 0.5), each in another place.
 
 import lightning.pytorch as pl
 import matplotlib.pyplot as plt
@@ -144,9 +143,8 @@ print(
 # %%
 # ``configure_gradient_clipping`` is an automatic-optimization hook
 # -----------------------------------------------------------------
-# A port that keeps its clipping in ``configure_gradient_clipping`` stops clipping without a word:
-# manual optimization never calls that hook (measured below). Move the call into
-# ``on_before_optimizer_step``.
+# A port that clips in ``configure_gradient_clipping`` stops clipping without a word: manual
+# optimization never calls that hook (measured below). Clip in ``on_before_optimizer_step``.
 
 
 class NoClip(ClipInHook):
