@@ -1,9 +1,10 @@
 """Format the gallery's code for the page it is read on: reader cells at the guide's width, Evidence at the desktop's.
 
-A gallery page shows each cell's code in a column about 79 characters wide on a 1400 px desktop and 46 on a
-412 px phone (the guide's snippet width, ``docs/model/ruff.toml``; measured in ``tests/test_browser.py``).
-Code formatted for the repository's 120 columns scrolls sideways in both. This module formats each cell of an
-example separately with ruff:
+A gallery page shows each cell's code in a column 120 characters wide on a 1400 px desktop (118 inside an
+open Evidence fold) and 50 on a 412 px phone (12 px code, ``docs/_static/mpguide.css``; measured in
+``tests/test_browser.py``). The reader's cells are formatted at the guide's snippet width
+(``docs/model/ruff.toml``) so that they fit a phone; on a desktop ``mpguide.js`` sets a long block of them in
+two columns. This module formats each cell of an example separately with ruff:
 
 * the cells a reader copies (every cell outside the folded ``Evidence`` sections, the page header included)
   at :data:`READER_WIDTH` columns;
@@ -12,24 +13,30 @@ example separately with ruff:
 
 Cells are cut at their ``# %%`` lines like :func:`mpguide_build.cells.cells` does; each formatted cell is
 joined to the next by two blank lines, so formatting is idempotent. Only layout changes: the check compares
-``ast.dump`` of every file before and after and refuses to write a file whose syntax tree changed.
+``ast.dump`` of every file before and after (a docstring's whitespace aside) and refuses to write a file whose
+syntax tree changed, so an example's code digest (``mpguide.verify.records.codedigest``) stays the same.
 
 ruff does not split long strings or comments, so this module does, without changing the syntax tree: a
 comment that makes its line too long moves above the line and is rewrapped, a string literal alone on its
 line is cut at spaces into adjacent literals (Python joins them), in pieces of at least :data:`MIN_PIECE`
-characters. A code line still longer than its cell's width (docstrings, a string deep in a block) is
+characters; a docstring with a line over the width is rewrapped (:func:`wrap_docstrings`). A code line
+still longer than its cell's width (a name or an f-string field that cannot be cut, a string deep in a block) is
 reported (file, line, cell, width), and fails ``--check --max-line N`` when longer than N; the leading comment
 block of a cell (rendered as prose, not code) and the lines between ``sphinx_gallery_start_ignore`` and
 ``..._end_ignore`` (hidden from the page) are not counted. ``# fmt: off`` regions (the Evidence cells'
 one-row-per-line ``RUNS``/``CLAIMS`` tables) stay as written, so their rows scroll inside the open fold.
 ``--tables`` lays them out too (:func:`drop_layout_pragmas` removes the ``fmt`` and E501 noqa comments first):
-nothing of theirs scrolls at 1400 px then, but each table grows to several lines a row, which costs the
-examples their teaching share (``mpguide_build.lessons``: 13 of 18 fall under 60 %), so it is off by default.
+nothing of theirs scrolls at 1400 px then, but a row longer than the width grows to several lines, which
+costs the example teaching share (``mpguide_build.lessons``; plot_15's many claims would fall to 57 %), so it
+is off by default and run on one file at a time; a file laid out once stays so (no ``fmt: off`` is left).
+
+A new example: ``python -m mpguide_build.gallery_format examples/plot_NN_name.py`` (``PYTHONPATH=docs/_ext``),
+and ``--tables`` too if its teaching share allows it.
 
 ``python -m mpguide_build.gallery_format [--check [--max-line N]] examples/*.py``: rewrite the files (or, with
 ``--check``, exit 1 and name each file that would change; with ``--max-line``, also each line longer than N).
-The repository's own ``ruff format --check`` excludes ``examples/`` (pyproject.toml); ``nox -s lint`` runs
-this check instead.
+The repository's own ``ruff format`` excludes ``examples/`` (pyproject.toml ``[tool.ruff.format]``), so it
+never reformats them at 120; ``nox -s lint`` runs ``--check`` on them instead.
 """
 
 from __future__ import annotations
