@@ -83,6 +83,16 @@ def docs_preview(session: nox.Session) -> None:
     site_run(session, *SPHINX, str(BUILD / "preview"), *PREVIEW, "-d", str(BUILD / "preview-doctrees"))
 
 
+@nox.session(name="format_examples", venv_backend="none", requires=["site"])
+def format_examples(session: nox.Session) -> None:
+    """Format gallery scripts for their page: reader cells at 46 columns, Evidence cells at 118 (the code digest stays).
+
+    ``nox -s format_examples -- examples/plot_20_name.py`` formats one (every example without arguments);
+    ``-- --tables examples/plot_20_name.py`` lays out its RUNS/CLAIMS tables too. ``nox -s lint`` checks them."""
+    files = session.posargs or sorted(str(p) for p in (ROOT / "examples").glob("plot_*.py"))
+    site_run(session, "-m", "mpguide_build.gallery_format", *files)
+
+
 @nox.session(name="docs_live", venv_backend="none", requires=["site"])
 def docs_live(session: nox.Session) -> None:
     """Live-reloading preview on http://127.0.0.1:8000 (no execution), rebuilt on every save."""
