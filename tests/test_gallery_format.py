@@ -130,3 +130,12 @@ def test_a_long_docstring_is_rewrapped_and_the_code_digest_stays(tmp_path):
     assert "summed over the three" in text and code_digest(text) == code_digest(source)
     assert gallery_format.same_tree(source, text, "x")
     assert not gallery_format.same_tree(source, source.replace("three entries", "four entries"), "x")
+
+
+def test_the_page_header_keeps_its_layout(tmp_path):
+    """The module docstring is reStructuredText (a title and its underline): never rewrapped."""
+    header = '"""\nA title that is long enough to pass the reader width\n' + "=" * 52 + "\n\nProse.\n" + '"""\n'
+    path = tmp_path / "plot_96_header.py"
+    path.write_text(header + "\n\n# %%\n# Cell\n# ----\n\nx = 1\n")
+    assert gallery_format.main([str(path)]) == 0
+    assert path.read_text().startswith(header)

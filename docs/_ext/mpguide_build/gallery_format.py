@@ -215,14 +215,17 @@ def wrap_docstrings(code: str, width: int) -> str:
 
 
 def _is_docstring(tokens: list[tokenize.TokenInfo], index: int) -> bool:
-    """True when ``tokens[index]`` is a triple-quoted string that is a statement of its own."""
+    """True when ``tokens[index]`` is a triple-quoted string that is a statement of its own (not the first
+    statement of the code: a module docstring is the page's header and keeps its layout)."""
     text = tokens[index].string.lstrip("rRuU")
     if text[:3] not in ('"""', "'''"):
         return False
     skip = (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
     before = [t for t in tokens[:index] if t.type not in skip][-1:]
     after = [t for t in tokens[index + 1 :] if t.type not in (tokenize.NL, tokenize.COMMENT)][:1]
-    starts = not before or before[0].type in (tokenize.NEWLINE, tokenize.ENCODING) or before[0].string == ":"
+    if not before or before[0].type == tokenize.ENCODING:
+        return False  # the module docstring: the page's header, reStructuredText (titles, literal blocks)
+    starts = before[0].type == tokenize.NEWLINE or before[0].string == ":"
     return starts and bool(after) and after[0].type in (tokenize.NEWLINE, tokenize.ENDMARKER)
 
 
