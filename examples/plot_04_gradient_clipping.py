@@ -2,11 +2,10 @@
 Gradient clipping in manual optimization under 16-mixed
 =======================================================
 
-Manual optimization rejects ``Trainer(gradient_clip_val=...)``, so users clip by hand, usually between
+Manual optimization rejects ``Trainer(gradient_clip_val=...)``, so users clip by hand, mostly between
 ``manual_backward`` and ``opt.step()``. Under 16-mixed the gradients there are still times the loss scale
-(65536 at start): the clip cuts a huge norm to the limit, and after unscaling every update is about
-65536 times too small. Measured here with SGD (training stops) and AdamW (the damage hides), with the
-recipes that are right.
+(65536 at start): the clip cuts a huge norm to the limit; after unscaling every update is about
+65536 times too small. Measured with SGD (training stops) and AdamW (the damage hides); the right recipes.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -300,7 +299,7 @@ GAN_MAX_NORM = 0.05
 # %%
 # Evidence: the runs and their claims
 # -----------------------------------
-# fp32 is each optimizer's reference. Probes record the norm ``clip_gradients`` sees, the update, the hooks' norms.
+# fp32 is each optimizer's reference. Probes record the norm the clip sees, the update, the hooks' norms.
 
 import functools
 import math
@@ -478,11 +477,11 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # %%
 # What the clip saw, and what the optimizer did
 # ---------------------------------------------
-# Left: the norm at the clip. In fp32 and in the hook it is the real norm; between backward and step
+# Left: the norm at the clip: in fp32 and in the hook the real norm; between backward and step
 # under 16-mixed it is that times the loss scale (about 65536), so the clip cuts it to ``max_norm``.
 # Right: each applied update. SGD's updates become about 65536 times smaller; AdamW divides by its
-# gradient RMS, which shrinks by the same factor, so its updates keep their size. Curves on top of
-# another carry markers and say so in the legend.
+# gradient RMS, which shrinks by the same factor, so its updates keep their size (curves on top of
+# another carry markers).
 
 (
     fig,

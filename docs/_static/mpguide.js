@@ -131,8 +131,38 @@
       var style = getComputedStyle(pre);
       var inner = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
       var gap = 1.2 * parseFloat(style.fontSize);  // the column gap in mpguide.css (1.2em)
-      pre.classList.toggle("mpguide-two-columns", 2 * longest * charWidth + gap <= inner);
+      var two = 2 * longest * charWidth + gap <= inner;
+      pre.classList.toggle("mpguide-two-columns", two);
+      if (two && !pre.querySelector(".mpguide-column-break")) markColumnBreak(pre, lines);
     });
+  }
+
+  // The second column starts at a top-level statement after a blank line (a class, a def, an import)
+  // within 3 lines (or 5 %) of the block's middle, so the block grows by that much at most; without such a
+  // line the browser balances the columns where it may.
+  // The mark is an empty element: the block's text, which the copy button copies, stays the same.
+  function markColumnBreak(pre, lines) {
+    var best = -1;
+    for (var i = 1; i < lines.length; i++) {
+      var topLevel = lines[i] && !/^\s/.test(lines[i]) && !/^[)\]}]/.test(lines[i]);
+      if (topLevel && lines[i - 1] === "" && Math.abs(i - lines.length / 2) <= Math.max(3, lines.length / 20) &&
+          (best < 0 || Math.abs(i - lines.length / 2) < Math.abs(best - lines.length / 2))) best = i;
+    }
+    if (best < 0) return;
+    var offset = lines.slice(0, best).join("\n").length + 1;  // the first character of line `best`
+    var walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    var seen = 0;
+    while (walker.nextNode()) {
+      var node = walker.currentNode;
+      if (seen + node.nodeValue.length >= offset) {
+        var rest = node.splitText(offset - seen);
+        var mark = document.createElement("span");
+        mark.className = "mpguide-column-break";
+        rest.parentNode.insertBefore(mark, rest);
+        return;
+      }
+      seen += node.nodeValue.length;
+    }
   }
 
   function followToc() {
