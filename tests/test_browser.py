@@ -538,11 +538,13 @@ def test_the_scroll_measure_counts_a_block_that_scrolls(server, browser, viewpor
 
 @pytest.mark.parametrize("viewport", list(VIEWPORTS), indirect=True)
 def test_long_narrow_gallery_code_reads_in_two_columns_on_a_desktop(server, browser, viewport):
-    """mpguide.js: a 30-line block of 46-column code is set in two columns at 1400 px, and in one on a phone;
-    a block with one 100-character line, a short block and a block in a fold stay in one."""
+    """mpguide.js: a 31-line block of 46-column code is set in two columns at 1400 px, the second starting at
+    the top-level line after its middle blank line, and in one on a phone; a block with one 100-character line,
+    a short block and a block in a fold stay in one; every block's text (what the copy button copies) is kept."""
     base, root = server
     probe = root / "_columns_probe.html"
-    narrow = "\n".join(f"value_{i:02d} = compute(alpha, beta, gamma) + {i}" for i in range(30))
+    rows = [f"    value_{i:02d} = compute(alpha, beta, gamma) + {i}" for i in range(30)]
+    narrow = "\n".join(["def first():", *rows[:14], "", "def second():", *rows[14:]])
     wide = narrow + "\n" + "x" * 100
     short = "\n".join(narrow.splitlines()[:5])
     block = '<div class="highlight-Python"><div class="highlight"><pre>{}</pre></div></div>'
@@ -559,12 +561,17 @@ def test_long_narrow_gallery_code_reads_in_two_columns_on_a_desktop(server, brow
     )
     try:
         _open(browser, base + "_columns_probe.html", viewport)
-        columns = browser.execute_script(
-            "return [...document.querySelectorAll('.bd-article pre')].map(p => getComputedStyle(p).columnCount);"
+        columns, texts, second = browser.execute_script(
+            "const pres = [...document.querySelectorAll('.bd-article pre')];"
+            "const mark = pres[0].querySelector('.mpguide-column-break');"
+            "return [pres.map(p => getComputedStyle(p).columnCount), pres.map(p => p.textContent),"
+            " mark ? mark.nextSibling.textContent.split('\\n')[0] : null];"
         )
     finally:
         probe.unlink()
     assert columns == (["2", "auto", "auto", "auto"] if viewport == "desktop" else ["auto"] * 4), columns
+    assert texts == [narrow, wide, short, narrow]
+    assert second == ("def second():" if viewport == "desktop" else None), second
 
 
 @pytest.mark.parametrize("viewport", ["phone"], indirect=True)
