@@ -10,8 +10,9 @@
  *    the page, the sidebar scrolls with it.
  * 4. On a gallery page, a long code block whose lines are short (the reader's cells are formatted at
  *    46 columns to fit a phone, mpguide_build.gallery_format) is set in two columns when two of its
- *    longest lines fit side by side (a desktop): lines never wrap, the block is half as tall, and the
- *    copy button still copies the block's text. Measured in tests/test_browser.py.
+ *    longest lines fit side by side (a desktop): lines never wrap, the block is half as tall, the second
+ *    column starts at a top-level statement where one is near the middle, and the copy button still copies
+ *    the block's text. Measured in tests/test_browser.py.
  */
 (function () {
   "use strict";
