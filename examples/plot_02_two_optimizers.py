@@ -23,6 +23,7 @@ by element, and its fix: :doc:`plot_18_issue_20116_alternating_optimizers`. The 
 :doc:`../model/manual_optimization`.
 """
 
+
 # %%
 # A small GAN on the digits
 # -------------------------
@@ -42,41 +43,75 @@ from mpguide.data import NUM_FEATURES
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_02_two_optimizers")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_02_two_optimizers"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 LATENT = 16
 
 
 class DigitsGAN(pl.LightningModule):
-    """The healthy alternation: each loss reaches its own model."""
+    """The healthy alternation: each loss
+    reaches its own model."""
 
     def __init__(self, lr: float = 1e-3):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
-        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 1))
+        self.generator = nn.Sequential(
+            nn.Linear(LATENT, 128),
+            nn.ReLU(),
+            nn.Linear(128, NUM_FEATURES),
+            nn.Sigmoid(),
+        )
+        self.discriminator = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 128),
+            nn.LeakyReLU(0.2),
+            nn.Linear(128, 1),
+        )
 
     def generate(self, n, batch_idx):
-        gen = torch.Generator().manual_seed(10_000 * self.current_epoch + batch_idx)
-        return self.generator(torch.randn(n, LATENT, generator=gen).to(self.device))
+        gen = torch.Generator().manual_seed(
+            10_000 * self.current_epoch
+            + batch_idx
+        )
+        return self.generator(
+            torch.randn(
+                n, LATENT, generator=gen
+            ).to(self.device)
+        )
 
     def judge(self, images, is_real):
         logits = self.discriminator(images)
-        return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, float(is_real)))
+        return F.binary_cross_entropy_with_logits(
+            logits,
+            torch.full_like(
+                logits, float(is_real)
+            ),
+        )
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
-        fake = self.generate(len(real), batch_idx)
-        loss_d = self.discriminator_step(real, fake)
-        loss_g = self.generator_step(fake, batch_idx)
+        fake = self.generate(
+            len(real), batch_idx
+        )
+        loss_d = self.discriminator_step(
+            real, fake
+        )
+        loss_g = self.generator_step(
+            fake, batch_idx
+        )
         return (loss_d + loss_g).detach()
 
     def discriminator_step(self, real, fake):
         opt_d, _ = self.optimizers()
         with self.toggled_optimizer(opt_d):
-            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            loss_d = self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             opt_d.step()
@@ -85,15 +120,25 @@ class DigitsGAN(pl.LightningModule):
     def generator_step(self, fake, batch_idx):
         _, opt_g = self.optimizers()
         with self.toggled_optimizer(opt_g):
-            loss_g = self.judge(fake, True)  # flows back through the discriminator into the generator
+            # flows back through the
+            # discriminator into the generator
+            loss_g = self.judge(fake, True)
             opt_g.zero_grad()
             self.manual_backward(loss_g)
             opt_g.step()
         return loss_g
 
     def configure_optimizers(self):
-        opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=(0.5, 0.999))
-        opt_g = torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(
+            self.discriminator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
+        opt_g = torch.optim.Adam(
+            self.generator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
         return opt_d, opt_g
 
 
@@ -104,29 +149,44 @@ class DigitsGAN(pl.LightningModule):
 # On a GPU ``precision="16-mixed"`` is enough; on a CPU that flag silently becomes bf16-mixed, so the
 # plugin is passed explicitly. On Lightning 2.5.0 and older write ``toggle_optimizer``/``untoggle_optimizer``.
 
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = DigitsGAN()
-generator_before = model.generator[0].weight.detach().clone()
+generator_before = (
+    model.generator[0].weight.detach().clone()
+)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=40,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(
-    f"optimizer steps (two per batch): {trainer.global_step}, "
-    f"generator changed: {not torch.equal(generator_before, model.generator[0].weight)}"
+trainer.fit(
+    model, digits_loader(batch_size=64)
 )
+print(
+    "optimizer steps (two per batch): "
+    f"{trainer.global_step}, "
+    "generator changed: "
+    f"{not torch.equal(generator_before, model.generator[0].weight)}"
+)
+
 
 # %%
 # The bug as users write it
@@ -140,15 +200,24 @@ class DetachedOnce(DigitsGAN):
     def training_step(self, batch, batch_idx):
         real, _ = batch
         opt_d, opt_g = self.optimizers()
-        fake = self.generate(len(real), batch_idx).detach()  # the bug: detached for both losses
-        loss_d = self.judge(real, True) + self.judge(fake, False)
+        # the bug: detached for both losses
+        fake = self.generate(
+            len(real), batch_idx
+        ).detach()
+        loss_d = self.judge(
+            real, True
+        ) + self.judge(fake, False)
         opt_d.zero_grad()
         self.manual_backward(loss_d)
         opt_d.step()
         loss_g = self.judge(fake, True)
         opt_g.zero_grad()
-        self.manual_backward(loss_g)  # reaches only the discriminator
-        opt_g.step()  # no generator gradient: a no-op in fp32, an AssertionError under 16-mixed
+        # reaches only the discriminator
+        self.manual_backward(loss_g)
+        # no generator gradient: a no-op in
+        # fp32, an AssertionError under
+        # 16-mixed
+        opt_g.step()
         return (loss_d + loss_g).detach()
 
 
@@ -169,29 +238,49 @@ class WindowedGAN(DigitsGAN):
         _, opt_g = self.optimizers()
         with self.toggled_optimizer(opt_g):
             loss_g = self.judge(fake, True)
-            self.manual_backward(loss_g / self.window)
-            if (batch_idx + 1) % self.window == 0:
+            self.manual_backward(
+                loss_g / self.window
+            )
+            if (
+                batch_idx + 1
+            ) % self.window == 0:
                 opt_g.step()
                 opt_g.zero_grad()
         return loss_g
 
 
 class WindowedWithOverflow(WindowedGAN):
-    overflow_batch = 5  # second batch of the generator window over batches 4 and 5, first epoch
+    # second batch of the generator window
+    # over batches 4 and 5, first epoch
+    overflow_batch = 5
 
     def training_step(self, batch, batch_idx):
-        self.force_overflow = self.current_epoch == 0 and batch_idx == self.overflow_batch
-        return super().training_step(batch, batch_idx)
+        self.force_overflow = (
+            self.current_epoch == 0
+            and batch_idx
+            == self.overflow_batch
+        )
+        return super().training_step(
+            batch, batch_idx
+        )
 
     def discriminator_step(self, real, fake):
         opt_d, _ = self.optimizers()
         with self.toggled_optimizer(opt_d):
-            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            loss_d = self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             if self.force_overflow:
                 for p in self.discriminator.parameters():
-                    p.grad.fill_(float("inf"))  # as if the discriminator's gradients overflowed fp16
+                    # as if the
+                    # discriminator's
+                    # gradients overflowed
+                    # fp16
+                    p.grad.fill_(float("inf"))
             opt_d.step()
         return loss_d
 
@@ -273,7 +362,6 @@ recipes = {
 }
 probes = {name: [GeneratorAndWeights] for name in recipes}  # and per recipe what its section measures:
 probes["windowed, D overflow"].append(WindowFactors)
-# fmt: off
 RUNS = [
     ("healthy-fp32", "healthy", "32-true", {"label": "healthy, 32-true"}),
     ("healthy-bf16", "healthy", "bf16-mixed", {"label": "healthy, bf16-mixed"}),
@@ -283,14 +371,45 @@ RUNS = [
     ("bug-fp32", "detached once", "32-true", {"label": "bug, 32-true"}),
     ("bug-bf16", "detached once", "bf16-mixed", {"label": "bug, bf16-mixed"}),
     ("bug-fp16", "detached once", "16-mixed", {"label": "bug, 16-mixed"}),
-    ("bug-fp32-plugin", "detached once", "32-true", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 32-true"}),  # noqa: E501
-    ("bug-bf16-plugin", "detached once", "bf16-mixed", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"}),  # noqa: E501
-    ("bug-fp16-plugin", "detached once", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"}),  # noqa: E501
-    ("window-fp16-overflow", "windowed, D overflow", "16-mixed", {"label": "every 2nd batch, D overflow in window 2, 16-mixed"}),  # noqa: E501
-    ("window-fp16-overflow-plugin", "windowed, D overflow", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "same + ManualMixedPrecision, 16-mixed"}),  # noqa: E501
+    (
+        "bug-fp32-plugin",
+        "detached once",
+        "32-true",
+        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 32-true"},
+    ),
+    (
+        "bug-bf16-plugin",
+        "detached once",
+        "bf16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, bf16-mixed"},
+    ),
+    (
+        "bug-fp16-plugin",
+        "detached once",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "bug + plugin, 16-mixed"},
+    ),
+    (
+        "window-fp16-overflow",
+        "windowed, D overflow",
+        "16-mixed",
+        {"label": "every 2nd batch, D overflow in window 2, 16-mixed"},
+    ),
+    (
+        "window-fp16-overflow-plugin",
+        "windowed, D overflow",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "same + ManualMixedPrecision, 16-mixed"},
+    ),
 ]
 CLAIMS = [
-    ("raises", "bug-fp16", "AssertionError", "No inf checks were recorded for this optimizer", "the bug crashes under 16-mixed"),  # noqa: E501
+    (
+        "raises",
+        "bug-fp16",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "the bug crashes under 16-mixed",
+    ),
     ("expect", "bug-fp32", "generator_changed", False, "the bug is silent in fp32: generator never changes"),
     ("expect", "bug-bf16", "generator_changed", False, "the bug is silent in bf16-mixed too"),
     ("expect", "healthy-fp32", "generator_changed", True, "the healthy GAN trains its generator"),
@@ -299,13 +418,43 @@ CLAIMS = [
     ("match", "window-fp16", "window-fp32", "mixed-vs-fp32", "every 2nd batch: 16-mixed = fp32"),
     ("match", "bug-fp16-plugin", "bug-fp32", "mixed-vs-fp32", "plugin: 16-mixed completes and = fp32"),
     ("expect", "bug-fp16-plugin", "generator_changed", False, "plugin: the empty step is a no-op"),
-    ("warns", "bug-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient", "plugin warns under 16-mixed"),  # noqa: E501
-    ("warns", "bug-fp32-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient", "plugin warns in fp32 as well"),  # noqa: E501
+    (
+        "warns",
+        "bug-fp16-plugin",
+        "NoGradientStepWarning",
+        "was stepped but none of its parameters has a gradient",
+        "plugin warns under 16-mixed",
+    ),
+    (
+        "warns",
+        "bug-fp32-plugin",
+        "NoGradientStepWarning",
+        "was stepped but none of its parameters has a gradient",
+        "plugin warns in fp32 as well",
+    ),
     ("same", "bug-fp32-plugin", "bug-fp32", "weights", "plugin leaves fp32 bitwise unchanged"),
     ("same", "bug-bf16-plugin", "bug-bf16", "weights", "plugin leaves bf16-mixed bitwise unchanged"),
-    ("expect", "window-fp16-overflow", "forced_window_factors", [2.0, 1.0], "two optimizers: a D overflow inside G's window doubles G's first micro-batch"),  # noqa: E501
-    ("expect", "window-fp16-overflow", "other_windows_constant", True, "without an overflow the scale is constant inside G's windows"),  # noqa: E501
-    ("expect", "window-fp16-overflow-plugin", "forced_window_factors", [1.0, 1.0], "plugin: G's held micro-batch is brought to the new scale, both count once"),  # noqa: E501
+    (
+        "expect",
+        "window-fp16-overflow",
+        "forced_window_factors",
+        [2.0, 1.0],
+        "two optimizers: a D overflow inside G's window doubles G's first micro-batch",
+    ),
+    (
+        "expect",
+        "window-fp16-overflow",
+        "other_windows_constant",
+        True,
+        "without an overflow the scale is constant inside G's windows",
+    ),
+    (
+        "expect",
+        "window-fp16-overflow-plugin",
+        "forced_window_factors",
+        [1.0, 1.0],
+        "plugin: G's held micro-batch is brought to the new scale, both count once",
+    ),
     ("clean", "healthy-fp32", "PitfallChecks: healthy-fp32 has no finding"),
     ("clean", "healthy-bf16", "PitfallChecks: healthy-bf16 has no finding"),
     ("clean", "healthy-fp16", "PitfallChecks: healthy-fp16 has no finding"),
@@ -320,11 +469,11 @@ CLAIMS = [
     ("flags", "bug-fp16-plugin", "no-gradient-step", "PitfallChecks flags bug-fp16-plugin: no-gradient-step"),
     ("flags", "window-fp16-overflow", "scale-changes", "PitfallChecks flags window-fp16-overflow: scale-changes"),
 ]
-# fmt: on
 
 checked = runner.with_checks(recipes, probes)  # and PitfallChecks on every run (mpguide.checks)
 brief = lambda line: line.startswith("  [") or print(line)  # noqa: E731 (the page prints no line per run)
 record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS, probes=checked, progress=brief)
+
 
 # %%
 # The captured error
@@ -333,7 +482,10 @@ record = runner.run_example("plot_02_two_optimizers", recipes, RUNS, CLAIMS, pro
 # ``unscale_`` found inf/NaN in its gradients; with no gradient there is nothing to check, and
 # ``GradScaler.step`` refuses to decide whether to skip.
 
-print(report.expected_error(record, "bug-fp16"))
+print(
+    report.expected_error(record, "bug-fp16")
+)
+
 
 # %%
 # Curves
@@ -344,15 +496,55 @@ print(report.expected_error(record, "bug-fp16"))
 
 import matplotlib.pyplot as plt
 
-fig, (left, right) = plotting.figure(1, 2, 11, 5.2)  # own y axes: the bug's scale would flatten the healthy runs
-plotting.describe(fig, "The healthy GAN trains in every precision; the buggy one never moves its generator")
-healthy = ["healthy-fp32", "healthy-bf16", "healthy-fp16", "window-fp32", "window-fp16"]
-colors = {"window-fp32": "#CC79A7", "window-fp16": "#D55E00", "bug-fp16-plugin": "#D55E00"}
-plotting.plot_loss_curves(left, record, healthy, "Healthy alternation (D + G loss)", colors)
-buggy = ["bug-fp32", "bug-bf16", "bug-fp16", "bug-fp16-plugin"]
-plotting.plot_loss_curves(right, record, buggy, "Generator loss never reaches the generator", colors)
-plotting.save_figure(fig, record["example"], "curves")
+# own y axes: the bug's scale would flatten
+# the healthy runs
+fig, (left, right) = plotting.figure(
+    1, 2, 11, 5.2
+)
+plotting.describe(
+    fig,
+    "The healthy GAN trains in every "
+    "precision; the buggy one never moves "
+    "its generator",
+)
+healthy = [
+    "healthy-fp32",
+    "healthy-bf16",
+    "healthy-fp16",
+    "window-fp32",
+    "window-fp16",
+]
+colors = {
+    "window-fp32": "#CC79A7",
+    "window-fp16": "#D55E00",
+    "bug-fp16-plugin": "#D55E00",
+}
+plotting.plot_loss_curves(
+    left,
+    record,
+    healthy,
+    "Healthy alternation (D + G loss)",
+    colors,
+)
+buggy = [
+    "bug-fp32",
+    "bug-bf16",
+    "bug-fp16",
+    "bug-fp16-plugin",
+]
+plotting.plot_loss_curves(
+    right,
+    record,
+    buggy,
+    "Generator loss never reaches the "
+    "generator",
+    colors,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # What the scale change did to the generator's window
@@ -360,9 +552,16 @@ plt.show()
 # With Lightning's plugin the first micro-batch was made at the old scale and unscaled at the halved one:
 # it counts twice. ``ManualMixedPrecision`` brings the held micro-batch to the new scale: both count once.
 
-for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
+for run_id in (
+    "window-fp16-overflow",
+    "window-fp16-overflow-plugin",
+):
     run = plotting.run_by_id(record, run_id)
-    print(f"{run['label']:<55} factors {run['extra']['forced_window_factors']}")
+    print(
+        f"{run['label']:<55} factors "
+        f"{run['extra']['forced_window_factors']}"
+    )
+
 
 # %%
 # Conclusion
@@ -374,6 +573,7 @@ for run_id in ("window-fp16-overflow", "window-fp16-overflow-plugin"):
 # mis-weighted at every scale change that lands in it. For the fp32 behaviour back, with a warning in every
 # precision, pass ``plugins=[ManualMixedPrecision("16-mixed", "cuda")]``. bf16-mixed has no GradScaler and
 # none of these rules.
+
 
 # %%
 # Evidence: the verdicts

@@ -24,6 +24,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 * why a scale change between two optimizers is invisible in the loss curve but not in the update.
 """
 
+
 # %%
 # The model
 # ---------
@@ -38,18 +39,28 @@ import lightning.pytorch as pl
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 from torch import nn
 
 from mpguide import steps
-from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
-from mpguide.precision import ManualMixedPrecision
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+    digits_loader,
+)
+from mpguide.precision import (
+    ManualMixedPrecision,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_03_shared_backward")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_03_shared_backward"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 OVERFLOW_STEPS = (0, 50)
@@ -60,14 +71,25 @@ class BodyAndHead(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
+        self.body = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 64),
+            nn.Tanh(),
+        )
         self.head = nn.Linear(64, NUM_CLASSES)
         for p in self.body.parameters():
-            p.register_hook(self.maybe_overflow)
+            p.register_hook(
+                self.maybe_overflow
+            )
 
     def maybe_overflow(self, grad):
-        # global_step counts the steps of both optimizers: two per batch
-        if steps.loss_scale(self.trainer) is not None and self.global_step // 2 in OVERFLOW_STEPS:
+        # global_step counts the steps of both
+        # optimizers: two per batch
+        if (
+            steps.loss_scale(self.trainer)
+            is not None
+            and self.global_step // 2
+            in OVERFLOW_STEPS
+        ):
             return grad * float("inf")
         return grad
 
@@ -76,7 +98,10 @@ class BodyAndHead(pl.LightningModule):
         opt_body, opt_head = self.optimizers()
         opt_body.zero_grad()
         opt_head.zero_grad()
-        loss = F.cross_entropy(self.head(self.body(images)), labels)
+        loss = F.cross_entropy(
+            self.head(self.body(images)),
+            labels,
+        )
         self.manual_backward(loss)
         opt_body.step()
         opt_head.step()
@@ -84,8 +109,14 @@ class BodyAndHead(pl.LightningModule):
 
     def configure_optimizers(self):
         return (
-            torch.optim.SGD(self.body.parameters(), lr=self.lr),
-            torch.optim.SGD(self.head.parameters(), lr=self.lr),
+            torch.optim.SGD(
+                self.body.parameters(),
+                lr=self.lr,
+            ),
+            torch.optim.SGD(
+                self.head.parameters(),
+                lr=self.lr,
+            ),
         )
 
 
@@ -97,22 +128,37 @@ class BodyAndHead(pl.LightningModule):
 # ``UnsupportedVersionError`` on other releases; there, use one optimizer with two parameter groups,
 # or bf16-mixed. Batch 0 is the forced overflow.
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = BodyAndHead()
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=40,
-    plugins=[ManualMixedPrecision("16-mixed", device)],
+    plugins=[
+        ManualMixedPrecision(
+            "16-mixed", device
+        )
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
 scale = trainer.precision_plugin.scaler.get_scale()
-print(f"optimizer steps: {trainer.global_step} (two per batch), loss scale after the run: {scale:g}")
+print(
+    f"optimizer steps: {trainer.global_step} "
+    "(two per batch), loss scale after the "
+    f"run: {scale:g}"
+)
+
 
 # %%
 # Both plugins again, with a small growth interval
@@ -121,13 +167,24 @@ print(f"optimizer steps: {trainer.global_step} (two per batch), loss scale after
 # overflow (the default waits 2000), so growth steps show up within a short run.
 
 
-def with_growth_interval(plugin_class, precision, device):
-    scaler = torch.amp.GradScaler(device, growth_interval=20)
-    return plugin_class(precision, device, scaler=scaler)
+def with_growth_interval(
+    plugin_class, precision, device
+):
+    scaler = torch.amp.GradScaler(
+        device, growth_interval=20
+    )
+    return plugin_class(
+        precision, device, scaler=scaler
+    )
 
 
-stock_growth = functools.partial(with_growth_interval, MixedPrecision)
-fixed_growth = functools.partial(with_growth_interval, ManualMixedPrecision)
+stock_growth = functools.partial(
+    with_growth_interval, MixedPrecision
+)
+fixed_growth = functools.partial(
+    with_growth_interval, ManualMixedPrecision
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -190,24 +247,74 @@ class HeadUpdate(Callback):
         }
 
 
-PLUGINS = {"MixedPrecision, growth_interval=20": stock_growth, "ManualMixedPrecision, growth_interval=20": fixed_growth}
-# fmt: off
+PLUGINS = {
+    "MixedPrecision, growth_interval=20": stock_growth,
+    "ManualMixedPrecision, growth_interval=20": fixed_growth,
+}
 RUNS = [
     # run id              recipe       precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Lightning's plugin"}),
-    ("fp16-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"}),  # noqa: E501
-    ("fp16-growth-stock", "body+head", "16-mixed", {"plugin": "MixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, Lightning's plugin"}),  # noqa: E501
-    ("fp16-growth-plugin", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, ManualMixedPrecision"}),  # noqa: E501
+    (
+        "fp16-plugin",
+        "body+head",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "16-mixed, ManualMixedPrecision"},
+    ),
+    (
+        "fp16-growth-stock",
+        "body+head",
+        "16-mixed",
+        {"plugin": "MixedPrecision, growth_interval=20", "label": "16-mixed, growth_interval=20, Lightning's plugin"},
+    ),
+    (
+        "fp16-growth-plugin",
+        "body+head",
+        "16-mixed",
+        {
+            "plugin": "ManualMixedPrecision, growth_interval=20",
+            "label": "16-mixed, growth_interval=20, ManualMixedPrecision",
+        },
+    ),
 ]
 CLAIMS = [
-    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock: head update = fp32 update x (scale of backward / scale at head step)"),  # noqa: E501
+    (
+        "ratio",
+        "fp16-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock: head update = fp32 update x (scale of backward / scale at head step)",
+    ),
     ("expect", "fp16-stock", "predicted_at_overflow", 2.0, "stock: the head update doubles after an overflow"),
     ("ratio", "fp16-plugin", "fp32", "head_update_factor", 1.0, "update-ratio", "plugin: head update = fp32 update"),
-    ("ratio", "fp16-growth-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock, growth: update follows the predicted factor"),  # noqa: E501
+    (
+        "ratio",
+        "fp16-growth-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock, growth: update follows the predicted factor",
+    ),
     ("expect", "fp16-growth-stock", "smallest_scale_change", 0.5, "stock, growth: a growth step halves the update"),
-    ("ratio", "fp16-growth-plugin", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "plugin, growth: = fp32 update, or no update where the head overflowed"),  # noqa: E501
-    ("expect", "fp16-growth-plugin", "steps_with_scale_change", 0, "plugin, growth: the scale never changes mid-step"),
+    (
+        "ratio",
+        "fp16-growth-plugin",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "plugin, growth: = fp32 update, or no update where the head overflowed",
+    ),
+    (
+        "expect",
+        "fp16-growth-plugin",
+        "steps_with_scale_change",
+        0,
+        "plugin, growth: the scale never changes mid-step",
+    ),
     ("match", "fp16-plugin", "fp32", "mixed-vs-fp32", "plugin: 16-mixed loss = fp32 loss"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
@@ -216,12 +323,12 @@ CLAIMS = [
     ("flags", "fp16-stock", "scale-changes", "PitfallChecks flags fp16-stock: scale-changes"),
     ("flags", "fp16-growth-stock", "scale-changes", "PitfallChecks flags fp16-growth-stock: scale-changes"),
 ]
-# fmt: on
 
 recipes = {"body+head": BodyAndHead}
 probes = runner.with_checks(recipes, {"body+head": [HeadUpdate]})
 record = runner.run_example("plot_03_shared_backward", recipes, RUNS, CLAIMS, plugins=PLUGINS, probes=probes)
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # The update factor, step by step
@@ -231,24 +338,76 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # ``ManualMixedPrecision`` every step is 1, except the steps GradScaler skips because the head's own
 # gradient overflowed (0: nothing moves, which is correct).
 
-fig, (left, right) = plotting.figure(1, 2, 12, 6.2, sharey=True)
+fig, (left, right) = plotting.figure(
+    1, 2, 12, 6.2, sharey=True
+)
 plotting.describe(
     fig,
-    "Stock 16-mixed: the head's update doubles after an overflow and halves after a growth step; "
-    "ManualMixedPrecision keeps it at 1, like fp32",
+    "Stock 16-mixed: the head's update "
+    "doubles after an overflow and halves "
+    "after a growth step; "
+    "ManualMixedPrecision keeps it at 1, "
+    "like fp32",
 )
-stock, fixed = "Lightning's 16-mixed plugin", "ManualMixedPrecision"
-names = {"fp32": "fp32", "fp16-plugin": fixed, "fp16-growth-plugin": fixed}
-names.update({"fp16-stock": stock, "fp16-growth-stock": stock})
-colors = {run_id: {"fp32": "#0072B2", fixed: "#CC79A7", stock: "#D55E00"}[name] for run_id, name in names.items()}
+stock, fixed = (
+    "Lightning's 16-mixed plugin",
+    "ManualMixedPrecision",
+)
+names = {
+    "fp32": "fp32",
+    "fp16-plugin": fixed,
+    "fp16-growth-plugin": fixed,
+}
+names.update(
+    {
+        "fp16-stock": stock,
+        "fp16-growth-stock": stock,
+    }
+)
+colors = {
+    run_id: {
+        "fp32": "#0072B2",
+        fixed: "#CC79A7",
+        stock: "#D55E00",
+    }[name]
+    for run_id, name in names.items()
+}
 for ax, ids, title in [
-    (left, ["fp32", "fp16-plugin", "fp16-stock"], "Forced overflows at batches 0 and 50"),
-    (right, ["fp32", "fp16-growth-plugin", "fp16-growth-stock"], "16-mixed, growth_interval=20"),
+    (
+        left,
+        ["fp32", "fp16-plugin", "fp16-stock"],
+        "Forced overflows at batches 0 and "
+        "50",
+    ),
+    (
+        right,
+        [
+            "fp32",
+            "fp16-growth-plugin",
+            "fp16-growth-stock",
+        ],
+        "16-mixed, growth_interval=20",
+    ),
 ]:
-    ylabel = "head update / fp32-equivalent update"
-    plotting.plot_extra_series(ax, record, ids, "head_update_factor", title, ylabel, colors, log_base=2, labels=names)
-plotting.save_figure(fig, record["example"], "factor")
+    ylabel = (
+        "head update / fp32-equivalent update"
+    )
+    plotting.plot_extra_series(
+        ax,
+        record,
+        ids,
+        "head_update_factor",
+        title,
+        ylabel,
+        colors,
+        log_base=2,
+        labels=names,
+    )
+plotting.save_figure(
+    fig, record["example"], "factor"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -258,6 +417,7 @@ plt.show()
 # use one optimizer with two parameter groups (one ``step``, one update), or use bf16-mixed, or
 # pass ``plugins=[ManualMixedPrecision("16-mixed", device)]``, which updates the scale once after
 # every optimizer holding gradients of the current scale has stepped.
+
 
 # %%
 # Evidence: the verdicts

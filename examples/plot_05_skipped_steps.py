@@ -26,6 +26,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 * that it counts only the ``opt.step()`` calls made inside ``training_step``.
 """
 
+
 # %%
 # A per-batch schedule
 # --------------------
@@ -36,7 +37,9 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 import lightning.pytorch as pl
 import matplotlib.pyplot as plt
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide import steps
 from mpguide.data import digits_loader
@@ -46,20 +49,31 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_05_skipped_steps")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_05_skipped_steps"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 BASE_LR, GAMMA = 2e-3, 0.97
 
 
 class SchedulerEveryBatch(DigitsClassifier):
-    """Step the scheduler after every ``opt.step()``, applied or not."""
+    """Step the scheduler after every
+    ``opt.step()``, applied or not."""
 
     def __init__(self, **kwargs):
-        super().__init__(reduction="sum", lr=BASE_LR, scheduler_gamma=GAMMA, **kwargs)
+        super().__init__(
+            reduction="sum",
+            lr=BASE_LR,
+            scheduler_gamma=GAMMA,
+            **kwargs,
+        )
 
     def training_step(self, batch, batch_idx):
-        opt, sched = self.optimizers(), self.lr_schedulers()
+        opt, sched = (
+            self.optimizers(),
+            self.lr_schedulers(),
+        )
         opt.zero_grad()
         loss = self.compute_loss(batch)
         self.manual_backward(loss)
@@ -68,14 +82,21 @@ class SchedulerEveryBatch(DigitsClassifier):
 
     def step_and_schedule(self, opt, sched):
         opt.step()
-        sched.step()  # also after a step that GradScaler skipped
+        # also after a step that GradScaler
+        # skipped
+        sched.step()
 
 
 class SkipAware(SchedulerEveryBatch):
-    """Step the scheduler only when the optimizer step was applied."""
+    """Step the scheduler only when the
+    optimizer step was applied."""
 
     def step_and_schedule(self, opt, sched):
-        steps.step_skip_aware(opt, self.trainer, sched)  # the scheduler steps only if opt.step() was applied
+        # the scheduler steps only if
+        # opt.step() was applied
+        steps.step_skip_aware(
+            opt, self.trainer, sched
+        )
 
 
 # %%
@@ -85,23 +106,45 @@ class SkipAware(SchedulerEveryBatch):
 # flag silently becomes bf16-mixed, which has no GradScaler and skips nothing, so Lightning's plugin
 # is passed explicitly.
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = SkipAware()
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=20,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-scheduler_steps = model.lr_schedulers().last_epoch  # one per applied optimizer step
-print(f"optimizer steps: {trainer.global_step}, of which GradScaler skipped {trainer.global_step - scheduler_steps}")
-print(f"learning rate now: {model.optimizers().param_groups[0]['lr']:g} = {BASE_LR:g} x {GAMMA}^{scheduler_steps}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+# one per applied optimizer step
+scheduler_steps = (
+    model.lr_schedulers().last_epoch
+)
+print(
+    "optimizer steps: "
+    f"{trainer.global_step}, of which "
+    "GradScaler skipped "
+    f"{trainer.global_step - scheduler_steps}"
+)
+print(
+    "learning rate now: "
+    f"{model.optimizers().param_groups[0]['lr']:g}"
+    f" = {BASE_LR:g} x "
+    f"{GAMMA}^{scheduler_steps}"
+)
+
 
 # %%
 # ``opt.step()`` outside ``training_step``
@@ -133,8 +176,12 @@ class StepInBatchEndHook(DigitsClassifier):
         self.manual_backward(loss)
         return loss.detach()
 
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.optimizers().step()  # outside training_step: Lightning does not count it
+    def on_train_batch_end(
+        self, outputs, batch, batch_idx
+    ):
+        # outside training_step: Lightning
+        # does not count it
+        self.optimizers().step()
 
 
 # %%
@@ -211,25 +258,52 @@ recipes = {
 }
 probes = {name: [AppliedLearningRates] for name in ("scheduler every batch", "skip-aware")}
 probes["step in on_train_batch_end"] = [OptimizerStepCalls]
-# fmt: off
 RUNS = [
     # run id            recipe                   precision   options
     ("fp32", "scheduler every batch", "32-true", {"label": "fp32"}),
     ("fp16-naive", "scheduler every batch", "16-mixed", {"label": "16-mixed, scheduler every batch"}),
     ("fp16-skip-aware", "skip-aware", "16-mixed", {"label": "16-mixed, skip-aware scheduler"}),
     ("step-fp32", "step in training_step", "32-true", {"label": "fp32, opt.step() in training_step"}),
-    ("hook-fp32", "step in on_train_batch_end", "32-true", {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}}),  # noqa: E501
+    (
+        "hook-fp32",
+        "step in on_train_batch_end",
+        "32-true",
+        {"label": "fp32, opt.step() in on_train_batch_end, max_steps=3", "trainer": {"max_steps": 3}},
+    ),
 ]
 CLAIMS = [
     ("expect", "fp16-naive", "skipped_any", True, "GradScaler skips steps at the default initial scale"),
     ("expect", "fp16-naive", "first_applied_lr_is_base", False, "naive: the first real update uses a later LR"),
-    ("warns", "fp16-naive", "UserWarning", "Detected call of `lr_scheduler.step()` before `optimizer.step()`", "naive: torch warns about the scheduler"),  # noqa: E501
+    (
+        "warns",
+        "fp16-naive",
+        "UserWarning",
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
+        "naive: torch warns about the scheduler",
+    ),
     ("expect", "fp16-skip-aware", "first_applied_lr", 0.002, "skip-aware: first real update uses the first LR"),
-    ("no_warning", "fp16-skip-aware", "Detected call of `lr_scheduler.step()` before `optimizer.step()`", "skip-aware: no scheduler warning"),  # noqa: E501
+    (
+        "no_warning",
+        "fp16-skip-aware",
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
+        "skip-aware: no scheduler warning",
+    ),
     ("expect", "fp16-naive", "global_step_counts_skipped", True, "global_step counts skipped steps too"),
     ("expect", "hook-fp32", "global_step", 0, "opt.step() in on_train_batch_end: global_step stays 0"),
-    ("expect", "hook-fp32", "ran_past_max_steps", True, "opt.step() in on_train_batch_end: max_steps=3 never stops it"),
-    ("same", "hook-fp32", "step-fp32", "final_weights", "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise"),  # noqa: E501
+    (
+        "expect",
+        "hook-fp32",
+        "ran_past_max_steps",
+        True,
+        "opt.step() in on_train_batch_end: max_steps=3 never stops it",
+    ),
+    (
+        "same",
+        "hook-fp32",
+        "step-fp32",
+        "final_weights",
+        "opt.step() in on_train_batch_end: the same weights as from training_step, bitwise",
+    ),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("clean", "fp16-skip-aware", "PitfallChecks: fp16-skip-aware has no finding"),
@@ -237,10 +311,12 @@ CLAIMS = [
     ("flags", "fp16-naive", "schedulers", "PitfallChecks flags fp16-naive: schedulers"),
     ("flags", "hook-fp32", "step-frequencies", "PitfallChecks flags hook-fp32: step-frequencies"),
 ]
-# fmt: on
 
-record = runner.run_example("plot_05_skipped_steps", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+record = runner.run_example(
+    "plot_05_skipped_steps", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # Loss scale, skipped steps and learning rate
@@ -249,17 +325,49 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # rate each batch used. The naive run has moved down its schedule while nothing was updated; the
 # skip-aware run starts its schedule at the first applied update, like fp32.
 
-fig, (scale_ax, lr_ax) = plotting.figure(1, 2, 12, 5)
-plotting.describe(
-    fig, "Skipped steps lower the loss scale; a naive per-batch scheduler decays on them, a skip-aware one does not"
+fig, (scale_ax, lr_ax) = plotting.figure(
+    1, 2, 12, 5
 )
-colors = {"fp16-naive": "#D55E00", "fp16-skip-aware": "#009E73"}
-plotting.plot_run_series(scale_ax, record, ["fp16-naive", "fp16-skip-aware"], "loss_scale", colors, steps=True)
-plotting.plot_run_series(lr_ax, record, ["fp32", "fp16-naive", "fp16-skip-aware"], "lr", colors)
-scale_ax.set(yscale="log", ylabel="loss scale at batch start", title="GradScaler's loss scale")
-lr_ax.set(yscale="log", ylabel="learning rate used", title="Learning rate")
-plotting.save_figure(fig, record["example"], "scale_lr")
+plotting.describe(
+    fig,
+    "Skipped steps lower the loss scale; a "
+    "naive per-batch scheduler decays on "
+    "them, a skip-aware one does not",
+)
+colors = {
+    "fp16-naive": "#D55E00",
+    "fp16-skip-aware": "#009E73",
+}
+plotting.plot_run_series(
+    scale_ax,
+    record,
+    ["fp16-naive", "fp16-skip-aware"],
+    "loss_scale",
+    colors,
+    steps=True,
+)
+plotting.plot_run_series(
+    lr_ax,
+    record,
+    ["fp32", "fp16-naive", "fp16-skip-aware"],
+    "lr",
+    colors,
+)
+scale_ax.set(
+    yscale="log",
+    ylabel="loss scale at batch start",
+    title="GradScaler's loss scale",
+)
+lr_ax.set(
+    yscale="log",
+    ylabel="learning rate used",
+    title="Learning rate",
+)
+plotting.save_figure(
+    fig, record["example"], "scale_lr"
+)
 plt.show()
+
 
 # %%
 # Step counts
@@ -269,15 +377,39 @@ plt.show()
 # calls made inside ``training_step``: the hook version stepped once per batch, changed the weights
 # exactly as the ``training_step`` version did, and ran every batch although ``max_steps=3``.
 
-for run_id in ("fp16-naive", "fp16-skip-aware", "step-fp32", "hook-fp32"):
+for run_id in (
+    "fp16-naive",
+    "fp16-skip-aware",
+    "step-fp32",
+    "hook-fp32",
+):
     run = plotting.run_by_id(record, run_id)
-    extra, max_steps = run["extra"], run["trainer_kwargs"].get("max_steps", -1)
-    line = f"{run_id}: {extra['batches']} batches, trainer.global_step = {extra['global_step']}, "
+    extra, max_steps = (
+        run["extra"],
+        run["trainer_kwargs"].get(
+            "max_steps", -1
+        ),
+    )
+    line = (
+        f"{run_id}: {extra['batches']} "
+        "batches, trainer.global_step = "
+        f"{extra['global_step']}, "
+    )
     if "skipped_steps" in extra:
-        line += f"{extra['skipped_steps']} skipped, first applied lr {extra['first_applied_lr']:.6g} (base {BASE_LR:g})"
+        line += (
+            f"{extra['skipped_steps']} "
+            "skipped, first applied lr "
+            f"{extra['first_applied_lr']:.6g}"
+            f" (base {BASE_LR:g})"
+        )
     else:
-        line += f"max_steps = {max_steps}, final weights {extra['final_weights'][:12]}"
+        line += (
+            f"max_steps = {max_steps}, final "
+            "weights "
+            f"{extra['final_weights'][:12]}"
+        )
     print(line)
+
 
 # %%
 # Conclusion
@@ -286,6 +418,7 @@ for run_id in ("fp16-naive", "fp16-skip-aware", "step-fp32", "hook-fp32"):
 # step it only after applied updates (``mpguide.steps.step_skip_aware``, or compare the scale before
 # and after ``opt.step()`` yourself), and remember that ``global_step`` counts every call made in
 # ``training_step``, and none made anywhere else: call ``opt.step()`` inside ``training_step``.
+
 
 # %%
 # Evidence: the verdicts

@@ -23,6 +23,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 * that ``(batch_idx + 1) % N == 0`` alone never steps an epoch's short last window (``steps.window_ends`` does).
 """
 
+
 # %%
 # The recipe and the mistakes
 # ---------------------------
@@ -34,7 +35,9 @@ import functools
 import lightning.pytorch as pl
 import matplotlib.pyplot as plt
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide import steps
 from mpguide.data import digits_loader
@@ -44,31 +47,53 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_06_accumulation")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_06_accumulation"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 N = 4  # micro-batches per optimizer step
-OVERFLOW_BATCH = 21  # in the overflow run, this micro-batch of epoch 0 gets an infinite gradient (window 5)
+# in the overflow run, this micro-batch of
+# epoch 0 gets an infinite gradient (window 5)
+OVERFLOW_BATCH = 21
 
 
 class ManualAccumulation(DigitsClassifier):
-    def __init__(self, overflow=False, n=N, **kwargs):
+    def __init__(
+        self, overflow=False, n=N, **kwargs
+    ):
         super().__init__(**kwargs)
         self.overflow, self.n = overflow, n
 
     def window_share(self, loss):
-        return loss / self.n  # so that the summed gradient of the window is an average
+        # so that the summed gradient of the
+        # window is an average
+        return loss / self.n
 
     def window_done(self, batch_idx):
-        # every n-th micro-batch and the epoch's last, as automatic accumulation steps
-        return steps.window_ends(self.trainer, batch_idx, self.n)
+        # every n-th micro-batch and the
+        # epoch's last, as automatic
+        # accumulation steps
+        return steps.window_ends(
+            self.trainer, batch_idx, self.n
+        )
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         loss = self.compute_loss(batch)
-        self.manual_backward(self.window_share(loss))
-        if self.overflow and self.current_epoch == 0 and batch_idx == OVERFLOW_BATCH:
-            self.net[0].weight.grad.fill_(float("inf"))  # as if this micro-batch overflowed fp16
+        self.manual_backward(
+            self.window_share(loss)
+        )
+        if (
+            self.overflow
+            and self.current_epoch == 0
+            and batch_idx == OVERFLOW_BATCH
+        ):
+            # as if this micro-batch
+            # overflowed fp16
+            self.net[0].weight.grad.fill_(
+                float("inf")
+            )
         if self.window_done(batch_idx):
             opt.step()
             opt.zero_grad()
@@ -76,24 +101,31 @@ class ManualAccumulation(DigitsClassifier):
 
 
 class NoDivision(ManualAccumulation):
-    """Mistake 1: the window's gradient is a sum, N times too large."""
+    """Mistake 1: the window's gradient is a
+    sum, N times too large."""
 
     def window_share(self, loss):
         return loss
 
 
 class ModuloOnly(ManualAccumulation):
-    """Mistake 3: ``(batch_idx + 1) % n == 0`` alone; when n does not divide the epoch its last window never steps."""
+    """Mistake 3: ``(batch_idx + 1) % n == 0``
+    alone; when n does not divide the epoch
+    its last window never steps."""
 
     def window_done(self, batch_idx):
         return (batch_idx + 1) % self.n == 0
 
 
 class ZeroGradEveryBatch(ManualAccumulation):
-    """Mistake 2: ``zero_grad()`` at the top of every batch keeps only the last micro-batch."""
+    """Mistake 2: ``zero_grad()`` at the top
+    of every batch keeps only the last
+    micro-batch."""
 
     def window_share(self, loss):
-        self.optimizers().zero_grad()  # wipes the micro-batches before this one
+        # wipes the micro-batches before this
+        # one
+        self.optimizers().zero_grad()
         return super().window_share(loss)
 
 
@@ -104,21 +136,35 @@ class ZeroGradEveryBatch(ManualAccumulation):
 # is enough; on a CPU that flag silently becomes bf16-mixed, so Lightning's plugin is passed
 # explicitly. ``max_steps`` counts optimizer steps, i.e. windows.
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
-model = ManualAccumulation(optimizer="sgd", lr=0.05)
+model = ManualAccumulation(
+    optimizer="sgd", lr=0.05
+)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=5,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+print(
+    f"optimizer steps (windows of {N} "
+    f"micro-batches): {trainer.global_step}"
+)
+
 
 # %%
 # The epoch's last window
@@ -132,9 +178,14 @@ print(f"optimizer steps (windows of {N} micro-batches): {trainer.global_step}")
 # it would end 2.8 times too late; ``steps.manual_stepping_batches(trainer, 3)`` counts the windows (10), the
 # short one included. Call it in ``configure_optimizers``.
 
-for recipe in (ManualAccumulation, ModuloOnly):
+for recipe in (
+    ManualAccumulation,
+    ModuloOnly,
+):
     pl.seed_everything(0)
-    model = recipe(n=3, optimizer="sgd", lr=0.05)
+    model = recipe(
+        n=3, optimizer="sgd", lr=0.05
+    )
     trainer = pl.Trainer(
         accelerator=device,
         max_epochs=1,
@@ -143,10 +194,23 @@ for recipe in (ManualAccumulation, ModuloOnly):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, digits_loader(batch_size=64))
-    print(f"{recipe.__name__}, N = 3: {trainer.global_step} optimizer steps in 28 batches (automatic: 10)")
-print(f"estimated_stepping_batches: {trainer.estimated_stepping_batches}")
-print(f"manual_stepping_batches(trainer, 3): {steps.manual_stepping_batches(trainer, 3)}")
+    trainer.fit(
+        model, digits_loader(batch_size=64)
+    )
+    print(
+        f"{recipe.__name__}, N = 3: "
+        f"{trainer.global_step} optimizer "
+        "steps in 28 batches (automatic: 10)"
+    )
+print(
+    "estimated_stepping_batches: "
+    f"{trainer.estimated_stepping_batches}"
+)
+print(
+    "manual_stepping_batches(trainer, 3): "
+    f"{steps.manual_stepping_batches(trainer, 3)}"
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -161,10 +225,12 @@ from mpguide.verify.show import plotting, report
 
 
 class WindowProbe(Callback):
-    # fmt: off
-    measures = {"window_moved": "list[bool]", "scale_constant_in_windows": "bool", "overflow_window_skipped": "bool",
-                "other_windows_moved": "bool"}
-    # fmt: on
+    measures = {
+        "window_moved": "list[bool]",
+        "scale_constant_in_windows": "bool",
+        "overflow_window_skipped": "bool",
+        "other_windows_moved": "bool",
+    }
 
     def __init__(self):
         self.window_moved, self.scales, self.start = [], [], None  # moved per window; scale per micro-batch
@@ -221,12 +287,21 @@ recipes = {
 }
 probes = {name: [WindowProbe] for name in recipes if name != "automatic" and "N=3" not in name}
 probes.update({name: [TailProbe] for name in recipes if "N=3" in name})
-# fmt: off
 RUNS = [
     # run id           recipe                   precision     options
     ("auto-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 32-true"}),
-    ("auto-bf16", "automatic", "bf16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"}),  # noqa: E501
-    ("auto-fp16", "automatic", "16-mixed", {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"}),
+    (
+        "auto-bf16",
+        "automatic",
+        "bf16-mixed",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, bf16-mixed"},
+    ),
+    (
+        "auto-fp16",
+        "automatic",
+        "16-mixed",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "automatic, 16-mixed"},
+    ),
     ("manual-fp32", "manual", "32-true", {"label": "manual, 32-true"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
@@ -236,8 +311,18 @@ RUNS = [
     ("manual-lr-0.5", "manual, lr 0.5", "32-true", {"label": "manual, lr 0.5, fp32"}),
     ("no-division-lr-0.5", "no division, lr 0.5", "32-true", {"label": "no division, lr 0.5, fp32"}),
     ("overflow-fp16", "manual, overflow", "16-mixed", {"label": "16-mixed, overflow in window 5"}),
-    ("trainer-flag", "manual", "32-true", {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"}),  # noqa: E501
-    ("auto3-fp32", "automatic", "32-true", {"trainer": {"accumulate_grad_batches": 3}, "label": "automatic, N = 3, 32-true"}),  # noqa: E501
+    (
+        "trainer-flag",
+        "manual",
+        "32-true",
+        {"trainer": {"accumulate_grad_batches": 4}, "label": "Trainer(accumulate_grad_batches=4)"},
+    ),
+    (
+        "auto3-fp32",
+        "automatic",
+        "32-true",
+        {"trainer": {"accumulate_grad_batches": 3}, "label": "automatic, N = 3, 32-true"},
+    ),
     ("manual3-fp32", "manual N=3", "32-true", {"label": "manual, N = 3, 32-true"}),
     ("modulo3-fp32", "modulo only N=3", "32-true", {"label": "(batch_idx + 1) % 3 only, 32-true"}),
 ]
@@ -252,12 +337,30 @@ CLAIMS = [
     ("expect", "overflow-fp16", "scale_constant_in_windows", True, "the loss scale is constant inside each window"),
     ("expect", "overflow-fp16", "overflow_window_skipped", True, "one overflowing micro-batch skips its window"),
     ("expect", "overflow-fp16", "other_windows_moved", True, "every other window is applied"),
-    ("same", "manual3-fp32", "auto3-fp32", "final_weights", "N = 3, 28 batches per epoch: manual = automatic, bitwise (fp32)"),  # noqa: E501
+    (
+        "same",
+        "manual3-fp32",
+        "auto3-fp32",
+        "final_weights",
+        "N = 3, 28 batches per epoch: manual = automatic, bitwise (fp32)",
+    ),
     ("same", "manual3-fp32", "auto3-fp32", "global_step", "N = 3: as many optimizer steps as automatic accumulation"),
     ("expect", "manual3-fp32", "tail_stepped", True, "N = 3: each epoch's short last window steps"),
-    ("expect", "modulo3-fp32", "tail_stepped", False, "(batch_idx + 1) % N alone: the epoch's last window never steps"),
+    (
+        "expect",
+        "modulo3-fp32",
+        "tail_stepped",
+        False,
+        "(batch_idx + 1) % N alone: the epoch's last window never steps",
+    ),
     ("expect", "manual3-fp32", "schedule_equals_steps", True, "manual_stepping_batches = the optimizer steps taken"),
-    ("raises", "trainer-flag", "MisconfigurationException", "Automatic gradient accumulation is not supported for manual optimization", "Trainer(accumulate_grad_batches) is rejected in manual optimization"),  # noqa: E501
+    (
+        "raises",
+        "trainer-flag",
+        "MisconfigurationException",
+        "Automatic gradient accumulation is not supported for manual optimization",
+        "Trainer(accumulate_grad_batches) is rejected in manual optimization",
+    ),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "auto-fp32", "PitfallChecks: auto-fp32 has no finding"),
     ("clean", "auto-bf16", "PitfallChecks: auto-bf16 has no finding"),
@@ -270,10 +373,10 @@ CLAIMS = [
     ("clean", "overflow-fp16", "PitfallChecks: overflow-fp16 has no finding"),
     ("flags", "zero-grad", "accumulation", "PitfallChecks flags zero-grad: accumulation"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_06_accumulation", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # Curves
@@ -283,20 +386,55 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # divided recipe with a 4 times larger learning rate (one line): at lr 0.05 this model profits from
 # larger steps. ``zero_grad`` every batch keeps a quarter of each window's gradient and trains slower.
 
-fig, (left, right) = plotting.figure(1, 2, 12, 5.0, sharey=True)
+fig, (left, right) = plotting.figure(
+    1, 2, 12, 5.0, sharey=True
+)
 plotting.describe(
     fig,
-    "Manual accumulation equals automatic accumulation; not dividing the loss equals a 4 x larger "
-    "learning rate (lower loss at lr 0.05); zero_grad every batch trains slower",
+    "Manual accumulation equals automatic "
+    "accumulation; not dividing the loss "
+    "equals a 4 x larger "
+    "learning rate (lower loss at lr 0.05); "
+    "zero_grad every batch trains slower",
 )
-acc_ids = ["auto-fp32", "manual-fp32", "auto-bf16", "manual-bf16", "auto-fp16", "manual-fp16"]
-plotting.plot_loss_curves(left, record, acc_ids, "Automatic vs manual accumulation, N = 4")
-names = {"manual-fp32": "divided by 4", "no-division": "not divided", "manual-lr-x4": "divided, lr x 4"}
+acc_ids = [
+    "auto-fp32",
+    "manual-fp32",
+    "auto-bf16",
+    "manual-bf16",
+    "auto-fp16",
+    "manual-fp16",
+]
+plotting.plot_loss_curves(
+    left,
+    record,
+    acc_ids,
+    "Automatic vs manual accumulation, N = 4",
+)
+names = {
+    "manual-fp32": "divided by 4",
+    "no-division": "not divided",
+    "manual-lr-x4": "divided, lr x 4",
+}
 names["zero-grad"] = "zero_grad every batch"
-colors = {"no-division": "#D55E00", "zero-grad": "#CC79A7"}
-plotting.plot_loss_curves(right, record, list(names), "Accumulation mistakes, SGD lr 0.05, fp32", colors, names)
-plotting.save_figure(fig, record["example"], "curves")
+colors = {
+    "no-division": "#D55E00",
+    "zero-grad": "#CC79A7",
+}
+plotting.plot_loss_curves(
+    right,
+    record,
+    list(names),
+    "Accumulation mistakes, SGD lr 0.05, "
+    "fp32",
+    colors,
+    names,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # An lr of 0.5, and an overflow
@@ -307,25 +445,81 @@ plt.show()
 # micro-batch 21 (window 5) carries an infinite gradient. The scale stays constant inside every
 # window, the window with the overflow applies no update, and the scale halves once, at its ``opt.step()``.
 
-fig, (ax, windows) = plotting.figure(1, 2, 12, 4.1)
+fig, (ax, windows) = plotting.figure(
+    1, 2, 12, 4.1
+)
 plotting.describe(
     fig,
-    "At lr 0.5 the divided recipe trains and the undivided one diverges; the loss scale is constant "
-    "inside each window, and the window with the overflow is skipped",
+    "At lr 0.5 the divided recipe trains and "
+    "the undivided one diverges; the loss "
+    "scale is constant "
+    "inside each window, and the window "
+    "with the overflow is skipped",
 )
-names = {"manual-lr-0.5": "divided by 4", "no-division-lr-0.5": "not divided"}
-plotting.plot_loss_curves(ax, record, list(names), "SGD lr 0.5, fp32", {"no-division-lr-0.5": "#D55E00"}, names)
+names = {
+    "manual-lr-0.5": "divided by 4",
+    "no-division-lr-0.5": "not divided",
+}
+plotting.plot_loss_curves(
+    ax,
+    record,
+    list(names),
+    "SGD lr 0.5, fp32",
+    {"no-division-lr-0.5": "#D55E00"},
+    names,
+)
 ax.set_yscale("log")
-run, shown = plotting.run_by_id(record, "overflow-fp16"), 40
-windows.step(range(shown), run["loss_scale"][:shown], where="post", color="#009E73", label="loss scale")
-for w, moved in enumerate(run["extra"]["window_moved"][: shown // N]):
-    windows.axvspan(w * N, (w + 1) * N, color="#999999" if moved else "#D55E00", alpha=0.06 if moved else 0.25)
-windows.axvline(OVERFLOW_BATCH, color="#D55E00", linestyle=":", label="overflowing micro-batch")
-windows.set(yscale="log", xlabel="micro-batch (batch)", ylabel="loss scale at micro-batch start")
-windows.set_title("16-mixed, windows of 4 micro-batches (red: skipped)")
-windows.legend(fontsize=plotting.LEGEND_SIZE, frameon=False, loc="lower left")
-plotting.save_figure(fig, record["example"], "larger_lr_and_windows")
+run, shown = (
+    plotting.run_by_id(
+        record, "overflow-fp16"
+    ),
+    40,
+)
+windows.step(
+    range(shown),
+    run["loss_scale"][:shown],
+    where="post",
+    color="#009E73",
+    label="loss scale",
+)
+for w, moved in enumerate(
+    run["extra"]["window_moved"][: shown // N]
+):
+    windows.axvspan(
+        w * N,
+        (w + 1) * N,
+        color="#999999"
+        if moved
+        else "#D55E00",
+        alpha=0.06 if moved else 0.25,
+    )
+windows.axvline(
+    OVERFLOW_BATCH,
+    color="#D55E00",
+    linestyle=":",
+    label="overflowing micro-batch",
+)
+windows.set(
+    yscale="log",
+    xlabel="micro-batch (batch)",
+    ylabel="loss scale at micro-batch start",
+)
+windows.set_title(
+    "16-mixed, windows of 4 micro-batches "
+    "(red: skipped)"
+)
+windows.legend(
+    fontsize=plotting.LEGEND_SIZE,
+    frameon=False,
+    loc="lower left",
+)
+plotting.save_figure(
+    fig,
+    record["example"],
+    "larger_lr_and_windows",
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -339,6 +533,7 @@ plt.show()
 # or ``or self.trainer.is_last_batch``), as automatic accumulation does, and size per-step schedules with
 # ``steps.manual_stepping_batches``. ``mpguide.checks.PitfallChecks()`` flags the ``zero_grad`` mistake (the
 # ``zero-grad`` run above); not dividing leaves no trace it sees: compare with automatic accumulation once.
+
 
 # %%
 # Evidence: the verdicts

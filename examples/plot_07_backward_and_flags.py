@@ -18,6 +18,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 hides it; how to get a real fp16 autocast and a GradScaler on a CPU, as every example of this site does.
 """
 
+
 # %%
 # ``loss.backward()`` in a manual ``training_step``
 # -------------------------------------------------
@@ -33,14 +34,19 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_07_backward_and_flags")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_07_backward_and_flags"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
 class Manual(DigitsClassifier):
-    """Manual optimization with either backward call."""
+    """Manual optimization with either
+    backward call."""
 
-    def __init__(self, plain_backward=False, **kwargs):
+    def __init__(
+        self, plain_backward=False, **kwargs
+    ):
         super().__init__(**kwargs)
         self.plain_backward = plain_backward
 
@@ -49,7 +55,9 @@ class Manual(DigitsClassifier):
         opt.zero_grad()
         loss = self.compute_loss(batch)
         if self.plain_backward:
-            loss.backward()  # bypasses the precision plugin: no loss scaling
+            # bypasses the precision plugin:
+            # no loss scaling
+            loss.backward()
         else:
             self.manual_backward(loss)
         opt.step()
@@ -63,28 +71,41 @@ class Manual(DigitsClassifier):
 # silently becomes bf16-mixed (no GradScaler), so Lightning's plugin is passed explicitly.
 
 import lightning.pytorch as pl
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = Manual(optimizer="sgd", lr=0.05)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=20,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
 print(
-    f"Trainer.precision = {trainer.precision!r}, GradScaler: {trainer.precision_plugin.scaler is not None}, "
+    "Trainer.precision = "
+    f"{trainer.precision!r}, GradScaler: "
+    f"{trainer.precision_plugin.scaler is not None}, "
     f"optimizer steps: {trainer.global_step}"
 )
+
 
 # %%
 # Evidence: the runs and their claims
@@ -99,7 +120,6 @@ recipes = {
     "manual_backward": functools.partial(Manual, optimizer="sgd", lr=0.05),
     "loss.backward()": functools.partial(Manual, plain_backward=True, optimizer="sgd", lr=0.05),
 }
-# fmt: off
 RUNS = [
     # run id                  recipe             precision     options
     ("fp16-manual-backward", "manual_backward", "16-mixed", {"label": "16-mixed, manual_backward"}),
@@ -109,11 +129,37 @@ RUNS = [
     ("flag-16-mixed", "manual_backward", "16-mixed", {"plain_flag": True, "label": 'Trainer(precision="16-mixed")'}),
 ]
 CLAIMS = [
-    ("raises", "fp16-loss-backward", "AssertionError", "Attempted unscale_ but _scale is None", "16-mixed: loss.backward() fails at the first step"),  # noqa: E501
-    ("match", "bf16-loss-backward", "bf16-manual-backward", "same-precision", "bf16-mixed: loss.backward() silently equals manual_backward"),  # noqa: E501
+    (
+        "raises",
+        "fp16-loss-backward",
+        "AssertionError",
+        "Attempted unscale_ but _scale is None",
+        "16-mixed: loss.backward() fails at the first step",
+    ),
+    (
+        "match",
+        "bf16-loss-backward",
+        "bf16-manual-backward",
+        "same-precision",
+        "bf16-mixed: loss.backward() silently equals manual_backward",
+    ),
     ("expect", "fp16-manual-backward", "has_scaler", True, "16-mixed as this site runs it has a GradScaler"),
-    ("warns", "flag-16-mixed", "UserWarning", "AMP with fp16 is not supported on CPU", "CPU: the plain flag warns and falls back", {"only_on": "cpu"}),  # noqa: E501
-    ("expect", "flag-16-mixed", "trainer_precision", "bf16-mixed", "CPU: the plain flag trains in bf16-mixed", {"only_on": "cpu"}),  # noqa: E501
+    (
+        "warns",
+        "flag-16-mixed",
+        "UserWarning",
+        "AMP with fp16 is not supported on CPU",
+        "CPU: the plain flag warns and falls back",
+        {"only_on": "cpu"},
+    ),
+    (
+        "expect",
+        "flag-16-mixed",
+        "trainer_precision",
+        "bf16-mixed",
+        "CPU: the plain flag trains in bf16-mixed",
+        {"only_on": "cpu"},
+    ),
     ("expect", "flag-16-mixed", "has_scaler", False, "CPU: ... with no GradScaler at all", {"only_on": "cpu"}),
     ("expect", "flag-16-mixed", "has_scaler", True, "GPU: the plain flag has a GradScaler", {"only_on": "cuda"}),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -123,10 +169,10 @@ CLAIMS = [
     ("flags", "fp16-loss-backward", "backward-flags", "PitfallChecks flags fp16-loss-backward: backward-flags"),
     ("flags", "bf16-loss-backward", "backward-flags", "PitfallChecks flags bf16-loss-backward: backward-flags"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_07_backward_and_flags", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # What happened
@@ -136,23 +182,51 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 
 for run in record["runs"]:
     outcome = (
-        f"{run['error']['type']}: {run['error']['message'].splitlines()[0]}"
+        f"{run['error']['type']}: "
+        f"{run['error']['message'].splitlines()[0]}"
         if run["error"]
-        else f"trained {len(run['loss'])} steps, Trainer.precision = {run['extra']['trainer_precision']!r}, "
-        f"GradScaler: {'yes' if run['extra']['has_scaler'] else 'no'}"
+        else f"trained {len(run['loss'])} steps, "
+        "Trainer.precision = "
+        f"{run['extra']['trainer_precision']!r}, "
+        "GradScaler: "
+        f"{'yes' if run['extra']['has_scaler'] else 'no'}"
     )
-    print(f"{run['label']:<32} {run['precision_plugin']:<15} {outcome}")
+    print(
+        f"{run['label']:<32} "
+        f"{run['precision_plugin']:<15} "
+        f"{outcome}"
+    )
 
 import matplotlib.pyplot as plt
 
-fig_runs = ["bf16-manual-backward", "bf16-loss-backward", "fp16-manual-backward", "flag-16-mixed"]
+fig_runs = [
+    "bf16-manual-backward",
+    "bf16-loss-backward",
+    "fp16-manual-backward",
+    "flag-16-mixed",
+]
 fig, ax = plotting.figure(1, 1, 8, 5)
-plotting.describe(fig, "loss.backward() equals manual_backward under bf16-mixed; the CPU 16-mixed flag trains in bf16")
-plotting.plot_loss_curves(
-    ax, record, fig_runs, "Runs that trained", {"bf16-loss-backward": "#D55E00", "flag-16-mixed": "#CC79A7"}
+plotting.describe(
+    fig,
+    "loss.backward() equals manual_backward "
+    "under bf16-mixed; the CPU 16-mixed "
+    "flag trains in bf16",
 )
-plotting.save_figure(fig, record["example"], "curves")
+plotting.plot_loss_curves(
+    ax,
+    record,
+    fig_runs,
+    "Runs that trained",
+    {
+        "bf16-loss-backward": "#D55E00",
+        "flag-16-mixed": "#CC79A7",
+    },
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # Why
@@ -168,6 +242,7 @@ plt.show()
 # On CPU, Lightning's accelerator connector replaces ``"16-mixed"`` by ``"bf16-mixed"`` with a
 # warning. Pass ``plugins=[MixedPrecision("16-mixed", "cpu")]`` instead, as the call above does: it
 # builds a CPU ``torch.amp.GradScaler`` and an fp16 autocast region.
+
 
 # %%
 # Evidence: the verdicts

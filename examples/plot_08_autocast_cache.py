@@ -22,6 +22,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 **What you will learn**: which versions were affected, how to check yours, and the safe recipe.
 """
 
+
 # %%
 # Two forwards, same weights
 # --------------------------
@@ -40,51 +41,88 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_08_autocast_cache")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_08_autocast_cache"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
 class SelfDistillation(DigitsClassifier):
-    """Lightning's autocast only (cache off since Lightning 2.5.5): the reference."""
+    """Lightning's autocast only (cache off
+    since Lightning 2.5.5): the reference."""
 
     def own_autocast(self):
-        return contextlib.nullcontext()  # nothing of our own
+        # nothing of our own
+        return contextlib.nullcontext()
 
-    def distillation_loss(self, batch, batch_idx):
+    def distillation_loss(
+        self, batch, batch_idx
+    ):
         images, labels = batch
-        noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(batch_idx)).to(images)
+        noise = torch.randn(
+            images.shape,
+            generator=torch.Generator().manual_seed(
+                batch_idx
+            ),
+        ).to(images)
         noisy = images + 0.2 * noise
         with torch.no_grad():
-            target = F.softmax(self.net(noisy).float(), dim=-1)
+            target = F.softmax(
+                self.net(noisy).float(),
+                dim=-1,
+            )
         logits = self.net(images)
-        return F.cross_entropy(logits, labels) + F.cross_entropy(logits, target)
+        return F.cross_entropy(
+            logits, labels
+        ) + F.cross_entropy(logits, target)
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         opt.zero_grad()
         with self.own_autocast():
-            loss = self.distillation_loss(batch, batch_idx)
+            loss = self.distillation_loss(
+                batch, batch_idx
+            )
             self.manual_backward(loss)
             before = self.net(batch[0])
             opt.step()
-            after = self.net(batch[0])  # a second forward after the step (logging, a lookahead, ...)
-        if batch_idx == 0 and self.current_epoch == 0:
-            self.stale_after_step = bool(torch.equal(before, after))
+            # a second forward after the step
+            # (logging, a lookahead, ...)
+            after = self.net(batch[0])
+        if (
+            batch_idx == 0
+            and self.current_epoch == 0
+        ):
+            self.stale_after_step = bool(
+                torch.equal(before, after)
+            )
         return loss.detach()
 
 
 class CachingAutocast(SelfDistillation):
-    """The user's own caching autocast around the no_grad forward, the graded forward and the step."""
+    """The user's own caching autocast around
+    the no_grad forward, the graded forward
+    and the step."""
 
     def own_autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=True)
+        return torch.autocast(
+            self.device.type,
+            dtype=torch.bfloat16,
+            cache_enabled=True,
+        )
 
 
 class NoCacheAutocast(SelfDistillation):
-    """The fix on every release: the forwards in an own autocast with the cache off, inside Lightning's."""
+    """The fix on every release: the forwards
+    in an own autocast with the cache off,
+    inside Lightning's."""
 
     def own_autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
+        return torch.autocast(
+            self.device.type,
+            dtype=torch.bfloat16,
+            cache_enabled=False,
+        )
 
 
 # %%
@@ -99,9 +137,15 @@ import lightning.pytorch as pl
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
-model = SelfDistillation(optimizer="adamw", lr=3e-3)
+model = SelfDistillation(
+    optimizer="adamw", lr=3e-3
+)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
@@ -112,8 +156,15 @@ trainer = pl.Trainer(
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"a forward right after opt.step() saw the old weights: {model.stale_after_step}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+print(
+    "a forward right after opt.step() saw "
+    "the old weights: "
+    f"{model.stale_after_step}"
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -143,7 +194,6 @@ recipes = {
     "own autocast, cache off": functools.partial(NoCacheAutocast, **adamw),
 }
 probes = {name: [StaleAfterStep] for name in recipes}
-# fmt: off
 RUNS = [
     # run id            recipe                        precision     options
     ("lightning-bf16", "Lightning's autocast only", "bf16-mixed", {"label": "bf16-mixed, Lightning's autocast"}),
@@ -152,21 +202,46 @@ RUNS = [
     ("nocache-bf16", "own autocast, cache off", "bf16-mixed", {"label": "bf16-mixed, own autocast, cache off"}),
 ]
 CLAIMS = [
-    ("match", "caching-bf16", "lightning-bf16", "same-precision", "no_grad then graded forward in a caching autocast trains normally (installed torch)"),  # noqa: E501
+    (
+        "match",
+        "caching-bf16",
+        "lightning-bf16",
+        "same-precision",
+        "no_grad then graded forward in a caching autocast trains normally (installed torch)",
+    ),
     ("match", "lightning-bf16", "fp32", "mixed-vs-fp32", "bf16-mixed follows fp32"),
     ("expect", "caching-bf16", "stale_after_step", True, "hazard: a forward after opt.step() sees old weights"),
     ("expect", "lightning-bf16", "stale_after_step", False, "safe: without a caching autocast it sees new ones"),
-    ("expect", "nocache-bf16", "stale_after_step", False, "fix on every release: inside autocast(cache_enabled=False) it sees new ones"),  # noqa: E501
+    (
+        "expect",
+        "nocache-bf16",
+        "stale_after_step",
+        False,
+        "fix on every release: inside autocast(cache_enabled=False) it sees new ones",
+    ),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
-    ("clean", "lightning-bf16", "PitfallChecks: lightning-bf16 has no finding", {"only_if": "lightning-autocast-no-cache"}),  # noqa: E501
-    ("flags", "lightning-bf16", "autocast-cache", "PitfallChecks flags lightning-bf16 where Lightning's own autocast caches: autocast-cache", {"only_if": "lightning-autocast-caches"}),  # noqa: E501
+    (
+        "clean",
+        "lightning-bf16",
+        "PitfallChecks: lightning-bf16 has no finding",
+        {"only_if": "lightning-autocast-no-cache"},
+    ),
+    (
+        "flags",
+        "lightning-bf16",
+        "autocast-cache",
+        "PitfallChecks flags lightning-bf16 where Lightning's own autocast caches: autocast-cache",
+        {"only_if": "lightning-autocast-caches"},
+    ),
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
     ("flags", "caching-bf16", "autocast-cache", "PitfallChecks flags caching-bf16: autocast-cache"),
 ]
-# fmt: on
 
-record = runner.run_example("plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes))
+record = runner.run_example(
+    "plot_08_autocast_cache", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
+)
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # What happened
@@ -177,17 +252,47 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 8, 5)
-plotting.describe(fig, "A no_grad forward before a graded one no longer breaks training in a caching autocast")
-plotting.plot_loss_curves(
-    ax, record, ["fp32", "lightning-bf16", "caching-bf16"], "Self-distillation", {"caching-bf16": "#D55E00"}
+plotting.describe(
+    fig,
+    "A no_grad forward before a graded one "
+    "no longer breaks training in a caching "
+    "autocast",
 )
-plotting.save_figure(fig, record["example"], "curves")
+plotting.plot_loss_curves(
+    ax,
+    record,
+    [
+        "fp32",
+        "lightning-bf16",
+        "caching-bf16",
+    ],
+    "Self-distillation",
+    {"caching-bf16": "#D55E00"},
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
 
-for run_id in ("lightning-bf16", "caching-bf16", "nocache-bf16"):
-    stale = plotting.run_by_id(record, run_id)["extra"]["stale_after_step"]
-    print(f"{run_id}: a forward after opt.step() saw the old weights: {stale}")
-print(f"installed: torch {record['env']['torch']}, Lightning {record['env']['lightning']}")
+for run_id in (
+    "lightning-bf16",
+    "caching-bf16",
+    "nocache-bf16",
+):
+    stale = plotting.run_by_id(
+        record, run_id
+    )["extra"]["stale_after_step"]
+    print(
+        f"{run_id}: a forward after "
+        "opt.step() saw the old weights: "
+        f"{stale}"
+    )
+print(
+    "installed: torch "
+    f"{record['env']['torch']}, Lightning "
+    f"{record['env']['lightning']}"
+)
+
 
 # %%
 # The safe recipe
@@ -202,6 +307,7 @@ print(f"installed: torch {record['env']['torch']}, Lightning {record['env']['lig
 # (Lightning 2.5.4 or earlier with a torch that still has the cache bug), a ``no_grad`` forward
 # followed by a graded forward through the same weights loses their gradients; run this example
 # there and the first claim fails.
+
 
 # %%
 # Evidence: the verdicts

@@ -25,6 +25,7 @@ here, and 16-mixed does. **Prerequisites**: a torch with ``torch.optim.Muon``; t
 ``plot_01_porting_to_manual.py``.
 """
 
+
 # %%
 # Weight matrices only
 # --------------------
@@ -37,37 +38,57 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_09_optimizer_under_autocast")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_09_optimizer_under_autocast"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
 class MuonMLP(pl.LightningModule):
     def __init__(self, manual: bool = False):
         super().__init__()
-        self.automatic_optimization = not manual
+        self.automatic_optimization = (
+            not manual
+        )
         self.net = nn.Sequential(
-            nn.Linear(NUM_FEATURES, 64, bias=False), nn.Tanh(), nn.Linear(64, NUM_CLASSES, bias=False)
+            nn.Linear(
+                NUM_FEATURES, 64, bias=False
+            ),
+            nn.Tanh(),
+            nn.Linear(
+                64, NUM_CLASSES, bias=False
+            ),
         )
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
-        loss = F.cross_entropy(self.net(images), labels)
+        loss = F.cross_entropy(
+            self.net(images), labels
+        )
         if self.automatic_optimization:
             return loss
         opt = self.optimizers()
         opt.zero_grad()
         self.manual_backward(loss)
-        opt.step()  # in manual optimization this runs inside training_step's autocast region
+        # in manual optimization this runs
+        # inside training_step's autocast
+        # region
+        opt.step()
         return loss.detach()
 
     def configure_optimizers(self):
-        return torch.optim.Muon(self.parameters(), lr=0.02)
+        return torch.optim.Muon(
+            self.parameters(), lr=0.02
+        )
 
 
 # %%
@@ -79,9 +100,15 @@ class MuonMLP(pl.LightningModule):
 # on other releases; there, wrap ``opt.step()`` in ``torch.autocast(device, enabled=False)`` yourself.
 
 from mpguide.data import digits_loader
-from mpguide.precision import ManualMixedPrecision
+from mpguide.precision import (
+    ManualMixedPrecision,
+)
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 final = {}
 for manual in (False, True):
     pl.seed_everything(0)
@@ -90,15 +117,31 @@ for manual in (False, True):
         accelerator=device,
         devices=1,
         max_steps=20,
-        plugins=[ManualMixedPrecision("16-mixed", device)],
+        plugins=[
+            ManualMixedPrecision(
+                "16-mixed", device
+            )
+        ],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, digits_loader(batch_size=64))
-    final[manual] = torch.cat([p.detach().flatten() for p in model.parameters()])
-print(f"largest weight difference, manual port vs automatic: {(final[True] - final[False]).abs().max():g}")
+    trainer.fit(
+        model, digits_loader(batch_size=64)
+    )
+    final[manual] = torch.cat(
+        [
+            p.detach().flatten()
+            for p in model.parameters()
+        ]
+    )
+print(
+    "largest weight difference, manual port "
+    "vs automatic: "
+    f"{(final[True] - final[False]).abs().max():g}"
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -142,20 +185,47 @@ class DriftProbe(Callback):
 
 recipes = {"automatic": MuonMLP, "manual": lambda: MuonMLP(manual=True)}
 probes = {"automatic": [DriftProbe], "manual": [DriftProbe]}
-# fmt: off
 RUNS = [
     # run id               recipe       precision   options (each automatic run trains before its manual twin)
     ("auto-fp16", "automatic", "16-mixed", {"label": "automatic, 16-mixed"}),
     ("manual-fp16", "manual", "16-mixed", {"label": "manual, 16-mixed"}),
-    ("auto-fp16-plugin", "automatic", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"}),  # noqa: E501
-    ("manual-fp16-plugin", "manual", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"}),  # noqa: E501
+    (
+        "auto-fp16-plugin",
+        "automatic",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "automatic, 16-mixed + plugin"},
+    ),
+    (
+        "manual-fp16-plugin",
+        "manual",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "manual, 16-mixed + plugin"},
+    ),
     ("auto-bf16", "automatic", "bf16-mixed", {"label": "automatic, bf16-mixed"}),
     ("manual-bf16", "manual", "bf16-mixed", {"label": "manual, bf16-mixed"}),
 ]
 CLAIMS = [
-    ("expect", "manual-fp16", "identical_to_automatic", False, "stock 16-mixed: the manual port of Muon differs from automatic"),  # noqa: E501
-    ("same", "manual-fp16-plugin", "auto-fp16-plugin", "weights_digest", "with ManualMixedPrecision: manual = automatic, bitwise"),  # noqa: E501
-    ("same", "auto-fp16-plugin", "auto-fp16", "weights_digest", "the plugin leaves automatic optimization unchanged, bitwise"),  # noqa: E501
+    (
+        "expect",
+        "manual-fp16",
+        "identical_to_automatic",
+        False,
+        "stock 16-mixed: the manual port of Muon differs from automatic",
+    ),
+    (
+        "same",
+        "manual-fp16-plugin",
+        "auto-fp16-plugin",
+        "weights_digest",
+        "with ManualMixedPrecision: manual = automatic, bitwise",
+    ),
+    (
+        "same",
+        "auto-fp16-plugin",
+        "auto-fp16",
+        "weights_digest",
+        "the plugin leaves automatic optimization unchanged, bitwise",
+    ),
     ("same", "manual-bf16", "auto-bf16", "weights_digest", "bf16-mixed: manual = automatic, bitwise"),
     ("match", "manual-fp16", "auto-fp16", "mixed-vs-fp32", "the drift does not show in the loss curve"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -166,12 +236,12 @@ CLAIMS = [
     ("clean", "manual-bf16", "PitfallChecks: manual-bf16 has no finding"),
     ("flags", "manual-fp16", "optimizer-math", "PitfallChecks flags manual-fp16: optimizer-math"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_09_optimizer_under_autocast", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
 )
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # Manual against automatic, step by step
@@ -183,17 +253,30 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 8, 4.8)
-plotting.describe(fig, "Muon: the manual port drifts from automatic under stock 16-mixed, not with the plugin")
+plotting.describe(
+    fig,
+    "Muon: the manual port drifts from "
+    "automatic under stock 16-mixed, not "
+    "with the plugin",
+)
 plotting.plot_extra_series(
     ax,
     record,
-    ["manual-fp16", "manual-fp16-plugin", "manual-bf16"],
+    [
+        "manual-fp16",
+        "manual-fp16-plugin",
+        "manual-bf16",
+    ],
     "max_abs_diff_vs_automatic",
-    "Manual port vs automatic optimization (Muon)",
+    "Manual port vs automatic optimization "
+    "(Muon)",
     "max |W_manual - W_automatic|",
 )  # series that are exactly 0 are drawn once
-plotting.save_figure(fig, record["example"], "drift")
+plotting.save_figure(
+    fig, record["example"], "drift"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -206,6 +289,7 @@ plt.show()
 # ``plugins=[ManualMixedPrecision(precision, device)]``, which runs the optimizer step (and the
 # backward and clipping) with autocast disabled, as automatic optimization does; or open
 # ``with torch.autocast(device, enabled=False):`` around ``opt.step()`` yourself.
+
 
 # %%
 # Evidence: the verdicts

@@ -19,6 +19,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 16-mixed, and when it breaks. **Prerequisites**: :doc:`plot_02_two_optimizers`, :doc:`plot_05_skipped_steps`.
 """
 
+
 # %%
 # The naive R1 penalty
 # --------------------
@@ -37,7 +38,9 @@ from mpguide.data import NUM_FEATURES
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_10_gradient_penalty")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_10_gradient_penalty"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 LATENT, GAMMA = 16, 10.0
@@ -48,44 +51,102 @@ class R1GAN(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
+        self.generator = nn.Sequential(
+            nn.Linear(LATENT, 128),
+            nn.ReLU(),
+            nn.Linear(128, NUM_FEATURES),
+            nn.Sigmoid(),
+        )
         self.discriminator = nn.Sequential(
-            nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 128), nn.LeakyReLU(0.2), nn.Linear(128, 1)
+            nn.Linear(NUM_FEATURES, 128),
+            nn.LeakyReLU(0.2),
+            nn.Linear(128, 128),
+            nn.LeakyReLU(0.2),
+            nn.Linear(128, 1),
         )
 
     def input_grad(self, scores, images):
-        (grad,) = torch.autograd.grad(scores.sum(), images, create_graph=True)  # unscaled under 16-mixed
+        # unscaled under 16-mixed
+        (grad,) = torch.autograd.grad(
+            scores.sum(),
+            images,
+            create_graph=True,
+        )
         return grad
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
         opt_d, opt_g = self.optimizers()
         noise = torch.randn(
-            len(real), LATENT, generator=torch.Generator().manual_seed(batch_idx + 1000 * self.current_epoch)
+            len(real),
+            LATENT,
+            generator=torch.Generator().manual_seed(
+                batch_idx
+                + 1000 * self.current_epoch
+            ),
         )
-        fake = self.generator(noise.to(self.device))
+        fake = self.generator(
+            noise.to(self.device)
+        )
         with self.toggled_optimizer(opt_d):
-            real = real.detach().requires_grad_(True)
-            real_scores = self.discriminator(real)
-            grad = self.input_grad(real_scores, real)
-            self.log("input_grad_abs_mean", grad.detach().abs().mean())  # how small the penalized gradient is
+            real = (
+                real.detach().requires_grad_(
+                    True
+                )
+            )
+            real_scores = self.discriminator(
+                real
+            )
+            grad = self.input_grad(
+                real_scores, real
+            )
+            # how small the penalized gradient
+            # is
+            self.log(
+                "input_grad_abs_mean",
+                grad.detach().abs().mean(),
+            )
             r1 = grad.pow(2).sum(dim=1).mean()
-            loss_d = F.softplus(self.discriminator(fake.detach())).mean() + F.softplus(-real_scores).mean()
+            loss_d = (
+                F.softplus(
+                    self.discriminator(
+                        fake.detach()
+                    )
+                ).mean()
+                + F.softplus(
+                    -real_scores
+                ).mean()
+            )
             opt_d.zero_grad()
-            self.manual_backward(loss_d + GAMMA / 2 * r1)  # one backward of the sum
+            # one backward of the sum
+            self.manual_backward(
+                loss_d + GAMMA / 2 * r1
+            )
             opt_d.step()
         with self.toggled_optimizer(opt_g):
-            loss_g = F.softplus(-self.discriminator(fake)).mean()
+            loss_g = F.softplus(
+                -self.discriminator(fake)
+            ).mean()
             opt_g.zero_grad()
             self.manual_backward(loss_g)
             opt_g.step()
-        return (loss_d + loss_g).detach()  # adversarial losses; the penalty may be inf on a skipped step
+        # adversarial losses; the penalty may
+        # be inf on a skipped step
+        return (loss_d + loss_g).detach()
 
     def configure_optimizers(self):
         betas = (0.5, 0.99)
         return (
-            torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=betas),
-            torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=betas),
+            torch.optim.Adam(
+                self.discriminator.parameters(),
+                lr=self.lr,
+                betas=betas,
+            ),
+            torch.optim.Adam(
+                self.generator.parameters(),
+                lr=self.lr,
+                betas=betas,
+            ),
         )
 
 
@@ -96,7 +157,9 @@ class R1GAN(pl.LightningModule):
 # the gradients (:func:`mpguide.steps.scaled_input_grad`; plain ``autograd.grad`` without a GradScaler).
 # On a CPU ``precision="16-mixed"`` silently becomes bf16-mixed, so the plugin is passed explicitly.
 
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide import steps
 from mpguide.data import digits_loader
@@ -104,24 +167,40 @@ from mpguide.data import digits_loader
 
 class ScaledR1GAN(R1GAN):
     def input_grad(self, scores, images):
-        (grad,) = steps.scaled_input_grad(scores, images, self.trainer)
+        (grad,) = steps.scaled_input_grad(
+            scores, images, self.trainer
+        )
         return grad
 
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=40,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(ScaledR1GAN(), digits_loader(batch_size=64))
-print(f"optimizer steps: {trainer.global_step}, loss scale now: {trainer.precision_plugin.scaler.get_scale():g}")
+trainer.fit(
+    ScaledR1GAN(),
+    digits_loader(batch_size=64),
+)
+print(
+    "optimizer steps: "
+    f"{trainer.global_step}, loss scale now: "
+    f"{trainer.precision_plugin.scaler.get_scale():g}"
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -135,7 +214,6 @@ import math
 from mpguide.verify.show import plotting, report
 
 recipes = {"naive penalty": R1GAN, "scaled penalty": ScaledR1GAN}
-# fmt: off
 RUNS = [
     # run id            recipe            precision     options
     ("naive-fp32", "naive penalty", "32-true", {"label": "naive penalty, fp32"}),
@@ -160,10 +238,10 @@ CLAIMS = [
     # the naive penalty underflows nowhere on this model (its measured share, 0 %, is a note, not a finding)
     ("clean", "naive-fp16", "PitfallChecks: naive-fp16 has no finding"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_10_gradient_penalty", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # Curves
@@ -179,18 +257,29 @@ import matplotlib.pyplot as plt
 fig, ax = plotting.figure(1, 1, 9, 5.6)
 plotting.describe(
     fig,
-    "R1 GAN: the naive penalty under bf16-mixed and 16-mixed and the scaled penalty under "
+    "R1 GAN: the naive penalty under "
+    "bf16-mixed and 16-mixed and the scaled "
+    "penalty under "
     "16-mixed all follow fp32 on this model",
 )
 plotting.plot_loss_curves(
     ax,
     record,
-    ["naive-fp32", "naive-bf16", "naive-fp16", "scaled-fp16"],
-    "R1 GAN on the digits: adversarial losses",
+    [
+        "naive-fp32",
+        "naive-bf16",
+        "naive-fp16",
+        "scaled-fp16",
+    ],
+    "R1 GAN on the digits: adversarial "
+    "losses",
     {"scaled-fp16": "#D55E00"},
 )
-plotting.save_figure(fig, record["example"], "curves")
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # The loss scale and the size of the penalized gradient
@@ -200,13 +289,27 @@ plt.show()
 # magnitude of the penalized gradient (logged with ``self.log``) shows why the naive version works on
 # this model: it stays far above fp16's smallest normal number, 6.1e-5.
 
-for run_id in ("naive-fp32", "naive-fp16", "scaled-fp16"):
+for run_id in (
+    "naive-fp32",
+    "naive-fp16",
+    "scaled-fp16",
+):
     run = plotting.run_by_id(record, run_id)
-    sizes = [v for v in run["extra"]["logged"]["input_grad_abs_mean"] if math.isfinite(v)]
+    sizes = [
+        v
+        for v in run["extra"]["logged"][
+            "input_grad_abs_mean"
+        ]
+        if math.isfinite(v)
+    ]
     print(
-        f"{run_id}: mean |input gradient| between {min(sizes):.2g} and {max(sizes):.2g}, "
-        f"final loss scale {run['extra']['final_loss_scale']}"
+        f"{run_id}: mean |input gradient| "
+        f"between {min(sizes):.2g} and "
+        f"{max(sizes):.2g}, "
+        "final loss scale "
+        f"{run['extra']['final_loss_scale']}"
     )
+
 
 # %%
 # When does the naive penalty break?
@@ -226,6 +329,7 @@ for run_id in ("naive-fp32", "naive-fp16", "scaled-fp16"):
 # extra. On small models the naive version happens to work, as measured here:
 # do not rely on it for large inputs or small gradients. On Lightning 2.5.0 and older, which lack
 # ``toggled_optimizer``, write ``toggle_optimizer`` and ``untoggle_optimizer``.
+
 
 # %%
 # Evidence: the verdicts

@@ -24,6 +24,7 @@ products in fp16/bf16. **Prerequisites**: :doc:`plot_04_gradient_clipping` (clip
 ``on_before_optimizer_step``).
 """
 
+
 # %%
 # A half-precision adapter
 # ------------------------
@@ -36,41 +37,71 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_11_fp16_parameters")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_11_fp16_parameters"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
 class BodyAndAdapter(pl.LightningModule):
-    def __init__(self, half_adapter=False, clip=True, lr=1e-3):
+    def __init__(
+        self,
+        half_adapter=False,
+        clip=True,
+        lr=1e-3,
+    ):
         super().__init__()
         self.automatic_optimization = False
         self.clip, self.lr = clip, lr
-        self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
-        self.adapter = nn.Linear(64, NUM_CLASSES)
+        self.body = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 64),
+            nn.Tanh(),
+        )
+        self.adapter = nn.Linear(
+            64, NUM_CLASSES
+        )
         if half_adapter:
-            self.adapter.half()  # the mistake: trainable fp16 parameters
+            # the mistake: trainable fp16
+            # parameters
+            self.adapter.half()
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
         opt = self.optimizers()
         opt.zero_grad()
-        loss = F.cross_entropy(self.adapter(self.body(images)).float(), labels)
+        loss = F.cross_entropy(
+            self.adapter(
+                self.body(images)
+            ).float(),
+            labels,
+        )
         self.manual_backward(loss)
         opt.step()
         return loss.detach()
 
-    def on_before_optimizer_step(self, optimizer):
+    def on_before_optimizer_step(
+        self, optimizer
+    ):
         if self.clip:
-            self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+            self.clip_gradients(
+                optimizer,
+                gradient_clip_val=1.0,
+                gradient_clip_algorithm="norm",
+            )
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+        return torch.optim.AdamW(
+            self.parameters(), lr=self.lr
+        )
 
 
 # %%
@@ -81,25 +112,40 @@ class BodyAndAdapter(pl.LightningModule):
 # applied to fp32 weights. On a GPU ``precision="16-mixed"`` is enough; on a CPU the plugin is
 # passed explicitly, because ``Trainer(precision="16-mixed")`` silently becomes bf16-mixed there.
 
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = BodyAndAdapter(half_adapter=False)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=20,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"adapter weight dtype: {model.adapter.weight.dtype}, optimizer steps: {trainer.global_step}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+print(
+    "adapter weight dtype: "
+    f"{model.adapter.weight.dtype}, "
+    f"optimizer steps: {trainer.global_step}"
+)
+
 
 # %%
 # Evidence: the runs and their claims
@@ -115,20 +161,42 @@ recipes = {
     "half adapter, no clipping": lambda: BodyAndAdapter(half_adapter=True, clip=False),
     "fp32 adapter": lambda: BodyAndAdapter(half_adapter=False),
 }
-# fmt: off
 RUNS = [
     # run id              recipe                       precision     options
     ("half-fp16", "half adapter", "16-mixed", {"label": "fp16 adapter, 16-mixed"}),
     ("half-bf16", "half adapter", "bf16-mixed", {"label": "fp16 adapter, bf16-mixed, clipping"}),
-    ("half-bf16-noclip", "half adapter, no clipping", "bf16-mixed", {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}}),  # noqa: E501
+    (
+        "half-bf16-noclip",
+        "half adapter, no clipping",
+        "bf16-mixed",
+        {"label": "fp16 adapter, bf16-mixed, no clipping", "trainer": {"detect_anomaly": True}},
+    ),
     ("fp32", "fp32 adapter", "32-true", {"label": "fp32 adapter, fp32"}),
     ("fixed-bf16", "fp32 adapter", "bf16-mixed", {"label": "fp32 adapter, bf16-mixed"}),
     ("fixed-fp16", "fp32 adapter", "16-mixed", {"label": "fp32 adapter, 16-mixed"}),
 ]
 CLAIMS = [
-    ("raises", "half-fp16", "ValueError", "Attempting to unscale FP16 gradients.", "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients"),  # noqa: E501
-    ("raises", "half-bf16", "RuntimeError", "Unexpected floating ScalarType in at::autocast::prioritize", "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails"),  # noqa: E501
-    ("raises", "half-bf16-noclip", "RuntimeError", "returned nan values", "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN"),  # noqa: E501
+    (
+        "raises",
+        "half-fp16",
+        "ValueError",
+        "Attempting to unscale FP16 gradients.",
+        "fp16 parameters, 16-mixed: GradScaler refuses fp16 gradients",
+    ),
+    (
+        "raises",
+        "half-bf16",
+        "RuntimeError",
+        "Unexpected floating ScalarType in at::autocast::prioritize",
+        "fp16 parameters, bf16-mixed + clipping: the norm of mixed fp16/fp32 gradients fails",
+    ),
+    (
+        "raises",
+        "half-bf16-noclip",
+        "RuntimeError",
+        "returned nan values",
+        "fp16 parameters, bf16-mixed, no clipping: AdamW turns the weights into inf/NaN",
+    ),
     ("match", "fixed-bf16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, bf16-mixed = fp32"),
     ("match", "fixed-fp16", "fp32", "mixed-vs-fp32", "fix: fp32 parameters, 16-mixed = fp32"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
@@ -139,10 +207,10 @@ CLAIMS = [
     ("flags", "half-bf16", "fp16-parameters", "PitfallChecks flags half-bf16: fp16-parameters"),
     ("flags", "half-bf16-noclip", "fp16-parameters", "PitfallChecks flags half-bf16-noclip: fp16-parameters"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_11_fp16_parameters", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # The error under 16-mixed
@@ -153,7 +221,10 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # fp16 gradients are exactly what may have overflowed, and an fp16 optimizer update of fp16 weights
 # loses small steps to rounding. The design is fp32 master weights with fp16 arithmetic.
 
-print(report.expected_error(record, "half-fp16"))
+print(
+    report.expected_error(record, "half-fp16")
+)
+
 
 # %%
 # The error under bf16-mixed with clipping
@@ -164,7 +235,10 @@ print(report.expected_error(record, "half-fp16"))
 # around ``training_step``; autocast's type promotion for ``stack`` accepts fp32 and the autocast
 # dtype (bf16), and an fp16 tensor there is the "unexpected floating ScalarType".
 
-print(report.expected_error(record, "half-bf16"))
+print(
+    report.expected_error(record, "half-bf16")
+)
+
 
 # %%
 # Without clipping: no error, but NaN after one step
@@ -179,9 +253,18 @@ print(report.expected_error(record, "half-bf16"))
 # (round-4 case 10: ``Function 'AddmmBackward0' returned nan values``). This page's fp32-adapter model did
 # not overflow that way when we tried, so 16-mixed runs here without it.
 
-run = plotting.run_by_id(record, "half-bf16-noclip")
-print(f"losses recorded before the error: {run['loss']}")
-print(f"{run['error']['type']}: {run['error']['message']}")
+run = plotting.run_by_id(
+    record, "half-bf16-noclip"
+)
+print(
+    "losses recorded before the error: "
+    f"{run['loss']}"
+)
+print(
+    f"{run['error']['type']}: "
+    f"{run['error']['message']}"
+)
+
 
 # %%
 # Curves
@@ -192,12 +275,30 @@ import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(9, 4))
 plotting.plot_loss_curves(
-    ax, record, ["fp32", "fixed-bf16", "fixed-fp16", "half-fp16", "half-bf16", "half-bf16-noclip"], "Cross-entropy"
+    ax,
+    record,
+    [
+        "fp32",
+        "fixed-bf16",
+        "fixed-fp16",
+        "half-fp16",
+        "half-bf16",
+        "half-bf16-noclip",
+    ],
+    "Cross-entropy",
 )
-ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
+ax.legend(
+    loc="upper left",
+    bbox_to_anchor=(1.02, 1),
+    frameon=False,
+    fontsize=8,
+)
 fig.tight_layout()
-plotting.save_figure(fig, record["example"], "curves")
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -208,6 +309,7 @@ plt.show()
 # precision (``"bf16-true"``, ``"16-true"``) is another trade: small updates round away, an EMA copy
 # in half precision never moves, and AdamW's default ``eps`` makes fp16 weights NaN, as measured in
 # :doc:`plot_16_true_half_precision`.
+
 
 # %%
 # Evidence: the verdicts

@@ -22,6 +22,7 @@ the fp32 habit is harmless in fp32 and bf16-mixed, which have no loss scale. **P
 :doc:`plot_05_skipped_steps` (why GradScaler skips steps at all).
 """
 
+
 # %%
 # The habit
 # ---------
@@ -36,21 +37,36 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_12_nonfinite_guard")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_12_nonfinite_guard"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
 class SkipIfNotFinite(DigitsClassifier):
     def __init__(self):
-        super().__init__(optimizer="adamw", lr=4e-4, reduction="sum")
+        super().__init__(
+            optimizer="adamw",
+            lr=4e-4,
+            reduction="sum",
+        )
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         opt.zero_grad()
         loss = self.compute_loss(batch)
         self.manual_backward(loss)
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters()])
-        if torch.isfinite(grad_norm):  # under 16-mixed: the norm of the *scaled* gradients
+        grad_norm = (
+            torch.nn.utils.get_total_norm(
+                [
+                    p.grad
+                    for p in self.parameters()
+                ]
+            )
+        )
+        # under 16-mixed: the norm of the
+        # *scaled* gradients
+        if torch.isfinite(grad_norm):
             opt.step()
         return loss.detach()
 
@@ -62,11 +78,17 @@ class SkipIfNotFinite(DigitsClassifier):
 # silently becomes bf16-mixed, so the plugin is passed explicitly (a real fp16 autocast and GradScaler).
 
 import lightning.pytorch as pl
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = SkipIfNotFinite()
 initial_weights = model.weights()
@@ -75,16 +97,31 @@ trainer = pl.Trainer(
     devices=1,
     max_epochs=1,
     limit_train_batches=16,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"batches: 16, optimizer steps taken (trainer.global_step): {trainer.global_step}")
-print(f"weights changed: {not torch.equal(initial_weights, model.weights())}")
-print(f"loss scale after the run: {trainer.precision_plugin.scaler.get_scale():g}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+print(
+    "batches: 16, optimizer steps taken "
+    "(trainer.global_step): "
+    f"{trainer.global_step}"
+)
+print(
+    "weights changed: "
+    f"{not torch.equal(initial_weights, model.weights())}"
+)
+print(
+    "loss scale after the run: "
+    f"{trainer.precision_plugin.scaler.get_scale():g}"
+)
+
 
 # %%
 # Sixteen batches, no optimizer step, unchanged weights, and the loss scale still at 65536. Note that
@@ -105,8 +142,13 @@ class StepAndDetect(SkipIfNotFinite):
         opt.zero_grad()
         loss = self.compute_loss(batch)
         self.manual_backward(loss)
-        applied = steps.step_skip_aware(opt, self.trainer)  # False: GradScaler skipped this step
-        self.log("step_applied", float(applied))
+        # False: GradScaler skipped this step
+        applied = steps.step_skip_aware(
+            opt, self.trainer
+        )
+        self.log(
+            "step_applied", float(applied)
+        )
         return loss.detach()
 
 
@@ -114,6 +156,7 @@ class StepAndDetect(SkipIfNotFinite):
 # If the fp32 guard must stay (to skip NaN gradients from bad data in fp32 too), compute the norm
 # on **unscaled** gradients: clip or measure inside ``on_before_optimizer_step``, which Lightning
 # calls from within ``opt.step()`` after unscaling (see :doc:`plot_04_gradient_clipping`).
+
 
 # %%
 # Evidence: the runs and their claims
@@ -154,6 +197,7 @@ CLAIMS = [
 record = runner.run_example("plot_12_nonfinite_guard", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes))
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
 
+
 # %%
 # Loss and loss scale
 # -------------------
@@ -163,34 +207,77 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 
 import matplotlib.pyplot as plt
 
-fig, (loss_ax, scale_ax) = plt.subplots(1, 2, figsize=(11, 4))
+fig, (loss_ax, scale_ax) = plt.subplots(
+    1, 2, figsize=(11, 4)
+)
 plotting.plot_loss_curves(
     loss_ax,
     record,
-    ["habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"],
+    [
+        "habit-fp32",
+        "habit-bf16",
+        "habit-fp16",
+        "detect-fp16",
+    ],
     "Summed cross-entropy",
-    {"habit-fp16": "#D55E00", "detect-fp16": "#009E73"},
+    {
+        "habit-fp16": "#D55E00",
+        "detect-fp16": "#009E73",
+    },
 )
-for run_id, color in (("habit-fp16", "#D55E00"), ("detect-fp16", "#009E73")):
+for run_id, color in (
+    ("habit-fp16", "#D55E00"),
+    ("detect-fp16", "#009E73"),
+):
     run = plotting.run_by_id(record, run_id)
-    scale_ax.step(range(len(run["loss_scale"])), run["loss_scale"], where="post", color=color, label=run["label"])
-scale_ax.set(yscale="log", xlabel="batch", ylabel="loss scale at batch start", title="GradScaler's loss scale")
+    scale_ax.step(
+        range(len(run["loss_scale"])),
+        run["loss_scale"],
+        where="post",
+        color=color,
+        label=run["label"],
+    )
+scale_ax.set(
+    yscale="log",
+    xlabel="batch",
+    ylabel="loss scale at batch start",
+    title="GradScaler's loss scale",
+)
 scale_ax.grid(alpha=0.3)
-scale_ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
+scale_ax.legend(
+    loc="upper left",
+    bbox_to_anchor=(1.02, 1),
+    frameon=False,
+    fontsize=8,
+)
 fig.tight_layout()
-plotting.save_figure(fig, record["example"], "loss_scale")
+plotting.save_figure(
+    fig, record["example"], "loss_scale"
+)
 plt.show()
+
 
 # %%
 # Steps applied
 # -------------
 
-for run_id in ("habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"):
-    extra = plotting.run_by_id(record, run_id)["extra"]
+for run_id in (
+    "habit-fp32",
+    "habit-bf16",
+    "habit-fp16",
+    "detect-fp16",
+):
+    extra = plotting.run_by_id(
+        record, run_id
+    )["extra"]
     print(
-        f"{run_id:12s} updates applied: {extra['updates_applied']:3d} of {extra['batches']} batches, "
-        f"final loss scale: {extra['final_loss_scale']}"
+        f"{run_id:12s} updates applied: "
+        f"{extra['updates_applied']:3d} of "
+        f"{extra['batches']} batches, "
+        "final loss scale: "
+        f"{extra['final_loss_scale']}"
     )
+
 
 # %%
 # Conclusion
@@ -200,6 +287,7 @@ for run_id in ("habit-fp32", "habit-bf16", "habit-fp16", "detect-fp16"):
 # would make them finite. Call ``opt.step()`` every time and detect skipped steps afterwards (the
 # loss scale went down); put checks that need real gradient values into
 # ``on_before_optimizer_step``, where they are already unscaled.
+
 
 # %%
 # Evidence: the verdicts

@@ -25,6 +25,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 **Prerequisites**: the accumulation recipe of :ref:`sphx_glr_auto_examples_plot_06_accumulation.py`.
 """
 
+
 # %%
 # The recipe
 # ----------
@@ -38,17 +39,23 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_13_ddp_accumulation")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_13_ddp_accumulation"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 N = 4  # micro-batches per optimizer step
 
 
-class AccumulateSyncAtWindowEnd(DigitsClassifier):
+class AccumulateSyncAtWindowEnd(
+    DigitsClassifier
+):
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         last = (batch_idx + 1) % N == 0
-        with opt.toggle_model(sync_grad=self.sync(last)):
+        with opt.toggle_model(
+            sync_grad=self.sync(last)
+        ):
             loss = self.compute_loss(batch)
             self.manual_backward(loss / N)
         if last:
@@ -57,7 +64,8 @@ class AccumulateSyncAtWindowEnd(DigitsClassifier):
         return loss.detach()
 
     def sync(self, last_micro_batch):
-        return last_micro_batch  # all-reduce once per window
+        # all-reduce once per window
+        return last_micro_batch
 
 
 # %%
@@ -92,14 +100,20 @@ class AccumulateSyncAtWindowEnd(DigitsClassifier):
 # of never syncing (each process trains its own model).
 
 
-class AccumulateSyncEveryMicroBatch(AccumulateSyncAtWindowEnd):
+class AccumulateSyncEveryMicroBatch(
+    AccumulateSyncAtWindowEnd
+):
     def sync(self, last_micro_batch):
         return True
 
 
-class AccumulateNeverSync(AccumulateSyncAtWindowEnd):
+class AccumulateNeverSync(
+    AccumulateSyncAtWindowEnd
+):
     def sync(self, last_micro_batch):
-        return False  # the mistake: the replicas are never averaged
+        # the mistake: the replicas are never
+        # averaged
+        return False
 
 
 # %%
@@ -148,30 +162,67 @@ recipes = {
     "sync at window end, overflow on rank 0": overflow_on_rank_zero(AccumulateSyncAtWindowEnd),
     "never sync, overflow on rank 0": overflow_on_rank_zero(AccumulateNeverSync),
 }
-# fmt: off
 RUNS = [
     # run id               recipe                                    precision   options
     ("single-fp32", "sync at window end", "32-true", {"label": "1 process, global batch 64, fp32"}),
-    ("ddp-fp32-every", "sync every micro-batch", "32-true", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"}),  # noqa: E501
-    ("ddp-fp32-window-end", "sync at window end", "32-true", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"}),  # noqa: E501
-    ("ddp-16-window-end", "sync at window end, overflow on rank 0", "16-mixed", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"}),  # noqa: E501
-    ("ddp-16-never", "never sync, overflow on rank 0", "16-mixed", {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"}),  # noqa: E501
+    (
+        "ddp-fp32-every",
+        "sync every micro-batch",
+        "32-true",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync every micro-batch, fp32"},
+    ),
+    (
+        "ddp-fp32-window-end",
+        "sync at window end",
+        "32-true",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, fp32"},
+    ),
+    (
+        "ddp-16-window-end",
+        "sync at window end, overflow on rank 0",
+        "16-mixed",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, sync at window end, 16-mixed"},
+    ),
+    (
+        "ddp-16-never",
+        "never sync, overflow on rank 0",
+        "16-mixed",
+        {"trainer": {"strategy": "ddp_fork", "devices": 2}, "label": "DDP x2, never sync (mistake), 16-mixed"},
+    ),
 ]
 CLAIMS = [
-    ("match", "ddp-fp32-window-end", "ddp-fp32-every", "same-precision", "sync at window end = sync every micro-batch (fp32)"),  # noqa: E501
+    (
+        "match",
+        "ddp-fp32-window-end",
+        "ddp-fp32-every",
+        "same-precision",
+        "sync at window end = sync every micro-batch (fp32)",
+    ),
     ("match", "ddp-fp32-window-end", "single-fp32", "same-precision", "DDP x2 = 1 process, same global batch"),
     ("expect", "ddp-fp32-every", "allreduces_per_optimizer_step", 4.0, "sync every micro-batch: 4 all-reduces/step"),
     ("expect", "ddp-fp32-window-end", "allreduces_per_optimizer_step", 1.0, "sync at window end: 1 all-reduce/step"),
-    ("expect", "ddp-fp32-window-end", "allreduce_bytes_per_optimizer_step", 19240, "one all-reduce = 4810 fp32 gradients"),  # noqa: E501
+    (
+        "expect",
+        "ddp-fp32-window-end",
+        "allreduce_bytes_per_optimizer_step",
+        19240,
+        "one all-reduce = 4810 fp32 gradients",
+    ),
     ("expect", "ddp-fp32-window-end", "weights_agree_across_ranks", True, "replicas stay bitwise equal"),
-    ("expect", "ddp-16-window-end", "skipped_batches_per_rank", [[3, 43], [3, 43]], "16-mixed: overflow on rank 0 alone skips the window on both ranks"),  # noqa: E501
+    (
+        "expect",
+        "ddp-16-window-end",
+        "skipped_batches_per_rank",
+        [[3, 43], [3, 43]],
+        "16-mixed: overflow on rank 0 alone skips the window on both ranks",
+    ),
     ("expect", "ddp-16-window-end", "weights_agree_across_ranks", True, "16-mixed: replicas stay bitwise equal"),
     ("expect", "ddp-16-never", "skipped_batches_per_rank", [[3, 43], []], "never syncing: only rank 0 skips"),
     ("expect", "ddp-16-never", "weights_agree_across_ranks", False, "never syncing: the replicas drift apart"),
 ]
-# fmt: on
 
 record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, train=distributed.train_run)
+
 
 # %%
 # The same training, a quarter of the traffic
@@ -182,45 +233,96 @@ record = runner.run_example("plot_13_ddp_accumulation", recipes, RUNS, CLAIMS, t
 
 import matplotlib.pyplot as plt
 
-fig, (curves, traffic) = plotting.figure(1, 2, 12, 5.6)
+fig, (curves, traffic) = plotting.figure(
+    1, 2, 12, 5.6
+)
 plotting.describe(
     fig,
-    "DDP with manual accumulation: syncing only at the window end gives the single-process "
+    "DDP with manual accumulation: syncing "
+    "only at the window end gives the "
+    "single-process "
     "curve with a quarter of the all-reduces",
 )
 plotting.plot_loss_curves(
     curves,
     record,
-    ["single-fp32", "ddp-fp32-every", "ddp-fp32-window-end"],
+    [
+        "single-fp32",
+        "ddp-fp32-every",
+        "ddp-fp32-window-end",
+    ],
     "Loss of the global batch",
-    colors={"ddp-fp32-every": "#E69F00", "ddp-fp32-window-end": "#009E73"},
+    colors={
+        "ddp-fp32-every": "#E69F00",
+        "ddp-fp32-window-end": "#009E73",
+    },
     labels={
         "single-fp32": "1 process",
-        "ddp-fp32-every": "DDP x2, sync every micro-batch",
-        "ddp-fp32-window-end": "DDP x2, sync at window end",
+        "ddp-fp32-every": "DDP x2, "
+        "sync every micro-batch",
+        "ddp-fp32-window-end": "DDP x2, "
+        "sync at window end",
     },
 )
 runs = [
     plotting.run_by_id(record, i)
-    for i in ["ddp-fp32-every", "ddp-fp32-window-end", "ddp-16-window-end", "ddp-16-never"]
+    for i in [
+        "ddp-fp32-every",
+        "ddp-fp32-window-end",
+        "ddp-16-window-end",
+        "ddp-16-never",
+    ]
 ]
-traffic.barh([r["label"] for r in runs], [r["extra"]["allreduce_bytes"] / 1e6 for r in runs], color="#56B4E9")
+traffic.barh(
+    [r["label"] for r in runs],
+    [
+        r["extra"]["allreduce_bytes"] / 1e6
+        for r in runs
+    ],
+    color="#56B4E9",
+)
 for y, r in enumerate(runs):
-    label = f"{r['extra']['allreduce_calls']} all-reduces"
-    traffic.annotate(
-        label, (0, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=plotting.LEGEND_SIZE
+    label = (
+        f"{r['extra']['allreduce_calls']} "
+        "all-reduces"
     )
-traffic.set(xlabel="gradient bytes all-reduced per rank (MB)", title="Communication per run")
+    traffic.annotate(
+        label,
+        (0, y),
+        xytext=(4, 0),
+        textcoords="offset points",
+        va="center",
+        fontsize=plotting.LEGEND_SIZE,
+    )
+traffic.set(
+    xlabel=(
+        "gradient bytes all-reduced per "
+        "rank (MB)"
+    ),
+    title="Communication per run",
+)
 traffic.invert_yaxis()
-plotting.save_figure(fig, record["example"], "traffic")
+plotting.save_figure(
+    fig, record["example"], "traffic"
+)
 plt.show()
 
-every, window_end = runs[0]["extra"], runs[1]["extra"]
-saved = every["allreduce_bytes"] - window_end["allreduce_bytes"]
-print(
-    f"sync at window end saves {every['allreduce_calls'] - window_end['allreduce_calls']} all-reduces and "
-    f"{saved / 1e6:.2f} MB per rank ({saved / every['allreduce_bytes']:.0%}) over {window_end['global_step']} steps"
+every, window_end = (
+    runs[0]["extra"],
+    runs[1]["extra"],
 )
+saved = (
+    every["allreduce_bytes"]
+    - window_end["allreduce_bytes"]
+)
+print(
+    "sync at window end saves "
+    f"{every['allreduce_calls'] - window_end['allreduce_calls']} all-reduces and "
+    f"{saved / 1e6:.2f} MB per rank "
+    f"({saved / every['allreduce_bytes']:.0%}) over "
+    f"{window_end['global_step']} steps"
+)
+
 
 # %%
 # Skip decisions under 16-mixed
@@ -232,23 +334,57 @@ print(
 
 fig, ax = plotting.figure(1, 1, 10, 3.8)
 plotting.describe(
-    fig, "Synced at the window end, both ranks skip the same 16-mixed steps; never synced, rank 0 skips alone"
+    fig,
+    "Synced at the window end, both ranks "
+    "skip the same 16-mixed steps; never "
+    "synced, rank 0 skips alone",
 )
-for row, run_id in enumerate(["ddp-16-window-end", "ddp-16-never"]):
-    for rank, skipped in enumerate(plotting.run_by_id(record, run_id)["extra"]["skipped_batches_per_rank"]):
-        ax.plot(skipped, [2 * row + rank] * len(skipped), "x", color="#D55E00", markersize=9)
-        ax.axhline(2 * row + rank, color="#999999", linewidth=0.5)
+for row, run_id in enumerate(
+    ["ddp-16-window-end", "ddp-16-never"]
+):
+    for rank, skipped in enumerate(
+        plotting.run_by_id(record, run_id)[
+            "extra"
+        ]["skipped_batches_per_rank"]
+    ):
+        ax.plot(
+            skipped,
+            [2 * row + rank] * len(skipped),
+            "x",
+            color="#D55E00",
+            markersize=9,
+        )
+        ax.axhline(
+            2 * row + rank,
+            color="#999999",
+            linewidth=0.5,
+        )
 ax.set_yticks(
-    range(4), ["sync at window end, rank 0", "sync at window end, rank 1", "never sync, rank 0", "never sync, rank 1"]
+    range(4),
+    [
+        "sync at window end, rank 0",
+        "sync at window end, rank 1",
+        "never sync, rank 0",
+        "never sync, rank 1",
+    ],
 )
 ax.set(
-    xlabel="micro-batch (x = GradScaler skipped the step ending here)",
+    xlabel=(
+        "micro-batch (x = GradScaler "
+        "skipped the step ending here)"
+    ),
     xlim=(-2, 60),
     ylim=(-0.7, 3.7),
-    title="Skipped optimizer steps per rank, 16-mixed",
+    title=(
+        "Skipped optimizer steps per rank, "
+        "16-mixed"
+    ),
 )
-plotting.save_figure(fig, record["example"], "skips")
+plotting.save_figure(
+    fig, record["example"], "skips"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -258,6 +394,7 @@ plt.show()
 # unchanged and the traffic drops by the accumulation factor. Never skip the last one: DDP's
 # all-reduce keeps the replicas equal and, under 16-mixed, makes every rank take the same skip
 # decision. The runs here are CPU processes over gloo; NCCL on GPUs synchronises the same way.
+
 
 # %%
 # Evidence: the verdicts

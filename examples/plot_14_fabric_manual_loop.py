@@ -25,6 +25,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 **Prerequisites**: :ref:`sphx_glr_auto_examples_plot_03_shared_backward.py` (the same effect with the Trainer).
 """
 
+
 # %%
 # The ``Fabric`` loop to copy
 # ---------------------------
@@ -33,33 +34,84 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 
 import torch
 import torch.nn.functional as F
-from lightning.fabric import Fabric, seed_everything
+from lightning.fabric import (
+    Fabric,
+    seed_everything,
+)
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES, digits_loader
-from mpguide.fabric import FabricManualMixedPrecision, loss_scale
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+    digits_loader,
+)
+from mpguide.fabric import (
+    FabricManualMixedPrecision,
+    loss_scale,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_14_fabric_manual_loop")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_14_fabric_manual_loop"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 seed_everything(0)
-fabric = Fabric(accelerator=device, devices=1, plugins=[FabricManualMixedPrecision("16-mixed", device)])
-body, head = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh()), nn.Linear(64, NUM_CLASSES)
-body, opt_body = fabric.setup(body, torch.optim.SGD(body.parameters(), lr=0.05))
-head, opt_head = fabric.setup(head, torch.optim.SGD(head.parameters(), lr=0.05))
-for _, (images, labels) in zip(range(20), fabric.setup_dataloaders(digits_loader(batch_size=64))):
+fabric = Fabric(
+    accelerator=device,
+    devices=1,
+    plugins=[
+        FabricManualMixedPrecision(
+            "16-mixed", device
+        )
+    ],
+)
+body, head = (
+    nn.Sequential(
+        nn.Linear(NUM_FEATURES, 64), nn.Tanh()
+    ),
+    nn.Linear(64, NUM_CLASSES),
+)
+body, opt_body = fabric.setup(
+    body,
+    torch.optim.SGD(
+        body.parameters(), lr=0.05
+    ),
+)
+head, opt_head = fabric.setup(
+    head,
+    torch.optim.SGD(
+        head.parameters(), lr=0.05
+    ),
+)
+for _, (images, labels) in zip(
+    range(20),
+    fabric.setup_dataloaders(
+        digits_loader(batch_size=64)
+    ),
+):
     opt_body.zero_grad()
     opt_head.zero_grad()
-    loss = F.cross_entropy(head(body(images)), labels)
+    loss = F.cross_entropy(
+        head(body(images)), labels
+    )
     fabric.backward(loss)
     opt_body.step()
     opt_head.step()
-print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fabric):g}")
+print(
+    "loss after 20 iterations: "
+    f"{float(loss):.4f}, loss scale: "
+    f"{loss_scale(fabric):g}"
+)
+
 
 # %%
 # The same loop, with an overflow
@@ -68,21 +120,40 @@ print(f"loss after 20 iterations: {float(loss):.4f}, loss scale: {loss_scale(fab
 # skips the body's step and halves the scale; which scale divides the head's finite gradients? The
 # second loop steps an optimizer whose model the loss never reaches (``no_grad``, a detached branch).
 
-OVERFLOW_BATCHES = (1, 50)  # global batch indices whose body gradient is made infinite (16-mixed only)
+# global batch indices whose body gradient is
+# made infinite (16-mixed only)
+OVERFLOW_BATCHES = (1, 50)
 
 
 class BodyAndHead:
     def __init__(self, lr=0.05):
         self.lr, self.step_count = lr, 0
-        self.body = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh())
+        self.body = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 64),
+            nn.Tanh(),
+        )
         self.head = nn.Linear(64, NUM_CLASSES)
         for p in self.body.parameters():
-            p.register_hook(self.maybe_overflow)
+            p.register_hook(
+                self.maybe_overflow
+            )
 
     def setup(self, fabric):
         self.fabric = fabric
-        self.body, opt_body = fabric.setup(self.body, torch.optim.SGD(self.body.parameters(), lr=self.lr))
-        self.head, opt_head = fabric.setup(self.head, torch.optim.SGD(self.head.parameters(), lr=self.lr))
+        self.body, opt_body = fabric.setup(
+            self.body,
+            torch.optim.SGD(
+                self.body.parameters(),
+                lr=self.lr,
+            ),
+        )
+        self.head, opt_head = fabric.setup(
+            self.head,
+            torch.optim.SGD(
+                self.head.parameters(),
+                lr=self.lr,
+            ),
+        )
         self.optimizers = [opt_body, opt_head]
 
     def training_step(self, batch, batch_idx):
@@ -90,7 +161,10 @@ class BodyAndHead:
         opt_body, opt_head = self.optimizers
         opt_body.zero_grad()
         opt_head.zero_grad()
-        loss = F.cross_entropy(self.head(self.body(images)), labels)
+        loss = F.cross_entropy(
+            self.head(self.body(images)),
+            labels,
+        )
         self.fabric.backward(loss)
         opt_body.step()
         opt_head.step()
@@ -98,29 +172,59 @@ class BodyAndHead:
         return loss.detach()
 
     def maybe_overflow(self, grad):
-        if loss_scale(self.fabric) is not None and self.step_count in OVERFLOW_BATCHES:
+        if (
+            loss_scale(self.fabric)
+            is not None
+            and self.step_count
+            in OVERFLOW_BATCHES
+        ):
             return grad * float("inf")
         return grad
 
 
 class StepsAnUnusedOptimizer:
     def __init__(self, lr=0.05):
-        self.model, self.unused = nn.Linear(NUM_FEATURES, NUM_CLASSES), nn.Linear(NUM_FEATURES, NUM_CLASSES)
+        self.model, self.unused = (
+            nn.Linear(
+                NUM_FEATURES, NUM_CLASSES
+            ),
+            nn.Linear(
+                NUM_FEATURES, NUM_CLASSES
+            ),
+        )
 
     def setup(self, fabric):
         self.fabric = fabric
-        self.model, opt = fabric.setup(self.model, torch.optim.SGD(self.model.parameters(), lr=0.05))
-        self.unused, opt_unused = fabric.setup(self.unused, torch.optim.SGD(self.unused.parameters(), lr=0.05))
+        self.model, opt = fabric.setup(
+            self.model,
+            torch.optim.SGD(
+                self.model.parameters(),
+                lr=0.05,
+            ),
+        )
+        self.unused, opt_unused = (
+            fabric.setup(
+                self.unused,
+                torch.optim.SGD(
+                    self.unused.parameters(),
+                    lr=0.05,
+                ),
+            )
+        )
         self.optimizers = [opt, opt_unused]
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
         for opt in self.optimizers:
             opt.zero_grad()
-        loss = F.cross_entropy(self.model(images), labels)
+        loss = F.cross_entropy(
+            self.model(images), labels
+        )
         self.fabric.backward(loss)
         for opt in self.optimizers:
-            opt.step()  # the second optimizer's parameters have no gradient
+            # the second optimizer's
+            # parameters have no gradient
+            opt.step()
         return loss.detach()
 
 
@@ -132,11 +236,15 @@ class StepsAnUnusedOptimizer:
 
 
 class LibraryFree(BodyAndHead):
-    """The loop without the library: Fabric at 32-true, autocast and GradScaler of your own."""
+    """The loop without the library: Fabric at
+    32-true, autocast and GradScaler of your
+    own."""
 
     def setup(self, fabric):
         super().setup(fabric)
-        self.scaler = torch.amp.GradScaler(fabric.device.type)
+        self.scaler = torch.amp.GradScaler(
+            fabric.device.type
+        )
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
@@ -144,39 +252,71 @@ class LibraryFree(BodyAndHead):
         opts = (opt_body, opt_head)
         for opt in opts:
             opt.zero_grad()
-        with torch.autocast(self.fabric.device.type, torch.float16):
-            logits = self.head(self.body(images))
-            loss = F.cross_entropy(logits, labels)
-        self.fabric.backward(self.scaler.scale(loss))
+        with torch.autocast(
+            self.fabric.device.type,
+            torch.float16,
+        ):
+            logits = self.head(
+                self.body(images)
+            )
+            loss = F.cross_entropy(
+                logits, labels
+            )
+        self.fabric.backward(
+            self.scaler.scale(loss)
+        )
         for opt in opts:
             ps = [
                 p for g in opt.param_groups
                 for p in g["params"]
             ]  # fmt: skip
-            if any(p.grad is not None for p in ps):  # no gradient: the step would raise
+            # no gradient: the step would
+            # raise
+            if any(
+                p.grad is not None for p in ps
+            ):
                 self.scaler.step(opt)
-        self.scaler.update()  # once per iteration, after every step
+        # once per iteration, after every step
+        self.scaler.update()
         self.step_count += 1
         return loss.detach()
 
     def maybe_overflow(self, grad):
-        # the forced overflow of the runs above, for this loop's own GradScaler
-        return grad * float("inf") if self.step_count in OVERFLOW_BATCHES else grad
+        # the forced overflow of the runs
+        # above, for this loop's own
+        # GradScaler
+        return (
+            grad * float("inf")
+            if self.step_count
+            in OVERFLOW_BATCHES
+            else grad
+        )
 
 
 class FabricAutocast32(LibraryFree):
-    """The shortcut that trains fp32: ``fabric.autocast()`` at ``precision="32-true"``."""
+    """The shortcut that trains fp32:
+    ``fabric.autocast()`` at
+    ``precision="32-true"``."""
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
         opt_body, opt_head = self.optimizers
         opt_body.zero_grad()
         opt_head.zero_grad()
-        with self.fabric.autocast():  # at 32-true: nothing is cast
-            logits = self.head(self.body(images))
-            self.logits_dtype = str(logits.dtype)
-            loss = F.cross_entropy(logits, labels)
-        self.fabric.backward(self.scaler.scale(loss))
+        # at 32-true: nothing is cast
+        with self.fabric.autocast():
+            logits = self.head(
+                self.body(images)
+            )
+            self.logits_dtype = str(
+                logits.dtype
+            )
+            loss = F.cross_entropy(
+                logits, labels
+            )
+        self.fabric.backward(
+            self.scaler.scale(loss)
+        )
         self.scaler.step(opt_body)
         self.scaler.step(opt_head)
         self.scaler.update()
@@ -198,7 +338,11 @@ from mpguide.verify.show import plotting, report
 
 
 class HeadUpdate:
-    measures = {"head_update_factor": "list[finite]", "predicted_factor": "list[finite]", "predicted_first_three": "list[finite]"}  # noqa: E501  # fmt: skip
+    measures = {
+        "head_update_factor": "list[finite]",
+        "predicted_factor": "list[finite]",
+        "predicted_first_three": "list[finite]",
+    }
 
     def __init__(self):
         self.factors, self.predicted = [], []
@@ -254,45 +398,119 @@ class UnusedModelMoved:
         return {"unused_model_moved": not torch.equal(self.initial, self.recipe.unused.weight.detach())}
 
 
-# fmt: off
-recipes = {"body+head": BodyAndHead, "unused optimizer": StepsAnUnusedOptimizer, "library-free": LibraryFree,
-           "fabric.autocast() at 32-true": FabricAutocast32}
-probes = {"body+head": [HeadUpdate, Weights], "unused optimizer": [UnusedModelMoved], "library-free": [Weights],
-          "fabric.autocast() at 32-true": [Weights]}
-PLUGINS = {"FabricManualMixedPrecision": fabric.FabricManualMixedPrecision, "Trainer's MixedPrecision": TrainerMixedPrecision}  # noqa: E501
+recipes = {
+    "body+head": BodyAndHead,
+    "unused optimizer": StepsAnUnusedOptimizer,
+    "library-free": LibraryFree,
+    "fabric.autocast() at 32-true": FabricAutocast32,
+}
+probes = {
+    "body+head": [HeadUpdate, Weights],
+    "unused optimizer": [UnusedModelMoved],
+    "library-free": [Weights],
+    "fabric.autocast() at 32-true": [Weights],
+}
+PLUGINS = {
+    "FabricManualMixedPrecision": fabric.FabricManualMixedPrecision,
+    "Trainer's MixedPrecision": TrainerMixedPrecision,
+}
 RUNS = [
     # run id                     recipe                           precision   options
     ("fp32", "body+head", "32-true", {"label": "fp32"}),
     ("fp16-stock", "body+head", "16-mixed", {"label": "16-mixed, Fabric's MixedPrecision"}),
-    ("fp16-fixed", "body+head", "16-mixed", {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"}),  # noqa: E501
+    (
+        "fp16-fixed",
+        "body+head",
+        "16-mixed",
+        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision"},
+    ),
     ("unused-fp32", "unused optimizer", "32-true", {"label": "fp32, optimizer without gradients"}),
     ("unused-fp16-stock", "unused optimizer", "16-mixed", {"label": "16-mixed, optimizer without gradients"}),
-    ("unused-fp16-fixed", "unused optimizer", "16-mixed", {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"}),  # noqa: E501
-    ("manual-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"}),  # noqa: E501
-    ("trainer-plugin-in-fabric", "body+head", "16-mixed", {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"}),  # noqa: E501
+    (
+        "unused-fp16-fixed",
+        "unused optimizer",
+        "16-mixed",
+        {"plugin": "FabricManualMixedPrecision", "label": "16-mixed, FabricManualMixedPrecision, no gradients"},
+    ),
+    (
+        "manual-plugin-in-fabric",
+        "body+head",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "Fabric(plugins=[ManualMixedPrecision(...)])"},
+    ),
+    (
+        "trainer-plugin-in-fabric",
+        "body+head",
+        "16-mixed",
+        {"plugin": "Trainer's MixedPrecision", "label": "Fabric(plugins=[Trainer's MixedPrecision(...)])"},
+    ),
     ("libfree", "library-free", "32-true", {"label": "no library: own autocast + GradScaler"}),
     ("autocast32", "fabric.autocast() at 32-true", "32-true", {"label": "fabric.autocast() at 32-true"}),
 ]
 CLAIMS = [
-    ("expect", "fp16-stock", "predicted_first_three", [1.0, 2.0, 1.0], "stock: head update x1, x2, x1 around an overflow"),  # noqa: E501
-    ("ratio", "fp16-stock", "fp32", "head_update_factor", "predicted_factor", "update-ratio", "stock: head update = fp32 update x predicted factor"),  # noqa: E501
-    ("expect", "fp16-fixed", "predicted_first_three", [1.0, 1.0, 1.0], "fixed: the scale never changes mid-iteration"),
+    (
+        "expect",
+        "fp16-stock",
+        "predicted_first_three",
+        [1.0, 2.0, 1.0],
+        "stock: head update x1, x2, x1 around an overflow",
+    ),
+    (
+        "ratio",
+        "fp16-stock",
+        "fp32",
+        "head_update_factor",
+        "predicted_factor",
+        "update-ratio",
+        "stock: head update = fp32 update x predicted factor",
+    ),
+    (
+        "expect",
+        "fp16-fixed",
+        "predicted_first_three",
+        [1.0, 1.0, 1.0],
+        "fixed: the scale never changes mid-iteration",
+    ),
     ("ratio", "fp16-fixed", "fp32", "head_update_factor", 1.0, "update-ratio", "fixed: head update = fp32 update"),
     ("match", "fp16-fixed", "fp32", "mixed-vs-fp32", "fixed: 16-mixed loss = fp32 loss"),
     ("expect", "unused-fp32", "unused_model_moved", False, "fp32: the empty step silently does nothing"),
-    ("raises", "unused-fp16-stock", "AssertionError", "No inf checks were recorded for this optimizer", "stock 16-mixed: the empty step raises"),  # noqa: E501
-    ("warns", "unused-fp16-fixed", "NoGradientStepWarning", "none of its parameters has a gradient", "fixed: the empty step warns"),  # noqa: E501
+    (
+        "raises",
+        "unused-fp16-stock",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "stock 16-mixed: the empty step raises",
+    ),
+    (
+        "warns",
+        "unused-fp16-fixed",
+        "NoGradientStepWarning",
+        "none of its parameters has a gradient",
+        "fixed: the empty step warns",
+    ),
     ("expect", "unused-fp16-fixed", "unused_model_moved", False, "fixed: the empty step does nothing, as in fp32"),
-    ("raises", "manual-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'", "ManualMixedPrecision cannot be passed to Fabric"),  # noqa: E501
-    ("raises", "trainer-plugin-in-fabric", "AttributeError", "'NoneType' object has no attribute 'trainer'", "nor can the Trainer's own MixedPrecision"),  # noqa: E501
+    (
+        "raises",
+        "manual-plugin-in-fabric",
+        "AttributeError",
+        "'NoneType' object has no attribute 'trainer'",
+        "ManualMixedPrecision cannot be passed to Fabric",
+    ),
+    (
+        "raises",
+        "trainer-plugin-in-fabric",
+        "AttributeError",
+        "'NoneType' object has no attribute 'trainer'",
+        "nor can the Trainer's own MixedPrecision",
+    ),
     ("same", "libfree", "fp16-fixed", "weights", "no library: weights = FabricManualMixedPrecision (bitwise)"),
     ("match", "libfree", "fp32", "mixed-vs-fp32", "no library: 16-mixed loss = fp32 loss"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_14_fabric_manual_loop", recipes, RUNS, CLAIMS, plugins=PLUGINS, probes=probes, train=fabric_runs.train_run
 )
+
 
 # %%
 # The update factor, iteration by iteration
@@ -303,15 +521,43 @@ record = runner.run_example(
 import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 9, 3.6)
-text = "Fabric, one backward and two optimizers: the head's update doubles after each overflow with Fabric's plugin"
-plotting.describe(fig, text + ", and stays at 1 (like fp32) with FabricManualMixedPrecision")
-colors = {"fp32": "#0072B2", "fp16-fixed": "#CC79A7", "fp16-stock": "#D55E00"}
-title = "Head update relative to the fp32-equivalent update"
-plotting.plot_extra_series(
-    ax, record, list(colors), "head_update_factor", title, "applied / expected update", colors, log_base=2
+text = (
+    "Fabric, one backward and two "
+    "optimizers: the head's update doubles "
+    "after each overflow with Fabric's plugin"
 )
-plotting.save_figure(fig, record["example"], "factor")
+plotting.describe(
+    fig,
+    text
+    + (
+        ", and stays at 1 (like fp32) with "
+        "FabricManualMixedPrecision"
+    ),
+)
+colors = {
+    "fp32": "#0072B2",
+    "fp16-fixed": "#CC79A7",
+    "fp16-stock": "#D55E00",
+}
+title = (
+    "Head update relative to the "
+    "fp32-equivalent update"
+)
+plotting.plot_extra_series(
+    ax,
+    record,
+    list(colors),
+    "head_update_factor",
+    title,
+    "applied / expected update",
+    colors,
+    log_base=2,
+)
+plotting.save_figure(
+    fig, record["example"], "factor"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -319,6 +565,7 @@ plt.show()
 # Fabric's 16-mixed plugin, like the Trainer's, updates the loss scale inside every ``opt.step()``: an
 # overflow or a growth step changes the update of the optimizers that step later. The fix updates it
 # once all optimizers with gradients have stepped, and warns on empty steps. Trainer plugins need a Trainer.
+
 
 # %%
 # Evidence: the verdicts

@@ -26,6 +26,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
   and what TF32 matmuls, a fused optimizer and ``torch.compile`` add to a manual loop.
 """
 
+
 # %%
 # A manual training step
 # ----------------------
@@ -44,7 +45,9 @@ from mpguide.models import DigitsClassifier
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_15_throughput")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_15_throughput"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
@@ -70,7 +73,11 @@ class TimedManual(DigitsClassifier):
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = TimedManual()
 trainer = pl.Trainer(
@@ -84,9 +91,17 @@ trainer = pl.Trainer(
     enable_model_summary=False,
 )
 started = time.perf_counter()
-trainer.fit(model, digits_loader(batch_size=64))
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
 elapsed = time.perf_counter() - started
-print(f"{trainer.global_step} optimizer steps in {elapsed:.2f} s: {trainer.global_step / elapsed:.0f} steps/s")
+print(
+    f"{trainer.global_step} optimizer steps "
+    f"in {elapsed:.2f} s: "
+    f"{trainer.global_step / elapsed:.0f} "
+    "steps/s"
+)
+
 
 # %%
 # Timing fairly
@@ -99,6 +114,7 @@ print(f"{trainer.global_step} optimizer steps in {elapsed:.2f} s: {trainer.globa
 # lies inside its band, fails when it lies wholly outside, and is **inconclusive** when it straddles
 # an edge: then the benchmark times another round, up to its cap, so noise costs rounds, not a wrong
 # verdict (:func:`mpguide.verify.claims.decide_paired`). On a GPU it waits until no other example uses it.
+
 
 # %%
 # Evidence: the runs and their claims
@@ -194,6 +210,7 @@ print(
 peak = throughput.matmul_peak_tflops() if accelerator == "cuda" else None
 record = runner.run_example("plot_15_throughput", recipes, RUNS, CLAIMS, probes=probes)
 
+
 # %%
 # Steps per second
 # ----------------
@@ -205,29 +222,109 @@ import matplotlib.pyplot as plt
 
 fig, ax = plotting.figure(1, 1, 9, 4.6)
 plotting.describe(
-    fig, "Automatic and manual optimization run at the same speed; a plain loop wins where steps are very short"
+    fig,
+    "Automatic and manual optimization run "
+    "at the same speed; a plain loop wins "
+    "where steps are very short",
 )
-variants = [*throughput.VARIANTS, "manual, PitfallChecks", *(v for tuned in throughput.TUNED.values() for v in tuned)]
-colors = dict(zip(variants, ["#0072B2", "#D55E00", "#009E73", "#F0E442", "#CC79A7", "#E69F00", "#56B4E9", "#999999"]))
+variants = [
+    *throughput.VARIANTS,
+    "manual, PitfallChecks",
+    *(
+        v
+        for tuned in throughput.TUNED.values()
+        for v in tuned
+    ),
+]
+colors = dict(
+    zip(
+        variants,
+        [
+            "#0072B2",
+            "#D55E00",
+            "#009E73",
+            "#F0E442",
+            "#CC79A7",
+            "#E69F00",
+            "#56B4E9",
+            "#999999",
+        ],
+    )
+)
 labelled = set()
-for i, _precision in enumerate(hardware.PRECISIONS):
-    bench = plotting.run_by_id(record, RUNS[i][0])["extra"]["benchmark"]  # the variants timed here
+for i, _precision in enumerate(
+    hardware.PRECISIONS
+):
+    # the variants timed here
+    bench = plotting.run_by_id(
+        record, RUNS[i][0]
+    )["extra"]["benchmark"]
     width = 0.8 / len(bench)
-    for j, (variant, timed) in enumerate(bench.items()):
-        rates, median, x = timed["round_steps_per_s"], timed["steps_per_s"], i + (j - (len(bench) - 1) / 2) * width
-        label, whiskers = None if variant in labelled else variant, [[median - min(rates)], [max(rates) - median]]
-        ax.bar(x, median, width=width * 0.92, color=colors[variant], label=label, capsize=3, yerr=whiskers)
+    for j, (variant, timed) in enumerate(
+        bench.items()
+    ):
+        rates, median, x = (
+            timed["round_steps_per_s"],
+            timed["steps_per_s"],
+            i
+            + (j - (len(bench) - 1) / 2)
+            * width,
+        )
+        label, whiskers = (
+            None
+            if variant in labelled
+            else variant,
+            [
+                [median - min(rates)],
+                [max(rates) - median],
+            ],
+        )
+        ax.bar(
+            x,
+            median,
+            width=width * 0.92,
+            color=colors[variant],
+            label=label,
+            capsize=3,
+            yerr=whiskers,
+        )
         labelled.add(variant)
-ax.set_xticks(range(3), [hardware.PRECISION_LABELS[p] for p in hardware.PRECISIONS])
-clock = "GPU wall time" if accelerator == "cuda" else "CPU time, 1 thread"
+ax.set_xticks(
+    range(3),
+    [
+        hardware.PRECISION_LABELS[p]
+        for p in hardware.PRECISIONS
+    ],
+)
+clock = (
+    "GPU wall time"
+    if accelerator == "cuda"
+    else "CPU time, 1 thread"
+)
 ax.set(
     yscale="log",
-    ylabel=f"training steps per second\n(median; {clock})",
-    title=f"{size.layers} x Linear({size.width}), batch {size.batch}, {hardware.device_name(accelerator)}",
+    ylabel=(
+        "training steps per "
+        f"second\n(median; {clock})"
+    ),
+    title=(
+        f"{size.layers} x "
+        f"Linear({size.width}), batch "
+        f"{size.batch}, "
+        f"{hardware.device_name(accelerator)}"
+    ),
 )
-ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # constrained layout keeps it in view
-plotting.save_figure(fig, record["example"], "steps_per_s")
+# constrained layout keeps it in view
+ax.legend(
+    frameon=False,
+    loc="upper left",
+    bbox_to_anchor=(1.01, 1.0),
+)
+plotting.save_figure(
+    fig, record["example"], "steps_per_s"
+)
 plt.show()
+
 
 # %%
 # The numbers, and standard speed-ups
@@ -237,27 +334,65 @@ plt.show()
 # for bf16-mixed; each line says how far it moves the manual loop and what share of the bf16 peak it reaches.
 
 for run_id, _, precision, _ in RUNS:
-    bench = plotting.run_by_id(record, run_id)["extra"]["benchmark"]
+    bench = plotting.run_by_id(
+        record, run_id
+    )["extra"]["benchmark"]
     rates = [
-        f"{v} {bench[v]['steps_per_s']:.1f} steps/s ({bench[v]['samples_per_s']:.0f} samples/s)"
+        f"{v} {bench[v]['steps_per_s']:.1f} "
+        "steps/s "
+        f"({bench[v]['samples_per_s']:.0f} "
+        "samples/s)"
         for v in throughput.VARIANTS
     ]
-    print(f"{hardware.PRECISION_LABELS[precision]:>10}: " + ", ".join(rates))
-    for variant in (v for v in throughput.TUNED[precision] if v in bench):
-        gain = bench[variant]["steps_per_s"] / bench["manual"]["steps_per_s"]
-        share = f", {bench[variant]['tflops'] / peak:.0%} of the bf16 peak" if peak else ""
+    print(
+        f"{hardware.PRECISION_LABELS[precision]:>10}: "
+        + ", ".join(rates)
+    )
+    for variant in (
+        v
+        for v in throughput.TUNED[precision]
+        if v in bench
+    ):
+        gain = (
+            bench[variant]["steps_per_s"]
+            / bench["manual"]["steps_per_s"]
+        )
+        share = (
+            ", "
+            f"{bench[variant]['tflops'] / peak:.0%}"
+            " of the bf16 peak"
+            if peak
+            else ""
+        )
         print(
-            f"{hardware.PRECISION_LABELS[precision]:>10} {variant}: {bench[variant]['steps_per_s']:.1f} "
-            f"steps/s, x{gain:.2f} the manual loop, {bench[variant]['tflops']:.1f} TFLOP/s{share}"
+            f"{hardware.PRECISION_LABELS[precision]:>10} "
+            f"{variant}: "
+            f"{bench[variant]['steps_per_s']:.1f} "
+            f"steps/s, x{gain:.2f} the "
+            "manual loop, "
+            f"{bench[variant]['tflops']:.1f} "
+            f"TFLOP/s{share}"
         )
 if peak is not None:
-    bf16 = plotting.run_by_id(record, "bench-bf16")["extra"]
+    bf16 = plotting.run_by_id(
+        record, "bench-bf16"
+    )["extra"]
     print(
-        f"bf16-mixed automatic: {bf16['automatic_tflops']:.0f} TFLOP/s of a measured {peak:.0f} TFLOP/s bf16 "
-        f"matmul peak ({bf16['automatic_tflops'] / peak:.0%})"
+        "bf16-mixed automatic: "
+        f"{bf16['automatic_tflops']:.0f} "
+        f"TFLOP/s of a measured {peak:.0f} "
+        "TFLOP/s bf16 "
+        "matmul peak "
+        f"({bf16['automatic_tflops'] / peak:.0%})"
     )
 if not size.tuned:
-    print(f"not timed on {hardware.device_name(accelerator)}: the speed-ups are measured on a GPU only")
+    print(
+        "not timed on "
+        f"{hardware.device_name(accelerator)}: "
+        "the speed-ups are measured on a GPU "
+        "only"
+    )
+
 
 # %%
 # Conclusion
@@ -266,6 +401,7 @@ if not size.tuned:
 # manual loop, its automatic loop and a plain PyTorch loop run the same kernels, and the per-step
 # bookkeeping of either Lightning loop is small next to a real model's step. What changes speed is
 # the precision, on hardware built for it, and on a GPU the speed-ups measured above.
+
 
 # %%
 # Evidence: the verdicts

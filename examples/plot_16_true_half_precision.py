@@ -25,6 +25,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 **Prerequisites**: :doc:`plot_01_porting_to_manual` (the EMA teacher), :doc:`plot_11_fp16_parameters`.
 """
 
+
 # %%
 # A student and its EMA teacher
 # -----------------------------
@@ -39,31 +40,54 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_16_true_half_precision")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_16_true_half_precision"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 DECAY = 0.999
 
 
 class StudentTeacher(pl.LightningModule):
-    def __init__(self, optimizer="sgd", lr=0.01, eps=1e-8):
+    def __init__(
+        self,
+        optimizer="sgd",
+        lr=0.01,
+        eps=1e-8,
+    ):
         super().__init__()
         self.automatic_optimization = False
-        self.optimizer_name, self.lr, self.eps = optimizer, lr, eps
-        self.student = nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.Tanh(), nn.Linear(64, NUM_CLASSES))
-        self.teacher = copy.deepcopy(self.student).requires_grad_(False)
+        (
+            self.optimizer_name,
+            self.lr,
+            self.eps,
+        ) = optimizer, lr, eps
+        self.student = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 64),
+            nn.Tanh(),
+            nn.Linear(64, NUM_CLASSES),
+        )
+        self.teacher = copy.deepcopy(
+            self.student
+        ).requires_grad_(False)
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
         opt = self.optimizers()
         opt.zero_grad()
-        loss = F.cross_entropy(self.student(images).float(), labels)
+        loss = F.cross_entropy(
+            self.student(images).float(),
+            labels,
+        )
         self.manual_backward(loss)
         opt.step()
         self.update_teacher()
@@ -71,13 +95,26 @@ class StudentTeacher(pl.LightningModule):
 
     @torch.no_grad()
     def update_teacher(self):
-        for teacher, student in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
-            teacher.lerp_(student, 1 - DECAY)  # teacher += (1 - DECAY) * (student - teacher)
+        for teacher, student in zip(
+            self.teacher.parameters(),
+            self.student.parameters(),
+            strict=True,
+        ):
+            # teacher += (1 - DECAY) *
+            # (student - teacher)
+            teacher.lerp_(student, 1 - DECAY)
 
     def configure_optimizers(self):
         if self.optimizer_name == "sgd":
-            return torch.optim.SGD(self.student.parameters(), lr=self.lr)
-        return torch.optim.AdamW(self.student.parameters(), lr=self.lr, eps=self.eps)
+            return torch.optim.SGD(
+                self.student.parameters(),
+                lr=self.lr,
+            )
+        return torch.optim.AdamW(
+            self.student.parameters(),
+            lr=self.lr,
+            eps=self.eps,
+        )
 
 
 # %%
@@ -87,7 +124,11 @@ class StudentTeacher(pl.LightningModule):
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = StudentTeacher()
 trainer = pl.Trainer(
@@ -100,10 +141,17 @@ trainer = pl.Trainer(
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(
-    f"student: {model.student[0].weight.dtype}, teacher: {model.teacher[0].weight.dtype}, steps: {trainer.global_step}"
+trainer.fit(
+    model, digits_loader(batch_size=64)
 )
+print(
+    "student: "
+    f"{model.student[0].weight.dtype}, "
+    "teacher: "
+    f"{model.teacher[0].weight.dtype}, "
+    f"steps: {trainer.global_step}"
+)
+
 
 # %%
 # If the model must be *stored* in bf16 (``"bf16-true"``, to fit in memory), keep the teacher in fp32:
@@ -113,14 +161,23 @@ print(
 
 class FP32Teacher(StudentTeacher):
     def on_fit_start(self):
-        self.teacher.float()  # Lightning cast the whole module to bf16 at setup
+        # Lightning cast the whole module to
+        # bf16 at setup
+        self.teacher.float()
 
 
 class FP32TeacherFromCast(FP32Teacher):
     @torch.no_grad()
     def update_teacher(self):
-        for teacher, student in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
-            teacher.lerp_(student.float(), 1 - DECAY)  # both operands in fp32
+        for teacher, student in zip(
+            self.teacher.parameters(),
+            self.student.parameters(),
+            strict=True,
+        ):
+            # both operands in fp32
+            teacher.lerp_(
+                student.float(), 1 - DECAY
+            )
 
 
 # %%
@@ -135,11 +192,17 @@ from mpguide.verify.show import plotting, report
 
 
 class WeightsMoved(Callback):
-    # fmt: off
-    measures = {"student_moved": "count", "teacher_moved": "count", "teacher_elements": "count", "teacher_unchanged": "count",  # noqa: E501
-                "teacher_followed": "count", "teacher_frozen": "count", "nonfinite_weights": "count",
-                "weight_dtype": "name", "teacher_dtype": "name"}
-    # fmt: on
+    measures = {
+        "student_moved": "count",
+        "teacher_moved": "count",
+        "teacher_elements": "count",
+        "teacher_unchanged": "count",
+        "teacher_followed": "count",
+        "teacher_frozen": "count",
+        "nonfinite_weights": "count",
+        "weight_dtype": "name",
+        "teacher_dtype": "name",
+    }
 
     def on_fit_start(self, trainer, pl_module):
         self.module = pl_module
@@ -168,9 +231,9 @@ class WeightsMoved(Callback):
         }
 
 
-# fmt: off
 recipes = {
-    "teacher in the module's dtype": StudentTeacher, "fp32 teacher from bf16 weights": FP32Teacher,
+    "teacher in the module's dtype": StudentTeacher,
+    "fp32 teacher from bf16 weights": FP32Teacher,
     "fp32 teacher from weights cast to fp32": FP32TeacherFromCast,
     "AdamW": lambda: StudentTeacher(optimizer="adamw", lr=1e-3),
     "AdamW with eps 1e-4": lambda: StudentTeacher(optimizer="adamw", lr=1e-3, eps=1e-4),
@@ -182,24 +245,65 @@ RUNS = [
     ("bf16-mixed", "teacher in the module's dtype", "bf16-mixed", {"label": "SGD, bf16-mixed"}),
     ("bf16-true", "teacher in the module's dtype", "bf16-true", {"label": "SGD, bf16-true (bf16 teacher)"}),
     ("fp32-teacher", "fp32 teacher from bf16 weights", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher"}),
-    ("fp32-teacher-cast", "fp32 teacher from weights cast to fp32", "bf16-true", {"label": "SGD, bf16-true, fp32 teacher from cast weights"}),  # noqa: E501
+    (
+        "fp32-teacher-cast",
+        "fp32 teacher from weights cast to fp32",
+        "bf16-true",
+        {"label": "SGD, bf16-true, fp32 teacher from cast weights"},
+    ),
     ("adamw-fp32", "AdamW", "32-true", {"label": "AdamW, fp32"}),
     ("adamw-16-mixed", "AdamW", "16-mixed", {"label": "AdamW, 16-mixed"}),
     ("adamw-16-true", "AdamW", "16-true", {"label": "AdamW, 16-true", "trainer": {"detect_anomaly": True}}),
     ("adamw-16-true-eps", "AdamW with eps 1e-4", "16-true", {"label": "AdamW eps=1e-4, 16-true"}),
 ]
 CLAIMS = [
-    ("rate_ratio", "bf16-true", "updates_lost/updates_with_gradient", "pitfall-majority", "bf16-true: most SGD updates round away"),  # noqa: E501
+    (
+        "rate_ratio",
+        "bf16-true",
+        "updates_lost/updates_with_gradient",
+        "pitfall-majority",
+        "bf16-true: most SGD updates round away",
+    ),
     ("rate_ratio", "fp32", "updates_kept/updates_with_gradient", "updates-kept", "fp32: every update is kept"),
-    ("rate_ratio", "bf16-mixed", "updates_kept/updates_with_gradient", "updates-kept", "bf16-mixed (fp32 weights): every update is kept"),  # noqa: E501
+    (
+        "rate_ratio",
+        "bf16-mixed",
+        "updates_kept/updates_with_gradient",
+        "updates-kept",
+        "bf16-mixed (fp32 weights): every update is kept",
+    ),
     ("match", "bf16-mixed", "fp32", "mixed-vs-fp32", "bf16-mixed = fp32"),
-    ("rate_ratio", "bf16-true", "teacher_frozen/student_moved", "pitfall-majority", "bf16 teacher: most weights never follow the student"),  # noqa: E501
+    (
+        "rate_ratio",
+        "bf16-true",
+        "teacher_frozen/student_moved",
+        "pitfall-majority",
+        "bf16 teacher: most weights never follow the student",
+    ),
     ("rate_ratio", "fp32", "teacher_followed/student_moved", "updates-kept", "fp32 teacher follows the student"),
-    ("raises", "fp32-teacher", "RuntimeError", "expected dtype float for `end`", "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes"),  # noqa: E501
-    ("rate_ratio", "fp32-teacher-cast", "teacher_followed/student_moved", "updates-kept", "fix: fp32 teacher from weights cast to fp32 follows the student"),  # noqa: E501
+    (
+        "raises",
+        "fp32-teacher",
+        "RuntimeError",
+        "expected dtype float for `end`",
+        "fp32 teacher, bf16 weights: lerp_ refuses mixed dtypes",
+    ),
+    (
+        "rate_ratio",
+        "fp32-teacher-cast",
+        "teacher_followed/student_moved",
+        "updates-kept",
+        "fix: fp32 teacher from weights cast to fp32 follows the student",
+    ),
     ("raises", "adamw-16-true", "RuntimeError", "returned nan values", "16-true, AdamW eps=1e-8: NaN"),
     ("expect", "adamw-16-true", "batches", 1, "16-true, AdamW eps=1e-8: NaN weights after the first step"),
-    ("diverge", "adamw-16-true-eps", "adamw-fp32", "pitfall-gap", "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW"),  # noqa: E501
+    (
+        "diverge",
+        "adamw-16-true-eps",
+        "adamw-fp32",
+        "pitfall-gap",
+        "16-true, AdamW eps=1e-4: finite, but another optimizer than fp32's AdamW",
+    ),
     ("match", "adamw-16-mixed", "adamw-fp32", "mixed-vs-fp32", "fix: AdamW under 16-mixed = fp32"),
     # PitfallChecks on every run (runner.with_checks): each buggy run flags its section, each correct run is clean
     ("clean", "fp32", "PitfallChecks: fp32 has no finding"),
@@ -211,11 +315,11 @@ CLAIMS = [
     ("flags", "fp32-teacher-cast", "fp16-parameters", "PitfallChecks flags fp32-teacher-cast: fp16-parameters"),
     ("flags", "adamw-16-true", "fp16-parameters", "PitfallChecks flags adamw-16-true: fp16-parameters"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_16_true_half_precision", recipes, RUNS, CLAIMS, probes=runner.with_checks(recipes, probes)
 )
+
 
 # %%
 # Updates that round away, a teacher that never moves
@@ -226,17 +330,40 @@ record = runner.run_example(
 # below that: a bf16 teacher stays where it started. The lost updates are the small ones, so the
 # bf16-true student still learns, at about half of fp32's pace (loss: mean of the last 10 batches).
 
-start = plotting.run_by_id(record, "fp32")["loss"][0]
-for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-16-true-eps"):
+start = plotting.run_by_id(record, "fp32")[
+    "loss"
+][0]
+for run_id in (
+    "fp32",
+    "bf16-mixed",
+    "bf16-true",
+    "fp32-teacher-cast",
+    "adamw-16-true-eps",
+):
     run = plotting.run_by_id(record, run_id)
-    if run["error"]:  # a run that raised instead of training has nothing to show here
+    # a run that raised instead of training
+    # has nothing to show here
+    if run["error"]:
         continue
-    x, lost = run["extra"], run["extra"]["updates_lost"] / run["extra"]["updates_with_gradient"]
-    print(
-        f"{run_id:17s} {x['weight_dtype']:8s} updates lost {lost:5.1%}, loss {start:.3f} -> "
-        f"{sum(run['loss'][-10:]) / 10:.3f}; {x['teacher_dtype']} teacher followed "
-        f"{x['teacher_followed']} of {x['student_moved']} moved weights"
+    x, lost = (
+        run["extra"],
+        run["extra"]["updates_lost"]
+        / run["extra"][
+            "updates_with_gradient"
+        ],
     )
+    print(
+        f"{run_id:17s} "
+        f"{x['weight_dtype']:8s} updates "
+        f"lost {lost:5.1%}, loss {start:.3f} "
+        "-> "
+        f"{sum(run['loss'][-10:]) / 10:.3f}; "
+        f"{x['teacher_dtype']} teacher "
+        "followed "
+        f"{x['teacher_followed']} of "
+        f"{x['student_moved']} moved weights"
+    )
+
 
 # %%
 # The two errors, and the curves
@@ -247,23 +374,73 @@ for run_id in ("fp32", "bf16-mixed", "bf16-true", "fp32-teacher-cast", "adamw-16
 # ``sqrt(0) + 0``: the weights become inf and NaN (the errors, verbatim, in the verdicts; PitfallChecks
 # flags the AdamW run). ``eps=1e-4`` trains, but as another optimizer; 16-mixed keeps AdamW as it is.
 
-run = plotting.run_by_id(record, "adamw-16-true")
+run = plotting.run_by_id(
+    record, "adamw-16-true"
+)
 x, n = run["extra"], len(run["loss"])
-print(f"AdamW, 16-true: {x.get('nonfinite_weights')} of {x.get('teacher_elements')} weights non-finite after {n} step")
+print(
+    "AdamW, 16-true: "
+    f"{x.get('nonfinite_weights')} of "
+    f"{x.get('teacher_elements')} weights "
+    f"non-finite after {n} step"
+)
 
 import matplotlib.pyplot as plt
 
-fig, (sgd_ax, adam_ax, lost_ax) = plotting.figure(1, 3, 14, 3.5)
-plotting.describe(fig, "Students trained in fp32, mixed and true half precision: SGD, AdamW, and the updates lost")
-plotting.plot_loss_curves(sgd_ax, record, ["fp32", "bf16-mixed", "bf16-true", "fp32-teacher"], "SGD, lr=0.01")
-plotting.plot_loss_curves(
-    adam_ax, record, ["adamw-fp32", "adamw-16-mixed", "adamw-16-true", "adamw-16-true-eps"], "AdamW, lr=1e-3"
+fig, (sgd_ax, adam_ax, lost_ax) = (
+    plotting.figure(1, 3, 14, 3.5)
 )
-colors = {"fp32": "#0072B2", "bf16-mixed": "#E69F00", "bf16-true": "#D55E00", "adamw-16-true-eps": "#CC79A7"}
-what = "lost_fraction_per_step", "Updates lost per step", "lost / elements with a gradient"
-plotting.plot_extra_series(lost_ax, record, list(colors), *what, colors)
-plotting.save_figure(fig, record["example"], "curves")
+plotting.describe(
+    fig,
+    "Students trained in fp32, mixed and "
+    "true half precision: SGD, AdamW, and "
+    "the updates lost",
+)
+plotting.plot_loss_curves(
+    sgd_ax,
+    record,
+    [
+        "fp32",
+        "bf16-mixed",
+        "bf16-true",
+        "fp32-teacher",
+    ],
+    "SGD, lr=0.01",
+)
+plotting.plot_loss_curves(
+    adam_ax,
+    record,
+    [
+        "adamw-fp32",
+        "adamw-16-mixed",
+        "adamw-16-true",
+        "adamw-16-true-eps",
+    ],
+    "AdamW, lr=1e-3",
+)
+colors = {
+    "fp32": "#0072B2",
+    "bf16-mixed": "#E69F00",
+    "bf16-true": "#D55E00",
+    "adamw-16-true-eps": "#CC79A7",
+}
+what = (
+    "lost_fraction_per_step",
+    "Updates lost per step",
+    "lost / elements with a gradient",
+)
+plotting.plot_extra_series(
+    lost_ax,
+    record,
+    list(colors),
+    *what,
+    colors,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # Conclusion
@@ -272,6 +449,7 @@ plt.show()
 # them only where updates are large against the weights' rounding step, never for an EMA copy (keep it
 # in fp32, updated from weights cast to fp32); AdamW needs an ``eps`` fp16 can represent, and is then
 # another optimizer. To keep every update, keep fp32 master weights: ``"bf16-mixed"`` or ``"16-mixed"``.
+
 
 # %%
 # Evidence: the verdicts

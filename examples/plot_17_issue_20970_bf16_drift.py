@@ -2,10 +2,9 @@
 #20970: bf16-mixed drifts after a manual port
 ==============================================
 
-A model with two encoders and two EMA teachers, ported to manual optimization: its bf16-mixed curve
-drifts from the automatic one while fp32 overlaps (`Lightning issue #20970
-<https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_). Here the posted ``training_step``
-trains next to its automatic original, element by element, with what does make bf16-mixed alone drift.
+Two encoders and two EMA teachers, ported to manual optimization: bf16-mixed drifts from the automatic
+curve while fp32 overlaps (`Lightning issue #20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_).
+Here the posted ``training_step`` runs beside its automatic original, element by element.
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
@@ -17,6 +16,7 @@ into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
 **What you will learn**: the posted step equals automatic optimization in bf16-mixed, bitwise; what does
 move bf16-mixed alone; how to tell which cause is yours. **Prerequisites**: :doc:`plot_01_porting_to_manual`.
 """
+
 
 # %%
 # The reporter's model
@@ -31,20 +31,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpguide.data import NUM_CLASSES, NUM_FEATURES, steps_per_epoch
+from mpguide.data import (
+    NUM_CLASSES,
+    NUM_FEATURES,
+    steps_per_epoch,
+)
 
 # sphinx_gallery_start_ignore
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_17_issue_20970_bf16_drift")  # MPGUIDE_* settings, before anything trains or prints
+runner.check_settings(
+    "plot_17_issue_20970_bf16_drift"
+)  # MPGUIDE_* settings, before anything trains or prints
 # sphinx_gallery_end_ignore
 
 
-class Tower(nn.Module):  # one modality's encoder
-    def __init__(self, width=NUM_FEATURES // 2):
+# one modality's encoder
+class Tower(nn.Module):
+    def __init__(
+        self, width=NUM_FEATURES // 2
+    ):
         super().__init__()
-        self.backbone = nn.Sequential(nn.Linear(width, 128), nn.LayerNorm(128), nn.GELU())
+        self.backbone = nn.Sequential(
+            nn.Linear(width, 128),
+            nn.LayerNorm(128),
+            nn.GELU(),
+        )
         self.projector = nn.Linear(128, 32)
         self.predictor = nn.Linear(32, 32)
 
@@ -55,64 +68,163 @@ class Tower(nn.Module):  # one modality's encoder
 
 
 class TwoTowerEMA(pl.LightningModule):
-    """Automatic optimization: the model the reporter ported (EMA teachers updated after each step)."""
+    """Automatic optimization: the model the
+    reporter ported (EMA teachers updated
+    after each step)."""
 
-    def __init__(self, lr=3e-3, ema_decay=0.9, lr_gamma=0.6, supervised_weight=0.5):
+    def __init__(
+        self,
+        lr=3e-3,
+        ema_decay=0.9,
+        lr_gamma=0.6,
+        supervised_weight=0.5,
+    ):
         super().__init__()
         self.save_hyperparameters()
-        self.audio_encoder, self.text_encoder = Tower(), Tower()
-        self.audio_ema = copy.deepcopy(self.audio_encoder).requires_grad_(False)
-        self.text_ema = copy.deepcopy(self.text_encoder).requires_grad_(False)
-        self.classifier = nn.Linear(2 * 128, NUM_CLASSES)
+        (
+            self.audio_encoder,
+            self.text_encoder,
+        ) = Tower(), Tower()
+        self.audio_ema = copy.deepcopy(
+            self.audio_encoder
+        ).requires_grad_(False)
+        self.text_ema = copy.deepcopy(
+            self.text_encoder
+        ).requires_grad_(False)
+        self.classifier = nn.Linear(
+            2 * 128, NUM_CLASSES
+        )
 
     @staticmethod
     def modalities(batch):
         images, labels = batch
-        halves = images.view(-1, 8, 2, 4)  # 8 rows, left and right 4 columns
-        return halves[:, :, 0].flatten(1), halves[:, :, 1].flatten(1), labels
-
-    def loss_fn(self, qa, qt, za_ema, zt_ema, ya, yt, labels):
-        cross = F.mse_loss(F.normalize(qa.float(), dim=-1), F.normalize(zt_ema.float(), dim=-1)) + F.mse_loss(
-            F.normalize(qt.float(), dim=-1), F.normalize(za_ema.float(), dim=-1)
+        # 8 rows, left and right 4 columns
+        halves = images.view(-1, 8, 2, 4)
+        return (
+            halves[:, :, 0].flatten(1),
+            halves[:, :, 1].flatten(1),
+            labels,
         )
-        supervised = F.cross_entropy(self.classifier(torch.cat([ya, yt], dim=-1)), labels)
-        return {"total_loss": cross + self.hparams.supervised_weight * supervised, "cross": cross.detach()}
 
-    def forward_and_loss(self, xa, xt, labels, za_ema, zt_ema):
+    def loss_fn(
+        self,
+        qa,
+        qt,
+        za_ema,
+        zt_ema,
+        ya,
+        yt,
+        labels,
+    ):
+        cross = F.mse_loss(
+            F.normalize(qa.float(), dim=-1),
+            F.normalize(
+                zt_ema.float(), dim=-1
+            ),
+        ) + F.mse_loss(
+            F.normalize(qt.float(), dim=-1),
+            F.normalize(
+                za_ema.float(), dim=-1
+            ),
+        )
+        supervised = F.cross_entropy(
+            self.classifier(
+                torch.cat([ya, yt], dim=-1)
+            ),
+            labels,
+        )
+        return {
+            "total_loss": cross
+            + self.hparams.supervised_weight
+            * supervised,
+            "cross": cross.detach(),
+        }
+
+    def forward_and_loss(
+        self, xa, xt, labels, za_ema, zt_ema
+    ):
         ya, za, qa = self.audio_encoder(xa)
         yt, zt, qt = self.text_encoder(xt)
-        return self.loss_fn(qa, qt, za_ema, zt_ema, ya, yt, labels)
+        return self.loss_fn(
+            qa,
+            qt,
+            za_ema,
+            zt_ema,
+            ya,
+            yt,
+            labels,
+        )
 
     def training_step(self, batch, batch_idx):
-        xa, xt, labels = self.modalities(batch)
+        xa, xt, labels = self.modalities(
+            batch
+        )
         with torch.no_grad():
             _, za_ema, _ = self.audio_ema(xa)
             _, zt_ema, _ = self.text_ema(xt)
-        return self.forward_and_loss(xa, xt, labels, za_ema, zt_ema)["total_loss"]
+        return self.forward_and_loss(
+            xa, xt, labels, za_ema, zt_ema
+        )["total_loss"]
 
     @torch.no_grad()
     def update_ema(self):
-        for ema, online in ((self.audio_ema, self.audio_encoder), (self.text_ema, self.text_encoder)):
-            for e, p in zip(ema.parameters(), online.parameters(), strict=True):
-                e.lerp_(p, 1 - self.hparams.ema_decay)
+        for ema, online in (
+            (
+                self.audio_ema,
+                self.audio_encoder,
+            ),
+            (
+                self.text_ema,
+                self.text_encoder,
+            ),
+        ):
+            for e, p in zip(
+                ema.parameters(),
+                online.parameters(),
+                strict=True,
+            ):
+                e.lerp_(
+                    p,
+                    1
+                    - self.hparams.ema_decay,
+                )
 
     def optimizer_step(self, *args, **kwargs):
-        super().optimizer_step(*args, **kwargs)
+        super().optimizer_step(
+            *args, **kwargs
+        )
         self.update_ema()
 
     def configure_optimizers(self):
-        params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr)
-        per_step = self.hparams.lr_gamma ** (1 / steps_per_epoch())  # decays by lr_gamma over one epoch
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=per_step)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        params = [
+            p
+            for p in self.parameters()
+            if p.requires_grad
+        ]
+        optimizer = torch.optim.AdamW(
+            params, lr=self.hparams.lr
+        )
+        # decays by lr_gamma over one epoch
+        per_step = self.hparams.lr_gamma ** (
+            1 / steps_per_epoch()
+        )
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(
+            optimizer, gamma=per_step
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": scheduler,
+                "interval": "step",
+            },
+        }
 
 
 # %%
 # The step to paste, and the ``Trainer`` call to copy
 # ---------------------------------------------------
-# No element of the posted step is specific to bf16, so the change only simplifies: no own autocast
-# (``precision="bf16-mixed"`` already runs ``training_step`` under one); the scheduler stays per batch.
+# Nothing in the posted step is bf16-specific; the fix only drops its own autocast
+# (``precision="bf16-mixed"`` already runs ``training_step`` in one). The scheduler stays per batch.
 
 
 class ReporterFixed(TwoTowerEMA):
@@ -121,15 +233,25 @@ class ReporterFixed(TwoTowerEMA):
         self.automatic_optimization = False
 
     def training_step(self, batch, batch_idx):
-        xa, xt, labels = self.modalities(batch)
+        xa, xt, labels = self.modalities(
+            batch
+        )
         with torch.no_grad():
             _, za_ema, _ = self.audio_ema(xa)
             _, zt_ema, _ = self.text_ema(xt)
-        total_loss = self.forward_and_loss(xa, xt, labels, za_ema, zt_ema)["total_loss"]  # no own autocast
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        # no own autocast
+        total_loss = self.forward_and_loss(
+            xa, xt, labels, za_ema, zt_ema
+        )["total_loss"]
+        optimizer, scheduler = (
+            self.optimizers(),
+            self.lr_schedulers(),
+        )
         self.manual_backward(total_loss)
         optimizer.step()
-        scheduler.step()  # per batch, as the automatic model's "interval": "step"
+        # per batch, as the automatic model's
+        # "interval": "step"
+        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         self.update_ema()
         return total_loss.detach()
@@ -137,10 +259,18 @@ class ReporterFixed(TwoTowerEMA):
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = ReporterFixed()
-teacher_before = model.audio_ema.backbone[0].weight.detach().clone()
+teacher_before = (
+    model.audio_ema.backbone[0]
+    .weight.detach()
+    .clone()
+)
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
@@ -151,9 +281,19 @@ trainer = pl.Trainer(
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-moved = not torch.equal(teacher_before, model.audio_ema.backbone[0].weight)
-print(f"optimizer steps: {trainer.global_step}, EMA teachers moved: {moved}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+moved = not torch.equal(
+    teacher_before,
+    model.audio_ema.backbone[0].weight,
+)
+print(
+    "optimizer steps: "
+    f"{trainer.global_step}, EMA teachers "
+    f"moved: {moved}"
+)
+
 
 # %%
 # The step as posted, one switch per element
@@ -167,28 +307,71 @@ from contextlib import nullcontext
 
 
 class ReporterStep(TwoTowerEMA):
-    """#20970's manual training_step as posted. Each class attribute switches one element of it."""
+    """#20970's manual training_step as
+    posted. Each class attribute switches one
+    element of it."""
 
-    own_autocast = True  # the user's own ``torch.autocast(..., enabled=<mixed precision>)``
-    teacher_no_grad = True  # EMA teachers under ``torch.no_grad()``
-    scheduler_every_batch = True  # ``scheduler.step()`` in every training_step
-    zero_grad_after_step = True  # ``optimizer.zero_grad(set_to_none=True)`` after the step
+    # the user's own ``torch.autocast(...,
+    # enabled=<mixed precision>)``
+    own_autocast = True
+    # EMA teachers under ``torch.no_grad()``
+    teacher_no_grad = True
+    # ``scheduler.step()`` in every
+    # training_step
+    scheduler_every_batch = True
+    # ``optimizer.zero_grad(set_to_none=True)``
+    # after the step
+    zero_grad_after_step = True
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.automatic_optimization = False
 
     def training_step(self, batch, batch_idx):
-        xa, xt, labels = self.modalities(batch)
-        with torch.no_grad() if self.teacher_no_grad else nullcontext():
-            ya_ema, za_ema, qa_ema = self.audio_ema(xa)
-            yt_ema, zt_ema, qt_ema = self.text_ema(xt)
-        mixed = self.trainer.precision in ("16-mixed", "bf16-mixed")
-        own = torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=mixed)
-        with own if self.own_autocast else nullcontext():  # removed, not enabled=False: that turns autocast off
-            loss_dict = self.forward_and_loss(xa, xt, labels, za_ema.detach(), zt_ema.detach())
-            total_loss = loss_dict["total_loss"]
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        xa, xt, labels = self.modalities(
+            batch
+        )
+        with (
+            torch.no_grad()
+            if self.teacher_no_grad
+            else nullcontext()
+        ):
+            ya_ema, za_ema, qa_ema = (
+                self.audio_ema(xa)
+            )
+            yt_ema, zt_ema, qt_ema = (
+                self.text_ema(xt)
+            )
+        mixed = self.trainer.precision in (
+            "16-mixed",
+            "bf16-mixed",
+        )
+        own = torch.autocast(
+            device_type=self.device.type,
+            dtype=torch.bfloat16,
+            enabled=mixed,
+        )
+        # removed, not enabled=False: that
+        # turns autocast off
+        with (
+            own
+            if self.own_autocast
+            else nullcontext()
+        ):
+            loss_dict = self.forward_and_loss(
+                xa,
+                xt,
+                labels,
+                za_ema.detach(),
+                zt_ema.detach(),
+            )
+            total_loss = loss_dict[
+                "total_loss"
+            ]
+        optimizer, scheduler = (
+            self.optimizers(),
+            self.lr_schedulers(),
+        )
         if not self.zero_grad_after_step:
             optimizer.zero_grad()
         self.manual_backward(total_loss)
@@ -196,7 +379,9 @@ class ReporterStep(TwoTowerEMA):
         if self.scheduler_every_batch:
             scheduler.step()
         if self.zero_grad_after_step:
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(
+                set_to_none=True
+            )
         self.update_ema()
         return total_loss.detach()
 
@@ -206,8 +391,13 @@ class ReporterStep(TwoTowerEMA):
 
 
 def variant_of(step, **changes):
-    """``step`` with some elements changed (one ablation row)."""
-    return type(f"{step.__name__}Variant", (step,), changes)
+    """``step`` with some elements changed
+    (one ablation row)."""
+    return type(
+        f"{step.__name__}Variant",
+        (step,),
+        changes,
+    )
 
 
 # %%
@@ -222,40 +412,108 @@ def variant_of(step, **changes):
 
 
 class CachingTwoUpdates(ReporterStep):
-    """The reporter's model with two updates per batch inside an own autocast with ``cache_enabled=True``."""
+    """The reporter's model with two updates
+    per batch inside an own autocast with
+    ``cache_enabled=True``."""
 
     def training_step(self, batch, batch_idx):
-        xa, xt, labels = self.modalities(batch)
+        xa, xt, labels = self.modalities(
+            batch
+        )
         with torch.no_grad():
             _, za_ema, _ = self.audio_ema(xa)
             _, zt_ema, _ = self.text_ema(xt)
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        mixed = self.trainer.precision in ("16-mixed", "bf16-mixed")
-        own = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=True)
-        with own if self.own_autocast else nullcontext():
-            for shift in (0.0, 0.1):  # two updates, e.g. one per augmented view
-                loss_dict = self.forward_and_loss(xa + shift, xt + shift, labels, za_ema, zt_ema)
-                self.manual_backward(loss_dict["total_loss"])
+        optimizer, scheduler = (
+            self.optimizers(),
+            self.lr_schedulers(),
+        )
+        mixed = self.trainer.precision in (
+            "16-mixed",
+            "bf16-mixed",
+        )
+        own = torch.autocast(
+            self.device.type,
+            dtype=torch.bfloat16,
+            enabled=mixed,
+            cache_enabled=True,
+        )
+        with (
+            own
+            if self.own_autocast
+            else nullcontext()
+        ):
+            # two updates, e.g. one per
+            # augmented view
+            for shift in (0.0, 0.1):
+                loss_dict = (
+                    self.forward_and_loss(
+                        xa + shift,
+                        xt + shift,
+                        labels,
+                        za_ema,
+                        zt_ema,
+                    )
+                )
+                self.manual_backward(
+                    loss_dict["total_loss"]
+                )
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(
+                    set_to_none=True
+                )
         scheduler.step()
         self.update_ema()
-        return loss_dict["total_loss"].detach()
+        return loss_dict[
+            "total_loss"
+        ].detach()
 
 
 class SharedTeacher(ReporterStep):
-    """The reporter's model with a stop-gradient teacher: the student's own encoders under ``no_grad``."""
+    """The reporter's model with a
+    stop-gradient teacher: the student's own
+    encoders under ``no_grad``."""
 
     def training_step(self, batch, batch_idx):
-        xa, xt, labels = self.modalities(batch)
-        mixed = self.trainer.precision in ("16-mixed", "bf16-mixed")
-        own = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=mixed, cache_enabled=True)
-        with own if self.own_autocast else nullcontext():
+        xa, xt, labels = self.modalities(
+            batch
+        )
+        mixed = self.trainer.precision in (
+            "16-mixed",
+            "bf16-mixed",
+        )
+        own = torch.autocast(
+            self.device.type,
+            dtype=torch.bfloat16,
+            enabled=mixed,
+            cache_enabled=True,
+        )
+        with (
+            own
+            if self.own_autocast
+            else nullcontext()
+        ):
             with torch.no_grad():
-                _, za_ema, _ = self.audio_encoder(xa)  # the student's weights, not an EMA copy
-                _, zt_ema, _ = self.text_encoder(xt)
-            total_loss = self.forward_and_loss(xa, xt, labels, za_ema, zt_ema)["total_loss"]
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+                # the student's weights, not
+                # an EMA copy
+                _, za_ema, _ = (
+                    self.audio_encoder(xa)
+                )
+                _, zt_ema, _ = (
+                    self.text_encoder(xt)
+                )
+            total_loss = (
+                self.forward_and_loss(
+                    xa,
+                    xt,
+                    labels,
+                    za_ema,
+                    zt_ema,
+                )["total_loss"]
+            )
+        optimizer, scheduler = (
+            self.optimizers(),
+            self.lr_schedulers(),
+        )
         self.manual_backward(total_loss)
         optimizer.step()
         scheduler.step()
@@ -291,17 +549,36 @@ recipes = {
     "shared teacher, no own autocast": variant_of(SharedTeacher, own_autocast=False),
 }
 probes = {name: [WeightsDigest] for name in recipes}
-# fmt: off
 RUNS = [
     # run id, recipe, precision, options
     ("towers-auto-fp32", "two towers, automatic", "32-true", {"label": "#20970's model, automatic, 32-true"}),
     ("towers-auto-bf16", "two towers, automatic", "bf16-mixed", {"label": "#20970's model, automatic, bf16-mixed"}),
     ("reporter-fp32", "#20970 as posted", "32-true", {"label": "#20970 as posted, 32-true"}),
     ("reporter-bf16", "#20970 as posted", "bf16-mixed", {"label": "#20970 as posted, bf16-mixed"}),
-    ("rep-noautocast-bf16", "#20970, no own autocast", "bf16-mixed", {"label": "without the own autocast, bf16-mixed"}),
-    ("rep-gradteacher-bf16", "#20970, teacher with grad", "bf16-mixed", {"label": "teachers without no_grad, bf16-mixed"}),  # noqa: E501
-    ("rep-zerobefore-bf16", "#20970, zero_grad before backward", "bf16-mixed", {"label": "zero_grad() before backward, bf16-mixed"}),  # noqa: E501
-    ("rep-epochsched-bf16", "#20970, scheduler per epoch", "bf16-mixed", {"label": "scheduler per epoch, bf16-mixed"}),
+    (
+        "rep-noautocast-bf16",
+        "#20970, no own autocast",
+        "bf16-mixed",
+        {"label": "without the own autocast, bf16-mixed"},
+    ),
+    (
+        "rep-gradteacher-bf16",
+        "#20970, teacher with grad",
+        "bf16-mixed",
+        {"label": "teachers without no_grad, bf16-mixed"},
+    ),
+    (
+        "rep-zerobefore-bf16",
+        "#20970, zero_grad before backward",
+        "bf16-mixed",
+        {"label": "zero_grad() before backward, bf16-mixed"},
+    ),
+    (
+        "rep-epochsched-bf16",
+        "#20970, scheduler per epoch",
+        "bf16-mixed",
+        {"label": "scheduler per epoch, bf16-mixed"},
+    ),
     ("rep-fixed-bf16", "#20970 fixed", "bf16-mixed", {"label": "the step to paste, bf16-mixed"}),
     ("cache2-bf16", "two updates, caching autocast", "bf16-mixed", {"label": "two updates, caching autocast, bf16"}),
     ("cache2-fp32", "two updates, caching autocast", "32-true", {"label": "two updates, caching autocast, fp32"}),
@@ -316,19 +593,68 @@ RUNS = [
 CLAIMS = [
     # kind, runs..., parameters, title (the matrix compares by title), options
     ("match", "reporter-fp32", "towers-auto-fp32", "same-precision", "#20970 as posted: fp32 manual = automatic"),
-    ("match", "reporter-bf16", "towers-auto-bf16", "same-precision", "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)"),  # noqa: E501
+    (
+        "match",
+        "reporter-bf16",
+        "towers-auto-bf16",
+        "same-precision",
+        "#20970 as posted: bf16-mixed manual = automatic (the reported drift does not reproduce)",
+    ),
     ("match", "reporter-bf16", "reporter-fp32", "mixed-vs-fp32", "#20970 as posted: bf16-mixed = fp32"),
-    ("same", "reporter-bf16", "towers-auto-bf16", "weights", "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise"),  # noqa: E501
+    (
+        "same",
+        "reporter-bf16",
+        "towers-auto-bf16",
+        "weights",
+        "#20970 as posted: bf16-mixed manual = automatic, final weights bitwise",
+    ),
     ("same", "rep-noautocast-bf16", "reporter-bf16", "weights", "the own autocast changes no weight (bitwise)"),
-    ("same", "rep-gradteacher-bf16", "reporter-bf16", "weights", "no_grad on the teachers changes no weight (bitwise)"),
-    ("same", "rep-zerobefore-bf16", "reporter-bf16", "weights", "zero_grad(set_to_none=True) after the step = zero_grad() before backward (bitwise)"),  # noqa: E501
-    ("diverge", "rep-epochsched-bf16", "towers-auto-bf16", "pitfall-gap", "a per-step schedule stepped per epoch diverges"),  # noqa: E501
+    (
+        "same",
+        "rep-gradteacher-bf16",
+        "reporter-bf16",
+        "weights",
+        "no_grad on the teachers changes no weight (bitwise)",
+    ),
+    (
+        "same",
+        "rep-zerobefore-bf16",
+        "reporter-bf16",
+        "weights",
+        "zero_grad(set_to_none=True) after the step = zero_grad() before backward (bitwise)",
+    ),
+    (
+        "diverge",
+        "rep-epochsched-bf16",
+        "towers-auto-bf16",
+        "pitfall-gap",
+        "a per-step schedule stepped per epoch diverges",
+    ),
     ("match", "rep-fixed-bf16", "towers-auto-bf16", "same-precision", "the step to paste = automatic (bf16)"),
     ("same", "cache2-fp32", "plain2-fp32", "weights", "two updates in a caching autocast: fp32 unchanged (bitwise)"),
-    ("diverge", "cache2-bf16", "plain2-bf16", "pitfall-gap", "two updates in a caching autocast: bf16-mixed drifts (stale casts)"),  # noqa: E501
+    (
+        "diverge",
+        "cache2-bf16",
+        "plain2-bf16",
+        "pitfall-gap",
+        "two updates in a caching autocast: bf16-mixed drifts (stale casts)",
+    ),
     ("match", "plain2-bf16", "plain2-fp32", "mixed-vs-fp32", "two updates without own autocast: bf16 follows fp32"),
-    ("same", "shared-bf16", "shared-plain-bf16", "weights", "a teacher sharing the student's weights in a caching autocast changes no weight (installed torch)"),  # noqa: E501
-    ("same", "reporter-bf16-again", "reporter-bf16", "weights", "the same seed twice in bf16-mixed: bitwise identical on a CPU", {"only_on": "cpu"}),  # noqa: E501
+    (
+        "same",
+        "shared-bf16",
+        "shared-plain-bf16",
+        "weights",
+        "a teacher sharing the student's weights in a caching autocast changes no weight (installed torch)",
+    ),
+    (
+        "same",
+        "reporter-bf16-again",
+        "reporter-bf16",
+        "weights",
+        "the same seed twice in bf16-mixed: bitwise identical on a CPU",
+        {"only_on": "cpu"},
+    ),
     ("match", "reporter-bf16-seed1", "reporter-fp32-seed1", "mixed-vs-fp32", "seed 1: bf16-mixed follows fp32"),
     ("clean", "towers-auto-fp32", "PitfallChecks: towers-auto-fp32 has no finding"),
     ("clean", "towers-auto-bf16", "PitfallChecks: towers-auto-bf16 has no finding"),
@@ -341,7 +667,13 @@ CLAIMS = [
     ("flags", "cache2-bf16", "autocast-cache", "PitfallChecks flags cache2-bf16: autocast-cache"),
     ("clean", "cache2-fp32", "PitfallChecks: cache2-fp32 has no finding"),
     ("clean", "plain2-bf16", "PitfallChecks: plain2-bf16 has no finding", {"only_if": "lightning-autocast-no-cache"}),
-    ("flags", "plain2-bf16", "autocast-cache", "PitfallChecks flags plain2-bf16 where Lightning's own autocast caches: autocast-cache", {"only_if": "lightning-autocast-caches"}),  # noqa: E501
+    (
+        "flags",
+        "plain2-bf16",
+        "autocast-cache",
+        "PitfallChecks flags plain2-bf16 where Lightning's own autocast caches: autocast-cache",
+        {"only_if": "lightning-autocast-caches"},
+    ),
     ("clean", "plain2-fp32", "PitfallChecks: plain2-fp32 has no finding"),
     ("flags", "shared-bf16", "porting", "PitfallChecks flags shared-bf16: porting (unused EMA copies)"),
     ("flags", "shared-plain-bf16", "porting", "PitfallChecks flags shared-plain-bf16: porting (unused EMA copies)"),
@@ -349,7 +681,6 @@ CLAIMS = [
     ("clean", "reporter-bf16-seed1", "PitfallChecks: reporter-bf16-seed1 has no finding"),
     ("clean", "reporter-fp32-seed1", "PitfallChecks: reporter-fp32-seed1 has no finding"),
 ]
-# fmt: on
 
 record = runner.run_example(
     "plot_17_issue_20970_bf16_drift",
@@ -360,22 +691,52 @@ record = runner.run_example(
     progress=lambda line: line.startswith("  [") or print(line),  # not one line per run
 )
 
+
 # %%
 # The posted step against automatic optimization
 # ----------------------------------------------
 # Left: the posted step matches its automatic model in fp32 and bf16-mixed. Right: stepping the per-step
 # schedule once per epoch is the one element that moves it; the step to paste lies on the automatic curve.
 
-fig, (left, right) = plotting.figure(1, 2, 11, 5.2)
-plotting.describe(fig, "#20970's step in bf16-mixed equals automatic optimization; only the scheduler cadence moves it")
-reporter_ids = ["towers-auto-fp32", "reporter-fp32", "towers-auto-bf16", "reporter-bf16"]
-plotting.plot_loss_curves(left, record, reporter_ids, "#20970 as posted vs automatic")
-cadence_ids = ["towers-auto-bf16", "rep-epochsched-bf16", "rep-fixed-bf16"]
-plotting.plot_loss_curves(
-    right, record, cadence_ids, "Scheduler cadence, and the step to paste", {"rep-epochsched-bf16": "#D55E00"}
+fig, (left, right) = plotting.figure(
+    1, 2, 11, 5.2
 )
-plotting.save_figure(fig, record["example"], "reporter")
+plotting.describe(
+    fig,
+    "#20970's step in bf16-mixed equals "
+    "automatic optimization; only the "
+    "scheduler cadence moves it",
+)
+reporter_ids = [
+    "towers-auto-fp32",
+    "reporter-fp32",
+    "towers-auto-bf16",
+    "reporter-bf16",
+]
+plotting.plot_loss_curves(
+    left,
+    record,
+    reporter_ids,
+    "#20970 as posted vs automatic",
+)
+cadence_ids = [
+    "towers-auto-bf16",
+    "rep-epochsched-bf16",
+    "rep-fixed-bf16",
+]
+plotting.plot_loss_curves(
+    right,
+    record,
+    cadence_ids,
+    "Scheduler cadence, and the step to "
+    "paste",
+    {"rep-epochsched-bf16": "#D55E00"},
+)
+plotting.save_figure(
+    fig, record["example"], "reporter"
+)
 plt.show()
+
 
 # %%
 # The gaps the guide quotes
@@ -386,17 +747,55 @@ plt.show()
 
 
 def largest_gap(a, b):
-    return 100 * float(relative_gap(plotting.run_by_id(record, a)["loss"], plotting.run_by_id(record, b)["loss"]).max())
+    return 100 * float(
+        relative_gap(
+            plotting.run_by_id(record, a)[
+                "loss"
+            ],
+            plotting.run_by_id(record, b)[
+                "loss"
+            ],
+        ).max()
+    )
 
 
 for text, a, b in [
-    ("two updates, caching autocast vs none, bf16-mixed", "cache2-bf16", "plain2-bf16"),
-    ("two updates, caching autocast vs none, fp32", "cache2-fp32", "plain2-fp32"),
-    ("#20970 as posted, seed 1 vs seed 0, bf16-mixed", "reporter-bf16-seed1", "reporter-bf16"),
-    ("#20970 as posted, seed 1 vs seed 0, fp32", "reporter-fp32-seed1", "reporter-fp32"),
-    ("#20970 as posted, bf16-mixed vs fp32, seed 0", "reporter-bf16", "reporter-fp32"),
+    (
+        "two updates, caching autocast vs "
+        "none, bf16-mixed",
+        "cache2-bf16",
+        "plain2-bf16",
+    ),
+    (
+        "two updates, caching autocast vs "
+        "none, fp32",
+        "cache2-fp32",
+        "plain2-fp32",
+    ),
+    (
+        "#20970 as posted, seed 1 vs seed "
+        "0, bf16-mixed",
+        "reporter-bf16-seed1",
+        "reporter-bf16",
+    ),
+    (
+        "#20970 as posted, seed 1 vs seed "
+        "0, fp32",
+        "reporter-fp32-seed1",
+        "reporter-fp32",
+    ),
+    (
+        "#20970 as posted, bf16-mixed vs "
+        "fp32, seed 0",
+        "reporter-bf16",
+        "reporter-fp32",
+    ),
 ]:
-    print(f"{text:<52} largest gap {largest_gap(a, b):6.2f} %")
+    print(
+        f"{text:<52} largest gap "
+        f"{largest_gap(a, b):6.2f} %"
+    )
+
 
 # %%
 # Conclusion
@@ -408,6 +807,7 @@ for text, a, b in [
 # forward and the student forward in a caching autocast. To find yours: compare with the automatic model
 # in **fp32** (a gap there is a porting bug, example 01), run bf16-mixed **twice with one seed** (on a GPU
 # bf16 kernels need not repeat bitwise), and look for weights used twice in one step.
+
 
 # %%
 # Evidence: the verdicts

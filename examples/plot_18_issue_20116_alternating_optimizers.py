@@ -18,6 +18,7 @@ one micro-batch per step; what raises the ``AssertionError``; a fix that warns w
 why one optimizer per window keeps the loss scale constant. **Prerequisites**: :doc:`plot_02_two_optimizers`.
 """
 
+
 # %%
 # Two models
 # ----------
@@ -35,42 +36,93 @@ from mpguide.data import NUM_FEATURES
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_18_issue_20116_alternating_optimizers")  # MPGUIDE_* settings, before anything runs
+runner.check_settings(
+    "plot_18_issue_20116_alternating_optimizers"
+)  # MPGUIDE_* settings, before anything runs
 # sphinx_gallery_end_ignore
 
 LATENT = 16
 
 
 class TwoModels(pl.LightningModule):
-    """A generator (16 noise values to an 8x8 image) and a discriminator, one Adam optimizer each."""
+    """A generator (16 noise values to an 8x8
+    image) and a discriminator, one Adam
+    optimizer each."""
 
-    detach_for_model_2 = False  # the mistake studied below: model 2's loss from a detached batch
+    # the mistake studied below: model 2's
+    # loss from a detached batch
+    detach_for_model_2 = False
 
     def __init__(self, lr: float = 1e-3):
         super().__init__()
         self.automatic_optimization = False
         self.lr = lr
-        self.generator = nn.Sequential(nn.Linear(LATENT, 128), nn.ReLU(), nn.Linear(128, NUM_FEATURES), nn.Sigmoid())
-        self.discriminator = nn.Sequential(nn.Linear(NUM_FEATURES, 128), nn.LeakyReLU(0.2), nn.Linear(128, 1))
+        self.generator = nn.Sequential(
+            nn.Linear(LATENT, 128),
+            nn.ReLU(),
+            nn.Linear(128, NUM_FEATURES),
+            nn.Sigmoid(),
+        )
+        self.discriminator = nn.Sequential(
+            nn.Linear(NUM_FEATURES, 128),
+            nn.LeakyReLU(0.2),
+            nn.Linear(128, 1),
+        )
 
     def generate(self, n, batch_idx):
-        gen = torch.Generator().manual_seed(10_000 * self.current_epoch + batch_idx)
-        return self.generator(torch.randn(n, LATENT, generator=gen).to(self.device))
+        gen = torch.Generator().manual_seed(
+            10_000 * self.current_epoch
+            + batch_idx
+        )
+        return self.generator(
+            torch.randn(
+                n, LATENT, generator=gen
+            ).to(self.device)
+        )
 
     def judge(self, images, is_real):
         logits = self.discriminator(images)
-        return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, float(is_real)))
+        return F.binary_cross_entropy_with_logits(
+            logits,
+            torch.full_like(
+                logits, float(is_real)
+            ),
+        )
 
-    def inner_training_step(self, batch, batch_idx, compute_model_1_loss):
+    def inner_training_step(
+        self,
+        batch,
+        batch_idx,
+        compute_model_1_loss,
+    ):
         real, _ = batch
-        fake = self.generate(len(real), batch_idx)
+        fake = self.generate(
+            len(real), batch_idx
+        )
         if compute_model_1_loss:
-            return self.judge(real, True) + self.judge(fake.detach(), False)
-        return self.judge(fake.detach() if self.detach_for_model_2 else fake, True)
+            return self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
+        return self.judge(
+            fake.detach()
+            if self.detach_for_model_2
+            else fake,
+            True,
+        )
 
     def configure_optimizers(self):
-        opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=(0.5, 0.999))
-        opt_g = torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(
+            self.discriminator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
+        opt_g = torch.optim.Adam(
+            self.generator.parameters(),
+            lr=self.lr,
+            betas=(0.5, 0.999),
+        )
         return opt_d, opt_g
 
 
@@ -89,8 +141,14 @@ import warnings
 
 
 def has_gradients(opt):
-    """True when a parameter of ``opt`` holds a gradient, i.e. ``opt.step()`` would change something."""
-    return any(p.grad is not None for group in opt.param_groups for p in group["params"])
+    """True when a parameter of ``opt`` holds
+    a gradient, i.e. ``opt.step()`` would
+    change something."""
+    return any(
+        p.grad is not None
+        for group in opt.param_groups
+        for p in group["params"]
+    )
 
 
 class ReporterFixed(TwoModels):
@@ -99,44 +157,91 @@ class ReporterFixed(TwoModels):
     def training_step(self, batch, batch_idx):
         n = self.n_batches_per_optimizer
         opts = self.optimizers()
-        current_cycle = (batch_idx // n) % len(opts)
+        current_cycle = (
+            batch_idx // n
+        ) % len(opts)
         opt = opts[current_cycle]
         if batch_idx % n == 0:
-            opt.zero_grad()  # once per window, not every batch
+            # once per window, not every batch
+            opt.zero_grad()
         with opt.toggle_model():
-            loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
-            if loss.requires_grad:  # a loss cut off from every trainable weight cannot be backwarded
+            loss = self.inner_training_step(
+                batch,
+                batch_idx,
+                compute_model_1_loss=current_cycle
+                == 0,
+            )
+            # a loss cut off from every
+            # trainable weight cannot be
+            # backwarded
+            if loss.requires_grad:
                 self.manual_backward(loss / n)
             if (batch_idx + 1) % n == 0:
                 if has_gradients(opt):
                     opt.step()
                 else:
-                    # no crash, but this model does not train: say so
-                    warnings.warn(f"optimizer {current_cycle} skipped at batch {batch_idx}: no gradients", stacklevel=2)
+                    # no crash, but this model
+                    # does not train: say so
+                    warnings.warn(
+                        f"optimizer {current_cycle}"
+                        " skipped at batch"
+                        f" {batch_idx}: no gradients",
+                        stacklevel=2,
+                    )
         return loss.detach()
 
 
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = ReporterFixed()
-before = [m[0].weight.detach().clone() for m in (model.discriminator, model.generator)]
+before = [
+    m[0].weight.detach().clone()
+    for m in (
+        model.discriminator,
+        model.generator,
+    )
+]
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=12,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-changed = [not torch.equal(b, m[0].weight) for b, m in zip(before, (model.discriminator, model.generator))]
-print(f"optimizer steps: {trainer.global_step}, discriminator and generator changed: {changed}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+changed = [
+    not torch.equal(b, m[0].weight)
+    for b, m in zip(
+        before,
+        (
+            model.discriminator,
+            model.generator,
+        ),
+    )
+]
+print(
+    "optimizer steps: "
+    f"{trainer.global_step}, discriminator "
+    f"and generator changed: {changed}"
+)
+
 
 # %%
 # The step as posted, one switch per element
@@ -150,28 +255,58 @@ from contextlib import nullcontext
 
 
 class ReporterAlternation(TwoModels):
-    """#20116's training_step as posted; optimizer 0 trains model 1 (the discriminator)."""
+    """#20116's training_step as posted;
+    optimizer 0 trains model 1 (the
+    discriminator)."""
 
     n_batches_per_optimizer = 3
-    toggle = True  # ``with opt.toggle_model():``
-    guard = False  # the fix's guard: step only with gradients
+    # ``with opt.toggle_model():``
+    toggle = True
+    # the fix's guard: step only with
+    # gradients
+    guard = False
 
     def training_step(self, batch, batch_idx):
         opts = self.optimizers()
-        current_cycle = (batch_idx // self.n_batches_per_optimizer) % len(opts)
+        current_cycle = (
+            batch_idx
+            // self.n_batches_per_optimizer
+        ) % len(opts)
         opt = opts[current_cycle]
         opt.zero_grad()
-        with opt.toggle_model() if self.toggle else nullcontext():
-            loss = self.inner_training_step(batch, batch_idx, compute_model_1_loss=current_cycle == 0)
+        with (
+            opt.toggle_model()
+            if self.toggle
+            else nullcontext()
+        ):
+            loss = self.inner_training_step(
+                batch,
+                batch_idx,
+                compute_model_1_loss=current_cycle
+                == 0,
+            )
             self.manual_backward(loss)
-            if (batch_idx + 1) % self.n_batches_per_optimizer == 0 and (not self.guard or has_gradients(opt)):
+            if (
+                (batch_idx + 1)
+                % self.n_batches_per_optimizer
+                == 0
+                and (
+                    not self.guard
+                    or has_gradients(opt)
+                )
+            ):
                 opt.step()
         return loss.detach()
 
 
 def variant(**changes):
-    """The posted step with some elements changed (one ablation row)."""
-    return type("ReporterVariant", (ReporterAlternation,), changes)
+    """The posted step with some elements
+    changed (one ablation row)."""
+    return type(
+        "ReporterVariant",
+        (ReporterAlternation,),
+        changes,
+    )
 
 
 # %%
@@ -186,47 +321,86 @@ def variant(**changes):
 
 
 class FixedUnreached(ReporterFixed):
-    """The fix, with a model-2 loss that reaches no parameter of model 2, only a loss weight no optimizer holds."""
+    """The fix, with a model-2 loss that
+    reaches no parameter of model 2, only a
+    loss weight no optimizer holds."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.loss_weight = nn.Parameter(torch.ones(1))  # in no optimizer: toggle_model leaves it trainable
+        # in no optimizer: toggle_model leaves
+        # it trainable
+        self.loss_weight = nn.Parameter(
+            torch.ones(1)
+        )
 
-    def inner_training_step(self, batch, batch_idx, compute_model_1_loss):
+    def inner_training_step(
+        self,
+        batch,
+        batch_idx,
+        compute_model_1_loss,
+    ):
         if compute_model_1_loss:
-            return super().inner_training_step(batch, batch_idx, True)
-        fake = self.generate(len(batch[0]), batch_idx).detach()  # the mistake: model 2 is cut off
-        return (self.loss_weight * self.judge(fake, True)).squeeze()
+            return (
+                super().inner_training_step(
+                    batch, batch_idx, True
+                )
+            )
+        # the mistake: model 2 is cut off
+        fake = self.generate(
+            len(batch[0]), batch_idx
+        ).detach()
+        return (
+            self.loss_weight
+            * self.judge(fake, True)
+        ).squeeze()
 
 
 class OverlappingWindows(TwoModels):
-    """The discriminator steps every batch, inside the generator's window of two batches."""
+    """The discriminator steps every batch,
+    inside the generator's window of two
+    batches."""
 
     window = 2
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
         opt_d, opt_g = self.optimizers()
-        fake = self.generate(len(real), batch_idx)
+        fake = self.generate(
+            len(real), batch_idx
+        )
         with opt_d.toggle_model():
-            loss_d = self.judge(real, True) + self.judge(fake.detach(), False)
+            loss_d = self.judge(
+                real, True
+            ) + self.judge(
+                fake.detach(), False
+            )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             opt_d.step()
         with opt_g.toggle_model():
             loss_g = self.judge(fake, True)
-            self.manual_backward(loss_g / self.window)
-            if (batch_idx + 1) % self.window == 0:
+            self.manual_backward(
+                loss_g / self.window
+            )
+            if (
+                batch_idx + 1
+            ) % self.window == 0:
                 opt_g.step()
                 opt_g.zero_grad()
         return (loss_d + loss_g).detach()
 
 
 class OftenChangingScale:
-    """Mixed into a recipe: the GradScaler changes its scale at every step (``growth_interval=1``)."""
+    """Mixed into a recipe: the GradScaler
+    changes its scale at every step
+    (``growth_interval=1``)."""
 
     def on_fit_start(self):
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scaler = getattr(
+            self.trainer.precision_plugin,
+            "scaler",
+            None,
+        )
         if scaler is not None:
             scaler.set_growth_interval(1)
 
@@ -262,10 +436,13 @@ def flat_grad(opt):
 
 
 class MicroBatches(Callback):
-    # fmt: off
-    measures = {"micro_batches_kept": "list[count]", "micro_batches_per_window": "list[count]",
-        "windows_with_scale_change": "count", "scale_changed_inside_a_window": "bool", "optimizer_steps": "count"}
-    # fmt: on
+    measures = {
+        "micro_batches_kept": "list[count]",
+        "micro_batches_per_window": "list[count]",
+        "windows_with_scale_change": "count",
+        "scale_changed_inside_a_window": "bool",
+        "optimizer_steps": "count",
+    }
 
     def __init__(self):
         self.added = {}  # optimizer -> [(gradient one backward added, loss scale of that backward)]
@@ -316,56 +493,182 @@ recipes = {
     "overlapping windows, growth_interval=1": type("OverlapGrowth", (OftenChangingScale, OverlappingWindows), {}),
 }
 probes = {name: [GeneratorAndWeights, MicroBatches] for name in recipes}
-# fmt: off
 RUNS = [
     ("rep-fp32", "#20116 as posted", "32-true", {"label": "#20116 as posted, 32-true"}),
     ("rep-fp16", "#20116 as posted", "16-mixed", {"label": "#20116 as posted, 16-mixed"}),
     ("rep-n1-fp16", "#20116, N=1", "16-mixed", {"label": "#20116, N=1 (no accumulation), 16-mixed"}),
     ("rep-notoggle-fp16", "#20116, no toggle_model", "16-mixed", {"label": "#20116 without toggle_model, 16-mixed"}),
-    ("unreached-fp32", "#20116, model 2 loss detached", "32-true", {"label": "#20116, model 2's loss detached, 32-true"}),  # noqa: E501
-    ("unreached-fp16", "#20116, model 2 loss detached", "16-mixed", {"label": "#20116, model 2's loss detached, 16-mixed"}),  # noqa: E501
-    ("unreached-toggle-fp32", "#20116, model 2 loss detached, toggle_model", "32-true", {"label": "same with toggle_model, 32-true"}),  # noqa: E501
-    ("unreached-toggle-fp16", "#20116, model 2 loss detached, toggle_model", "16-mixed", {"label": "same with toggle_model, 16-mixed"}),  # noqa: E501
-    ("unreached-guard-fp16", "#20116, model 2 loss detached, guard", "16-mixed", {"label": "model 2's loss detached + has_gradients guard, 16-mixed"}),  # noqa: E501
-    ("unreached-fp16-plugin", "#20116, model 2 loss detached", "16-mixed", {"plugin": "ManualMixedPrecision", "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed"}),  # noqa: E501
+    (
+        "unreached-fp32",
+        "#20116, model 2 loss detached",
+        "32-true",
+        {"label": "#20116, model 2's loss detached, 32-true"},
+    ),
+    (
+        "unreached-fp16",
+        "#20116, model 2 loss detached",
+        "16-mixed",
+        {"label": "#20116, model 2's loss detached, 16-mixed"},
+    ),
+    (
+        "unreached-toggle-fp32",
+        "#20116, model 2 loss detached, toggle_model",
+        "32-true",
+        {"label": "same with toggle_model, 32-true"},
+    ),
+    (
+        "unreached-toggle-fp16",
+        "#20116, model 2 loss detached, toggle_model",
+        "16-mixed",
+        {"label": "same with toggle_model, 16-mixed"},
+    ),
+    (
+        "unreached-guard-fp16",
+        "#20116, model 2 loss detached, guard",
+        "16-mixed",
+        {"label": "model 2's loss detached + has_gradients guard, 16-mixed"},
+    ),
+    (
+        "unreached-fp16-plugin",
+        "#20116, model 2 loss detached",
+        "16-mixed",
+        {"plugin": "ManualMixedPrecision", "label": "model 2's loss detached + ManualMixedPrecision, 16-mixed"},
+    ),
     ("fixed-fp32", "#20116 fixed", "32-true", {"label": "#20116 fixed, 32-true"}),
     ("fixed-fp16", "#20116 fixed", "16-mixed", {"label": "#20116 fixed, 16-mixed"}),
-    ("fixed-unreached-fp16", "#20116 fixed, model 2's loss reaches none of it", "16-mixed", {"label": "#20116 fixed, model 2's loss misses it, 16-mixed"}),  # noqa: E501
-    ("fixed-detached-fp16", "#20116 fixed, model 2 loss detached", "16-mixed", {"label": "#20116 fixed, model 2's loss detached, 16-mixed"}),  # noqa: E501
-    ("fixed-fp16-growth", "#20116 fixed, growth_interval=1", "16-mixed", {"label": "#20116 fixed, scale changes every step, 16-mixed"}),  # noqa: E501
-    ("overlap-fp16-growth", "overlapping windows, growth_interval=1", "16-mixed", {"label": "D inside G's window, scale changes every step, 16-mixed"}),  # noqa: E501
+    (
+        "fixed-unreached-fp16",
+        "#20116 fixed, model 2's loss reaches none of it",
+        "16-mixed",
+        {"label": "#20116 fixed, model 2's loss misses it, 16-mixed"},
+    ),
+    (
+        "fixed-detached-fp16",
+        "#20116 fixed, model 2 loss detached",
+        "16-mixed",
+        {"label": "#20116 fixed, model 2's loss detached, 16-mixed"},
+    ),
+    (
+        "fixed-fp16-growth",
+        "#20116 fixed, growth_interval=1",
+        "16-mixed",
+        {"label": "#20116 fixed, scale changes every step, 16-mixed"},
+    ),
+    (
+        "overlap-fp16-growth",
+        "overlapping windows, growth_interval=1",
+        "16-mixed",
+        {"label": "D inside G's window, scale changes every step, 16-mixed"},
+    ),
 ]
 CLAIMS = [
-    ("expect", "rep-fp16", "generator_changed", True, "#20116 as posted trains both models under 16-mixed (no AssertionError here)"),  # noqa: E501
+    (
+        "expect",
+        "rep-fp16",
+        "generator_changed",
+        True,
+        "#20116 as posted trains both models under 16-mixed (no AssertionError here)",
+    ),
     ("match", "rep-fp16", "rep-fp32", "mixed-vs-fp32", "#20116 as posted: 16-mixed = fp32"),
-    ("expect", "rep-fp32", "micro_batches_kept", [1], "#20116 as posted: zero_grad() at the top leaves only the window's last micro-batch in each step"),  # noqa: E501
+    (
+        "expect",
+        "rep-fp32",
+        "micro_batches_kept",
+        [1],
+        "#20116 as posted: zero_grad() at the top leaves only the window's last micro-batch in each step",
+    ),
     ("expect", "rep-n1-fp16", "generator_changed", True, "#20116 with N=1 trains under 16-mixed"),
     ("expect", "rep-notoggle-fp16", "generator_changed", True, "#20116 without toggle_model trains under 16-mixed"),
-    ("raises", "unreached-fp16", "AssertionError", "No inf checks were recorded for this optimizer", "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's first step"),  # noqa: E501
-    ("expect", "unreached-fp32", "generator_changed", False, "the same code in fp32: no error, model 2 never changes"),
-    ("raises", "unreached-toggle-fp32", "RuntimeError", "does not require grad", "with toggle_model the same mistake stops in backward instead (fp32)"),  # noqa: E501
-    ("raises", "unreached-toggle-fp16", "RuntimeError", "does not require grad", "with toggle_model the same mistake stops in backward instead (16-mixed)"),  # noqa: E501
-    ("match", "unreached-guard-fp16", "unreached-fp32", "mixed-vs-fp32", "has_gradients guard: 16-mixed completes and = fp32"),  # noqa: E501
+    (
+        "raises",
+        "unreached-fp16",
+        "AssertionError",
+        "No inf checks were recorded for this optimizer",
+        "model 2's loss reaches none of its parameters: 16-mixed raises at model 2's first step",
+    ),
+    (
+        "expect",
+        "unreached-fp32",
+        "generator_changed",
+        False,
+        "the same code in fp32: no error, model 2 never changes",
+    ),
+    (
+        "raises",
+        "unreached-toggle-fp32",
+        "RuntimeError",
+        "does not require grad",
+        "with toggle_model the same mistake stops in backward instead (fp32)",
+    ),
+    (
+        "raises",
+        "unreached-toggle-fp16",
+        "RuntimeError",
+        "does not require grad",
+        "with toggle_model the same mistake stops in backward instead (16-mixed)",
+    ),
+    (
+        "match",
+        "unreached-guard-fp16",
+        "unreached-fp32",
+        "mixed-vs-fp32",
+        "has_gradients guard: 16-mixed completes and = fp32",
+    ),
     ("expect", "unreached-guard-fp16", "generator_changed", False, "has_gradients guard: the empty step is skipped"),
-    ("warns", "fixed-unreached-fp16", "UserWarning", "optimizer 1 skipped at batch 5", "the fix, model 2's loss missing it: the skip is visible (a warning naming optimizer and batch)"),  # noqa: E501
+    (
+        "warns",
+        "fixed-unreached-fp16",
+        "UserWarning",
+        "optimizer 1 skipped at batch 5",
+        "the fix, model 2's loss missing it: the skip is visible (a warning naming optimizer and batch)",
+    ),
     ("expect", "fixed-unreached-fp16", "generator_changed", False, "the fix, model 2's loss missing it: G frozen"),
-    ("warns", "fixed-detached-fp16", "UserWarning", "optimizer 1 skipped at batch 5", "the fix, model 2's loss detached: no RuntimeError, the skip is visible"),  # noqa: E501
+    (
+        "warns",
+        "fixed-detached-fp16",
+        "UserWarning",
+        "optimizer 1 skipped at batch 5",
+        "the fix, model 2's loss detached: no RuntimeError, the skip is visible",
+    ),
     ("expect", "fixed-detached-fp16", "generator_changed", False, "the fix, model 2's loss detached: G frozen"),
     ("no_warning", "fixed-fp16", "skipped at batch", "the fix on #20116's own step: no skip, no warning"),
-    ("warns", "unreached-fp16-plugin", "NoGradientStepWarning", "was stepped but none of its parameters has a gradient", "plugin: the same code completes under 16-mixed and warns"),  # noqa: E501
+    (
+        "warns",
+        "unreached-fp16-plugin",
+        "NoGradientStepWarning",
+        "was stepped but none of its parameters has a gradient",
+        "plugin: the same code completes under 16-mixed and warns",
+    ),
     ("match", "unreached-fp16-plugin", "unreached-fp32", "mixed-vs-fp32", "plugin: 16-mixed = fp32"),
     ("expect", "fixed-fp32", "micro_batches_kept", [3], "the fix: each step holds all 3 micro-batches of its window"),
     ("expect", "fixed-fp16", "generator_changed", True, "the fix trains both models under 16-mixed"),
     ("match", "fixed-fp16", "fixed-fp32", "mixed-vs-fp32", "the fix: 16-mixed = fp32"),
-    ("expect", "fixed-fp16-growth", "scale_changed_inside_a_window", False, "one optimizer per window: the scale never changes inside a window, even when it changes every step"),  # noqa: E501
-    ("expect", "overlap-fp16-growth", "scale_changed_inside_a_window", True, "D stepping inside G's window: a scale change lands inside G's windows"),  # noqa: E501
+    (
+        "expect",
+        "fixed-fp16-growth",
+        "scale_changed_inside_a_window",
+        False,
+        "one optimizer per window: the scale never changes inside a window, even when it changes every step",
+    ),
+    (
+        "expect",
+        "overlap-fp16-growth",
+        "scale_changed_inside_a_window",
+        True,
+        "D stepping inside G's window: a scale change lands inside G's windows",
+    ),
     ("clean", "rep-n1-fp16", "PitfallChecks: rep-n1-fp16 has no finding"),
     ("clean", "fixed-fp32", "PitfallChecks: fixed-fp32 has no finding"),
     ("clean", "fixed-fp16", "PitfallChecks: fixed-fp16 has no finding"),
     ("clean", "fixed-fp16-growth", "PitfallChecks: fixed-fp16-growth has no finding"),
     ("flags", "unreached-fp32", "no-gradient-step", "PitfallChecks flags unreached-fp32: no-gradient-step"),
     ("flags", "unreached-fp16", "no-gradient-step", "PitfallChecks flags unreached-fp16: no-gradient-step"),
-    ("flags", "unreached-fp16-plugin", "no-gradient-step", "PitfallChecks flags unreached-fp16-plugin: no-gradient-step"),  # noqa: E501
+    (
+        "flags",
+        "unreached-fp16-plugin",
+        "no-gradient-step",
+        "PitfallChecks flags unreached-fp16-plugin: no-gradient-step",
+    ),
     ("flags", "overlap-fp16-growth", "scale-changes", "PitfallChecks flags overlap-fp16-growth: scale-changes"),
     ("flags", "rep-fp32", "accumulation", "PitfallChecks flags rep-fp32: accumulation"),
     ("flags", "rep-fp16", "accumulation", "PitfallChecks flags rep-fp16: accumulation"),
@@ -373,16 +676,26 @@ CLAIMS = [
     ("flags", "unreached-toggle-fp32", "accumulation", "PitfallChecks flags unreached-toggle-fp32: accumulation"),
     ("flags", "unreached-toggle-fp16", "accumulation", "PitfallChecks flags unreached-toggle-fp16: accumulation"),
     ("flags", "unreached-guard-fp16", "accumulation", "PitfallChecks flags unreached-guard-fp16: accumulation"),
-    ("flags", "fixed-unreached-fp16", "no-gradient-step", "PitfallChecks flags fixed-unreached-fp16: the guard skipped every step of model 2"),  # noqa: E501
-    ("flags", "fixed-detached-fp16", "no-gradient-step", "PitfallChecks flags fixed-detached-fp16: the guard skipped every step of model 2"),  # noqa: E501
+    (
+        "flags",
+        "fixed-unreached-fp16",
+        "no-gradient-step",
+        "PitfallChecks flags fixed-unreached-fp16: the guard skipped every step of model 2",
+    ),
+    (
+        "flags",
+        "fixed-detached-fp16",
+        "no-gradient-step",
+        "PitfallChecks flags fixed-detached-fp16: the guard skipped every step of model 2",
+    ),
 ]
-# fmt: on
 
 checked = runner.with_checks(recipes, probes)  # and PitfallChecks on every run (mpguide.checks)
 brief = lambda line: line.startswith("  [") or print(line)  # noqa: E731 (the page prints no line per run)
 record = runner.run_example(
     "plot_18_issue_20116_alternating_optimizers", recipes, RUNS, CLAIMS, probes=checked, progress=brief
 )
+
 
 # %%
 # The posted step and the fix
@@ -395,17 +708,51 @@ record = runner.run_example(
 
 import matplotlib.pyplot as plt
 
-fig, (left, right) = plotting.figure(1, 2, 11, 5.0)
-plotting.describe(fig, "#20116: the posted step and the fix train in 16-mixed as in fp32; cut off, model 2 never moves")
-colors = {"rep-fp32": "#0072B2", "rep-fp16": "#0072B2", "fixed-fp32": "#009E73", "fixed-fp16": "#009E73"}
+fig, (left, right) = plotting.figure(
+    1, 2, 11, 5.0
+)
+plotting.describe(
+    fig,
+    "#20116: the posted step and the fix "
+    "train in 16-mixed as in fp32; cut off, "
+    "model 2 never moves",
+)
+colors = {
+    "rep-fp32": "#0072B2",
+    "rep-fp16": "#0072B2",
+    "fixed-fp32": "#009E73",
+    "fixed-fp16": "#009E73",
+}
 colors["fixed-detached-fp16"] = "#D55E00"
 plotting.plot_loss_curves(
-    left, record, ["rep-fp32", "rep-fp16", "fixed-fp32", "fixed-fp16"], "As posted vs fixed", colors
+    left,
+    record,
+    [
+        "rep-fp32",
+        "rep-fp16",
+        "fixed-fp32",
+        "fixed-fp16",
+    ],
+    "As posted vs fixed",
+    colors,
 )
-cut_off = ["unreached-fp32", "unreached-guard-fp16", "fixed-detached-fp16"]
-plotting.plot_loss_curves(right, record, cut_off, "Model 2's loss detached", colors)
-plotting.save_figure(fig, record["example"], "curves")
+cut_off = [
+    "unreached-fp32",
+    "unreached-guard-fp16",
+    "fixed-detached-fp16",
+]
+plotting.plot_loss_curves(
+    right,
+    record,
+    cut_off,
+    "Model 2's loss detached",
+    colors,
+)
+plotting.save_figure(
+    fig, record["example"], "curves"
+)
 plt.show()
+
 
 # %%
 # Which element does what
@@ -433,12 +780,21 @@ for run_id in (
 ):
     run = plotting.run_by_id(record, run_id)
     extra = run["extra"]
-    outcome = f"raised {run['error']['type']}" if run["error"] else "trained"
-    print(
-        f"{run['label']:<58} {outcome:<22} model 2 changed: {str(extra.get('generator_changed')):<5} "
-        f"micro-batches per step: {extra.get('micro_batches_kept')}  "
-        f"steps with a scale change inside: {extra.get('windows_with_scale_change')}"
+    outcome = (
+        f"raised {run['error']['type']}"
+        if run["error"]
+        else "trained"
     )
+    print(
+        f"{run['label']:<58} {outcome:<22} "
+        "model 2 changed: "
+        f"{str(extra.get('generator_changed')):<5} "
+        "micro-batches per step: "
+        f"{extra.get('micro_batches_kept')}  "
+        "steps with a scale change inside: "
+        f"{extra.get('windows_with_scale_change')}"
+    )
+
 
 # %%
 # Conclusion
@@ -450,6 +806,7 @@ for run_id in (
 # Keep one optimizer per window: an optimizer stepping inside another's window lets a loss-scale change
 # land inside it (:doc:`plot_02_two_optimizers`). ``plugins=[ManualMixedPrecision("16-mixed", "cuda")]``
 # (Lightning 2.6) makes the empty step a warned no-op instead.
+
 
 # %%
 # Evidence: the verdicts

@@ -19,6 +19,7 @@ per-optimizer clipping goes under 16-mixed, and what clipping between ``manual_b
 does there; how often the loss scale changes. **Prerequisites**: :doc:`plot_04_gradient_clipping`.
 """
 
+
 # %%
 # A PPO actor-critic
 # ------------------
@@ -28,7 +29,9 @@ does there; how often the loss scale changes. **Prerequisites**: :doc:`plot_04_g
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 from torch.distributions import Categorical
 
 from mpguide.data import digits_loader
@@ -37,10 +40,14 @@ from mpguide.data import digits_loader
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_19_several_steps_per_training_step")  # MPGUIDE_* settings, before anything trains
+runner.check_settings(
+    "plot_19_several_steps_per_training_step"
+)  # MPGUIDE_* settings, before anything trains
 # sphinx_gallery_end_ignore
 
-EPOCHS, MINIBATCHES = 2, 2  # PPO's update epochs over the rollout, and minibatches per epoch
+# PPO's update epochs over the rollout, and
+# minibatches per epoch
+EPOCHS, MINIBATCHES = 2, 2
 MAX_NORM = {"actor": 0.05, "critic": 0.1}
 
 
@@ -48,41 +55,101 @@ class PPO(pl.LightningModule):
     def __init__(self):
         super().__init__()
         self.automatic_optimization = False
-        self.actor = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10))
-        self.critic = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        self.actor = torch.nn.Sequential(
+            torch.nn.Linear(64, 32),
+            torch.nn.Tanh(),
+            torch.nn.Linear(32, 10),
+        )
+        self.critic = torch.nn.Sequential(
+            torch.nn.Linear(64, 32),
+            torch.nn.Tanh(),
+            torch.nn.Linear(32, 1),
+        )
 
     def training_step(self, batch, batch_idx):
         x, labels = batch
         with torch.no_grad():  # the rollout
-            policy = Categorical(logits=self.actor(x).float())
+            policy = Categorical(
+                logits=self.actor(x).float()
+            )
             actions = policy.sample()
-            old_log_prob, reward = policy.log_prob(actions), (actions == labels).float()
-            advantage = reward - self.critic(x).float().squeeze(-1)
-        actor_opt, critic_opt = self.optimizers()
+            old_log_prob, reward = (
+                policy.log_prob(actions),
+                (actions == labels).float(),
+            )
+            advantage = reward - self.critic(
+                x
+            ).float().squeeze(-1)
+        actor_opt, critic_opt = (
+            self.optimizers()
+        )
         for _ in range(EPOCHS):
-            for idx in torch.randperm(len(x)).chunk(MINIBATCHES):
+            for idx in torch.randperm(
+                len(x)
+            ).chunk(MINIBATCHES):
                 ratio = (
-                    Categorical(logits=self.actor(x[idx]).float()).log_prob(actions[idx]) - old_log_prob[idx]
+                    Categorical(
+                        logits=self.actor(
+                            x[idx]
+                        ).float()
+                    ).log_prob(actions[idx])
+                    - old_log_prob[idx]
                 ).exp()
-                surrogate = torch.min(ratio * advantage[idx], ratio.clamp(0.8, 1.2) * advantage[idx])
-                self.update(actor_opt, -surrogate.mean())
-                value_loss = (self.critic(x[idx]).float().squeeze(-1) - reward[idx]).pow(2).mean()
-                self.update(critic_opt, value_loss)
+                surrogate = torch.min(
+                    ratio * advantage[idx],
+                    ratio.clamp(0.8, 1.2)
+                    * advantage[idx],
+                )
+                self.update(
+                    actor_opt,
+                    -surrogate.mean(),
+                )
+                value_loss = (
+                    (
+                        self.critic(x[idx])
+                        .float()
+                        .squeeze(-1)
+                        - reward[idx]
+                    )
+                    .pow(2)
+                    .mean()
+                )
+                self.update(
+                    critic_opt, value_loss
+                )
         return value_loss.detach()
 
     def update(self, opt, loss):
         opt.zero_grad()
         self.manual_backward(loss)
-        opt.step()  # Lightning unscales, calls on_before_optimizer_step, steps, updates the loss scale
+        # Lightning unscales, calls
+        # on_before_optimizer_step, steps,
+        # updates the loss scale
+        opt.step()
 
-    def on_before_optimizer_step(self, optimizer):
-        # inside opt.step(), after GradScaler unscaled this optimizer's gradients
+    def on_before_optimizer_step(
+        self, optimizer
+    ):
+        # inside opt.step(), after GradScaler
+        # unscaled this optimizer's gradients
         actor_opt, _ = self.optimizers()
-        name = "actor" if optimizer is actor_opt.optimizer else "critic"
-        torch.nn.utils.clip_grad_norm_(getattr(self, name).parameters(), MAX_NORM[name])
+        name = (
+            "actor"
+            if optimizer
+            is actor_opt.optimizer
+            else "critic"
+        )
+        torch.nn.utils.clip_grad_norm_(
+            getattr(self, name).parameters(),
+            MAX_NORM[name],
+        )
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.actor.parameters(), 3e-3), torch.optim.Adam(self.critic.parameters(), 3e-3)
+        return torch.optim.Adam(
+            self.actor.parameters(), 3e-3
+        ), torch.optim.Adam(
+            self.critic.parameters(), 3e-3
+        )
 
 
 # %%
@@ -92,22 +159,37 @@ class PPO(pl.LightningModule):
 # becomes bf16-mixed there). ``max_steps=30`` looks like 30 batches; it is 30 ``opt.step()`` calls, and the
 # fit loop checks it between ``training_step`` calls, so it stops after the fourth batch, at 32.
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = PPO()
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=30,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"max_steps=30: stopped after {trainer.fit_loop.epoch_loop.batch_progress.total.completed} batches")
-print(f"trainer.global_step: {trainer.global_step}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+print(
+    "max_steps=30: stopped after "
+    f"{trainer.fit_loop.epoch_loop.batch_progress.total.completed} batches"
+)
+print(
+    "trainer.global_step: "
+    f"{trainer.global_step}"
+)
+
 
 # %%
 # Size ``max_steps`` and step-interval schedulers in optimizer steps: batches x 8 here (a scheduler that
@@ -124,11 +206,21 @@ class ClipBeforeStep(PPO):
     def update(self, opt, loss):
         opt.zero_grad()
         self.manual_backward(loss)
-        name = "actor" if opt is self.optimizers()[0] else "critic"
-        torch.nn.utils.clip_grad_norm_(getattr(self, name).parameters(), MAX_NORM[name])  # scaled gradients
+        name = (
+            "actor"
+            if opt is self.optimizers()[0]
+            else "critic"
+        )
+        # scaled gradients
+        torch.nn.utils.clip_grad_norm_(
+            getattr(self, name).parameters(),
+            MAX_NORM[name],
+        )
         opt.step()
 
-    def on_before_optimizer_step(self, optimizer):
+    def on_before_optimizer_step(
+        self, optimizer
+    ):
         pass
 
 
@@ -147,12 +239,16 @@ from mpguide.verify.show import plotting, report
 
 
 class StepProbe(Callback):
-    # fmt: off
-    measures = {"optimizer_steps_per_batch": "number", "actor_clip_factor": "list[number]",
-                "critic_clip_factor": "list[number]", "actor_scaled_prediction": "list[number]",
-                "critic_scaled_prediction": "list[number]",
-                "scale_updates_per_optimizer_step": "number", "scale_updates": "count", "steps_skipped": "count"}
-    # fmt: on
+    measures = {
+        "optimizer_steps_per_batch": "number",
+        "actor_clip_factor": "list[number]",
+        "critic_clip_factor": "list[number]",
+        "actor_scaled_prediction": "list[number]",
+        "critic_scaled_prediction": "list[number]",
+        "scale_updates_per_optimizer_step": "number",
+        "scale_updates": "count",
+        "steps_skipped": "count",
+    }
 
     def __init__(self):
         self.true_norm, self.updates, self.skipped, self.batch = {}, 0, 0, None
@@ -213,31 +309,99 @@ class StepProbe(Callback):
 
 recipes = {"PPO": PPO, "clip before step": ClipBeforeStep}
 probes = {name: [StepProbe] for name in recipes}
-# fmt: off
 RUNS = [
     # run id          recipe               precision     options
     ("ppo-fp32", "PPO", "32-true", {"label": "PPO, fp32", "trainer": {"limit_train_batches": 3}}),
     ("ppo-bf16", "PPO", "bf16-mixed", {"label": "PPO, bf16-mixed", "trainer": {"limit_train_batches": 3}}),
     ("ppo-fp16", "PPO", "16-mixed", {"label": "PPO, 16-mixed", "trainer": {"limit_train_batches": 3}}),
-    ("old-clip-fp16", "clip before step", "16-mixed", {"label": "clip before opt.step(), 16-mixed", "trainer": {"limit_train_batches": 3}}),  # noqa: E501
+    (
+        "old-clip-fp16",
+        "clip before step",
+        "16-mixed",
+        {"label": "clip before opt.step(), 16-mixed", "trainer": {"limit_train_batches": 3}},
+    ),
     ("max-steps-fp32", "PPO", "32-true", {"label": "PPO, fp32, max_steps=30", "trainer": {"max_steps": 30}}),
 ]
 CLAIMS = [
-    ("expect", "ppo-fp32", "optimizer_steps_per_batch", 8.0, "fp32: global_step counts all 8 optimizer steps of each batch"),  # noqa: E501
-    ("expect", "ppo-bf16", "optimizer_steps_per_batch", 8.0, "bf16-mixed: global_step counts all 8 steps of each batch"),  # noqa: E501
-    ("expect", "ppo-fp16", "optimizer_steps_per_batch", 8.0, "16-mixed: global_step counts all 8 steps of each batch"),
+    (
+        "expect",
+        "ppo-fp32",
+        "optimizer_steps_per_batch",
+        8.0,
+        "fp32: global_step counts all 8 optimizer steps of each batch",
+    ),
+    (
+        "expect",
+        "ppo-bf16",
+        "optimizer_steps_per_batch",
+        8.0,
+        "bf16-mixed: global_step counts all 8 steps of each batch",
+    ),
+    (
+        "expect",
+        "ppo-fp16",
+        "optimizer_steps_per_batch",
+        8.0,
+        "16-mixed: global_step counts all 8 steps of each batch",
+    ),
     ("expect", "max-steps-fp32", "global_step", 32, "max_steps=30 stops after the fourth batch, at global_step 32"),
     ("expect", "max-steps-fp32", "batches", 4, "max_steps=30: four batches trained"),
-    ("ratio", "ppo-fp16", "ppo-fp32", "actor_clip_factor", 1.0, "clipped-norm", "16-mixed: the actor's clip acts as in fp32"),  # noqa: E501
-    ("ratio", "ppo-fp16", "ppo-fp32", "critic_clip_factor", 1.0, "clipped-norm", "16-mixed: the critic's clip acts as in fp32"),  # noqa: E501
-    ("ratio", "ppo-bf16", "ppo-fp32", "actor_clip_factor", 1.0, "clipped-norm", "bf16-mixed: the actor's clip acts as in fp32"),  # noqa: E501
-    ("ratio", "old-clip-fp16", "ppo-fp32", "actor_clip_factor", "actor_scaled_prediction", "clipped-norm", "old advice, 16-mixed: the actor's clip cuts the scaled gradient"),  # noqa: E501
-    ("ratio", "old-clip-fp16", "ppo-fp32", "critic_clip_factor", "critic_scaled_prediction", "clipped-norm", "old advice, 16-mixed: the critic's clip cuts the scaled gradient"),  # noqa: E501
-    ("expect", "ppo-fp16", "scale_updates_per_optimizer_step", 1.0, "16-mixed: GradScaler.update runs once per optimizer step"),  # noqa: E501
+    (
+        "ratio",
+        "ppo-fp16",
+        "ppo-fp32",
+        "actor_clip_factor",
+        1.0,
+        "clipped-norm",
+        "16-mixed: the actor's clip acts as in fp32",
+    ),
+    (
+        "ratio",
+        "ppo-fp16",
+        "ppo-fp32",
+        "critic_clip_factor",
+        1.0,
+        "clipped-norm",
+        "16-mixed: the critic's clip acts as in fp32",
+    ),
+    (
+        "ratio",
+        "ppo-bf16",
+        "ppo-fp32",
+        "actor_clip_factor",
+        1.0,
+        "clipped-norm",
+        "bf16-mixed: the actor's clip acts as in fp32",
+    ),
+    (
+        "ratio",
+        "old-clip-fp16",
+        "ppo-fp32",
+        "actor_clip_factor",
+        "actor_scaled_prediction",
+        "clipped-norm",
+        "old advice, 16-mixed: the actor's clip cuts the scaled gradient",
+    ),
+    (
+        "ratio",
+        "old-clip-fp16",
+        "ppo-fp32",
+        "critic_clip_factor",
+        "critic_scaled_prediction",
+        "clipped-norm",
+        "old advice, 16-mixed: the critic's clip cuts the scaled gradient",
+    ),
+    (
+        "expect",
+        "ppo-fp16",
+        "scale_updates_per_optimizer_step",
+        1.0,
+        "16-mixed: GradScaler.update runs once per optimizer step",
+    ),
 ]
-# fmt: on
 
 record = runner.run_example("plot_19_several_steps_per_training_step", recipes, RUNS, CLAIMS, probes=probes)
+
 
 # %%
 # What each clip did
@@ -250,33 +414,82 @@ record = runner.run_example("plot_19_several_steps_per_training_step", recipes, 
 
 import matplotlib.pyplot as plt
 
-fig, axes = plotting.figure(1, 2, 12, 4.0, sharey=True)
+fig, axes = plotting.figure(
+    1, 2, 12, 4.0, sharey=True
+)
 plotting.describe(
     fig,
-    "Clipped inside on_before_optimizer_step, each optimizer's clip acts as in fp32 in every precision; "
-    "clipped before opt.step() under 16-mixed, it applies the limit divided by the loss scale",
+    "Clipped inside "
+    "on_before_optimizer_step, each "
+    "optimizer's clip acts as in fp32 in "
+    "every precision; "
+    "clipped before opt.step() under "
+    "16-mixed, it applies the limit divided "
+    "by the loss scale",
 )
-for ax, name in zip(axes, ("actor", "critic")):
-    for run_id in ("ppo-fp32", "ppo-bf16", "ppo-fp16", "old-clip-fp16"):
-        run = plotting.run_by_id(record, run_id)
-        ax.plot(run["extra"][f"{name}_clip_factor"], marker=".", label=run["label"])
-    ax.set(yscale="log", xlabel="batch (8 optimizer steps each)", title=f"{name}, limit {MAX_NORM[name]}")
+for ax, name in zip(
+    axes, ("actor", "critic")
+):
+    for run_id in (
+        "ppo-fp32",
+        "ppo-bf16",
+        "ppo-fp16",
+        "old-clip-fp16",
+    ):
+        run = plotting.run_by_id(
+            record, run_id
+        )
+        ax.plot(
+            run["extra"][
+                f"{name}_clip_factor"
+            ],
+            marker=".",
+            label=run["label"],
+        )
+    ax.set(
+        yscale="log",
+        xlabel="batch (8 optimizer steps each)",
+        title=f"{name}, limit {MAX_NORM[name]}",
+    )
     ax.grid(alpha=0.3)
-axes[0].set_ylabel("applied norm / fp32's clip of the true gradient")
-axes[1].legend(fontsize=plotting.LEGEND_SIZE, frameon=False)
-plotting.save_figure(fig, record["example"], "clipped_norms")
+axes[0].set_ylabel(
+    "applied norm / fp32's clip of the true "
+    "gradient"
+)
+axes[1].legend(
+    fontsize=plotting.LEGEND_SIZE,
+    frameon=False,
+)
+plotting.save_figure(
+    fig, record["example"], "clipped_norms"
+)
 plt.show()
+
 
 # %%
 # Steps and loss-scale updates
 # ----------------------------
 
-for run_id in ("ppo-fp32", "ppo-bf16", "ppo-fp16", "old-clip-fp16", "max-steps-fp32"):
-    extra = plotting.run_by_id(record, run_id)["extra"]
+for run_id in (
+    "ppo-fp32",
+    "ppo-bf16",
+    "ppo-fp16",
+    "old-clip-fp16",
+    "max-steps-fp32",
+):
+    extra = plotting.run_by_id(
+        record, run_id
+    )["extra"]
     print(
-        f"{run_id:15s} batches {extra['batches']:4d}, global_step {extra['global_step']:5d}, "
-        f"GradScaler.update calls {extra['scale_updates']:5d} (skipped steps {extra['steps_skipped']})"
+        f"{run_id:15s} batches "
+        f"{extra['batches']:4d}, global_step "
+        f"{extra['global_step']:5d}, "
+        "GradScaler.update calls "
+        f"{extra['scale_updates']:5d} "
+        "(skipped steps "
+        f"{extra['steps_skipped']})"
     )
+
 
 # %%
 # Conclusion
@@ -286,6 +499,7 @@ for run_id in ("ppo-fp32", "ppo-bf16", "ppo-fp16", "old-clip-fp16", "max-steps-f
 # Lightning updates the loss scale after each. Clip per optimizer inside ``on_before_optimizer_step``,
 # which Lightning calls within every ``opt.step()`` after unscaling that optimizer's gradients. Under
 # 16-mixed a clip between ``manual_backward`` and ``opt.step()`` cuts the scaled gradients.
+
 
 # %%
 # Evidence: the verdicts

@@ -22,6 +22,7 @@ differentiates, and the two ways to say what you mean; :func:`mpguide.steps.scal
 write yourself. **Prerequisites**: :doc:`plot_07_backward_and_flags`.
 """
 
+
 # %%
 # SAM through ``opt.step()``
 # --------------------------
@@ -35,7 +36,9 @@ write yourself. **Prerequisites**: :doc:`plot_07_backward_and_flags`.
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    MixedPrecision,
+)
 
 from mpguide.data import digits_loader
 from mpguide.models import DigitsClassifier
@@ -45,7 +48,9 @@ from mpguide.steps import scaled_grads
 from mpguide.verify.run import runner
 
 runner.quiet_lightning()
-runner.check_settings("plot_20_sam_retain_graph_and_surgery")  # MPGUIDE_* settings, before anything trains
+runner.check_settings(
+    "plot_20_sam_retain_graph_and_surgery"
+)  # MPGUIDE_* settings, before anything trains
 # sphinx_gallery_end_ignore
 
 RHO, LR = 0.05, 0.02
@@ -53,47 +58,88 @@ RHO, LR = 0.05, 0.02
 
 class SAMThroughWrapper(DigitsClassifier):
     def training_step(self, batch, batch_idx):
-        opt = self.optimizers()  # wraps the base optimizer
+        # wraps the base optimizer
+        opt = self.optimizers()
         opt.zero_grad()
-        self.manual_backward(self.compute_loss(batch))
-        params = [p for p in self.parameters() if p.grad is not None]
-        with torch.no_grad():  # the climb: rho along the gradient's direction
-            start = [p.detach().clone() for p in params]
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        self.manual_backward(
+            self.compute_loss(batch)
+        )
+        params = [
+            p
+            for p in self.parameters()
+            if p.grad is not None
+        ]
+        # the climb: rho along the gradient's
+        # direction
+        with torch.no_grad():
+            start = [
+                p.detach().clone()
+                for p in params
+            ]
+            norm = torch.linalg.vector_norm(
+                torch.stack(
+                    [
+                        p.grad.norm()
+                        for p in params
+                    ]
+                )
+            )
             for p in params:
-                p.add_(p.grad, alpha=RHO / float(norm + 1e-12))
+                p.add_(
+                    p.grad,
+                    alpha=RHO
+                    / float(norm + 1e-12),
+                )
         opt.zero_grad()
         loss = self.compute_loss(batch)
         self.manual_backward(loss)
-        with torch.no_grad():  # back to where we were
+        # back to where we were
+        with torch.no_grad():
             for p, s in zip(params, start):
                 p.copy_(s)
-        opt.step()  # unscales, skips on inf/NaN, counts global_step
+        # unscales, skips on inf/NaN, counts
+        # global_step
+        opt.step()
         return loss.detach()
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=LR)
+        return torch.optim.SGD(
+            self.parameters(), lr=LR
+        )
 
 
 # %%
 # The ``Trainer`` call to copy, under 16-mixed (on a CPU the plugin is passed explicitly: the flag alone
 # becomes bf16-mixed there).
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = (
+    "cuda"
+    if torch.cuda.is_available()
+    else "cpu"
+)
 pl.seed_everything(0)
 model = SAMThroughWrapper()
 trainer = pl.Trainer(
     accelerator=device,
     devices=1,
     max_steps=20,
-    plugins=[MixedPrecision("16-mixed", device)],
+    plugins=[
+        MixedPrecision("16-mixed", device)
+    ],
     logger=False,
     enable_checkpointing=False,
     enable_progress_bar=False,
     enable_model_summary=False,
 )
-trainer.fit(model, digits_loader(batch_size=64))
-print(f"SAM through opt.step(): trainer.global_step {trainer.global_step}")
+trainer.fit(
+    model, digits_loader(batch_size=64)
+)
+print(
+    "SAM through opt.step(): "
+    "trainer.global_step "
+    f"{trainer.global_step}"
+)
+
 
 # %%
 # SAM's own steps
@@ -105,44 +151,85 @@ print(f"SAM through opt.step(): trainer.global_step {trainer.global_step}")
 
 
 class SAM(torch.optim.Optimizer):
-    """A SAM optimizer of the usual shape: a base optimizer inside, two steps called by hand."""
+    """A SAM optimizer of the usual shape: a
+    base optimizer inside, two steps called by
+    hand."""
 
-    def __init__(self, params, base, **kwargs):
+    def __init__(
+        self, params, base, **kwargs
+    ):
         super().__init__(params, kwargs)
-        self.base = base(self.param_groups, **kwargs)
-        self.param_groups = self.base.param_groups
+        self.base = base(
+            self.param_groups, **kwargs
+        )
+        self.param_groups = (
+            self.base.param_groups
+        )
 
     @torch.no_grad()
-    def first_step(self):  # climb rho along the gradient, remember where we were
-        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+    # climb rho along the gradient, remember
+    # where we were
+    def first_step(self):
+        params = [
+            p
+            for group in self.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
+        norm = torch.linalg.vector_norm(
+            torch.stack(
+                [
+                    p.grad.norm()
+                    for p in params
+                ]
+            )
+        )
         for p in params:
-            self.state[p]["start"] = p.detach().clone()
-            p.add_(p.grad, alpha=RHO / float(norm + 1e-12))
+            self.state[p]["start"] = (
+                p.detach().clone()
+            )
+            p.add_(
+                p.grad,
+                alpha=RHO
+                / float(norm + 1e-12),
+            )
         self.zero_grad()
 
     @torch.no_grad()
-    def second_step(self):  # return, then the base optimizer steps with the gradient found up there
+    # return, then the base optimizer steps
+    # with the gradient found up there
+    def second_step(self):
         for group in self.param_groups:
             for p in group["params"]:
                 if "start" in self.state[p]:
-                    p.copy_(self.state[p]["start"])
+                    p.copy_(
+                        self.state[p]["start"]
+                    )
         self.base.step()
         self.zero_grad()
 
 
 class SAMRawSteps(DigitsClassifier):
     def training_step(self, batch, batch_idx):
-        sam = self.optimizers().optimizer  # the torch optimizer behind Lightning's wrapper
-        self.manual_backward(self.compute_loss(batch))
+        # the torch optimizer behind
+        # Lightning's wrapper
+        sam = self.optimizers().optimizer
+        self.manual_backward(
+            self.compute_loss(batch)
+        )
         sam.first_step()
         loss = self.compute_loss(batch)
         self.manual_backward(loss)
-        sam.second_step()  # neither unscaled nor counted
+        # neither unscaled nor counted
+        sam.second_step()
         return loss.detach()
 
     def configure_optimizers(self):
-        return SAM(self.parameters(), torch.optim.SGD, lr=LR)
+        return SAM(
+            self.parameters(),
+            torch.optim.SGD,
+            lr=LR,
+        )
 
 
 # %%
@@ -159,29 +246,46 @@ class TwoTasks(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.trunk = torch.nn.Sequential(
-            torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh()
+            torch.nn.Linear(64, 32),
+            torch.nn.Tanh(),
+            torch.nn.Linear(32, 32),
+            torch.nn.Tanh(),
         )
-        self.digit, self.size = torch.nn.Linear(32, 10), torch.nn.Linear(32, 1)
+        self.digit, self.size = (
+            torch.nn.Linear(32, 10),
+            torch.nn.Linear(32, 1),
+        )
 
-    def losses(self, batch):  # task a: which digit; task b: the digit's value, regressed
+    # task a: which digit; task b: the digit's
+    # value, regressed
+    def losses(self, batch):
         images, labels = batch
         h = self.trunk(images)
         value = self.size(h).squeeze(-1)
-        return F.cross_entropy(self.digit(h), labels), F.mse_loss(value, labels.to(value.dtype) / 9)
+        return F.cross_entropy(
+            self.digit(h), labels
+        ), F.mse_loss(
+            value, labels.to(value.dtype) / 9
+        )
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         loss_a, loss_b = self.losses(batch)
         opt.zero_grad()
-        self.manual_backward(loss_a, retain_graph=True)
+        self.manual_backward(
+            loss_a, retain_graph=True
+        )
         opt.step()
         opt.zero_grad()
-        self.manual_backward(loss_b)  # through the graph of before the step
+        # through the graph of before the step
+        self.manual_backward(loss_b)
         opt.step()
         return (loss_a + loss_b).detach()
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.2)
+        return torch.optim.SGD(
+            self.parameters(), lr=0.2
+        )
 
 
 # %%
@@ -196,7 +300,9 @@ class ForwardAgain(TwoTasks):
         opt.zero_grad()
         self.manual_backward(loss_a)
         opt.step()
-        _, loss_b = self.losses(batch)  # a new graph, through the stepped weights
+        # a new graph, through the stepped
+        # weights
+        _, loss_b = self.losses(batch)
         opt.zero_grad()
         self.manual_backward(loss_b)
         opt.step()
@@ -215,27 +321,56 @@ class ForwardAgain(TwoTasks):
 
 class Surgery(TwoTasks):
     def task_grads(self, loss, params):
-        return torch.autograd.grad(loss, params, retain_graph=True)
+        return torch.autograd.grad(
+            loss, params, retain_graph=True
+        )
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         shared = list(self.trunk.parameters())
         losses = self.losses(batch)
-        g_a, g_b = (self.task_grads(loss, shared) for loss in losses)  # each task's trunk gradient
-        dot = sum((a * b).sum() for a, b in zip(g_a, g_b))
-        if dot < 0:  # PCGrad: drop the part of a that points against b
-            g_a = [a - dot / sum(b.pow(2).sum() for b in g_b) * b for a, b in zip(g_a, g_b)]
+        # each task's trunk gradient
+        g_a, g_b = (
+            self.task_grads(loss, shared)
+            for loss in losses
+        )
+        dot = sum(
+            (a * b).sum()
+            for a, b in zip(g_a, g_b)
+        )
+        # PCGrad: drop the part of a that
+        # points against b
+        if dot < 0:
+            g_a = [
+                a
+                - dot
+                / sum(
+                    b.pow(2).sum()
+                    for b in g_b
+                )
+                * b
+                for a, b in zip(g_a, g_b)
+            ]
         opt.zero_grad()
-        self.manual_backward(sum(losses))  # the heads' gradients (LibMTL's order)
+        # the heads' gradients (LibMTL's
+        # order)
+        self.manual_backward(sum(losses))
         for p, a, b in zip(shared, g_a, g_b):
-            p.grad = a + b  # the trunk's: the combined task gradients
+            # the trunk's: the combined task
+            # gradients
+            p.grad = a + b
         opt.step()
         return sum(losses).detach()
 
 
 class SurgeryScaled(Surgery):
     def task_grads(self, loss, params):
-        return scaled_grads(loss, params, self.trainer, retain_graph=True)
+        return scaled_grads(
+            loss,
+            params,
+            self.trainer,
+            retain_graph=True,
+        )
 
 
 # %%
@@ -257,10 +392,12 @@ from mpguide.verify.show import plotting, report
 
 
 class FirstUpdate(Callback):
-    # fmt: off
-    measures = {"first_update": "list[number]", "first_scale": "list[number]", "first_inverse_scale": "list[number]",
-                "steps_per_batch": "number"}
-    # fmt: on
+    measures = {
+        "first_update": "list[number]",
+        "first_scale": "list[number]",
+        "first_inverse_scale": "list[number]",
+        "steps_per_batch": "number",
+    }
 
     def __init__(self):
         self.update, self.scale, self.batches = [], 1.0, 0
@@ -309,7 +446,9 @@ class SecondBackward(Callback):
         ref.load_state_dict(state)
         images, labels = self.batch
         names = [n for n, _ in ref.named_parameters()]
-        grads = torch.autograd.grad(ref.losses((images.double(), labels))[1], list(ref.parameters()), allow_unused=True)
+        grads = torch.autograd.grad(
+            ref.losses((images.double(), labels))[1], list(ref.parameters()), allow_unused=True
+        )
         want = torch.cat([g.flatten() for n, g in zip(names, grads) if g is not None and n in self.got])
         got = torch.cat([self.got[n].flatten() for n, g in zip(names, grads) if g is not None and n in self.got])
         return float((got - want).norm() / want.norm())
@@ -338,31 +477,145 @@ recipes = {
 probes = {name: [FirstUpdate] for name in recipes}
 for name in ("step between backwards", "forward again"):
     probes[name].append(SecondBackward)
-# fmt: off
 RUNS = [
     # run id            recipe                         precision     options
     ("sam-fp32", "SAM raw steps", "32-true", {"label": "SAM raw steps, fp32", "trainer": {"limit_train_batches": 1}}),
-    ("sam-fp16", "SAM raw steps", "16-mixed", {"label": "SAM raw steps, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("sam-wrapper-fp16", "SAM through opt.step()", "16-mixed", {"label": "SAM through opt.step(), 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("between-fp32", "step between backwards", "32-true", {"label": "step between backwards, fp32", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("between-bf16", "step between backwards", "bf16-mixed", {"label": "step between backwards, bf16-mixed", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("again-fp32", "forward again", "32-true", {"label": "forward again, fp32", "trainer": {"limit_train_batches": 1}}),
-    ("again-bf16", "forward again", "bf16-mixed", {"label": "forward again, bf16-mixed", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("surgery-fp32", "autograd.grad into p.grad", "32-true", {"label": "autograd.grad into p.grad, fp32", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("surgery-fp16", "autograd.grad into p.grad", "16-mixed", {"label": "autograd.grad into p.grad, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
-    ("scaled-fp16", "scaled_grads into p.grad", "16-mixed", {"label": "scaled_grads into p.grad, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),  # noqa: E501
+    (
+        "sam-fp16",
+        "SAM raw steps",
+        "16-mixed",
+        {"label": "SAM raw steps, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}},
+    ),
+    (
+        "sam-wrapper-fp16",
+        "SAM through opt.step()",
+        "16-mixed",
+        {
+            "label": "SAM through opt.step(), 16-mixed",
+            "plugin": "init scale 1024",
+            "trainer": {"limit_train_batches": 1},
+        },
+    ),
+    (
+        "between-fp32",
+        "step between backwards",
+        "32-true",
+        {"label": "step between backwards, fp32", "trainer": {"limit_train_batches": 1}},
+    ),
+    (
+        "between-bf16",
+        "step between backwards",
+        "bf16-mixed",
+        {"label": "step between backwards, bf16-mixed", "trainer": {"limit_train_batches": 1}},
+    ),
+    (
+        "again-fp32",
+        "forward again",
+        "32-true",
+        {"label": "forward again, fp32", "trainer": {"limit_train_batches": 1}},
+    ),
+    (
+        "again-bf16",
+        "forward again",
+        "bf16-mixed",
+        {"label": "forward again, bf16-mixed", "trainer": {"limit_train_batches": 1}},
+    ),
+    (
+        "surgery-fp32",
+        "autograd.grad into p.grad",
+        "32-true",
+        {"label": "autograd.grad into p.grad, fp32", "trainer": {"limit_train_batches": 1}},
+    ),
+    (
+        "surgery-fp16",
+        "autograd.grad into p.grad",
+        "16-mixed",
+        {
+            "label": "autograd.grad into p.grad, 16-mixed",
+            "plugin": "init scale 1024",
+            "trainer": {"limit_train_batches": 1},
+        },
+    ),
+    (
+        "scaled-fp16",
+        "scaled_grads into p.grad",
+        "16-mixed",
+        {
+            "label": "scaled_grads into p.grad, 16-mixed",
+            "plugin": "init scale 1024",
+            "trainer": {"limit_train_batches": 1},
+        },
+    ),
 ]
 CLAIMS = [
-    ("ratio", "sam-fp16", "sam-fp32", "first_update", "first_scale", "update-vs-fp32", "SAM raw steps, 16-mixed: the update is the loss scale times fp32's"),  # noqa: E501
+    (
+        "ratio",
+        "sam-fp16",
+        "sam-fp32",
+        "first_update",
+        "first_scale",
+        "update-vs-fp32",
+        "SAM raw steps, 16-mixed: the update is the loss scale times fp32's",
+    ),
     ("expect", "sam-fp16", "global_step", 0, "SAM raw steps: global_step stays 0"),
-    ("ratio", "sam-wrapper-fp16", "sam-fp32", "first_update", 1.0, "update-vs-fp32", "SAM through opt.step(), 16-mixed: fp32's update"),  # noqa: E501
+    (
+        "ratio",
+        "sam-wrapper-fp16",
+        "sam-fp32",
+        "first_update",
+        1.0,
+        "update-vs-fp32",
+        "SAM through opt.step(), 16-mixed: fp32's update",
+    ),
     ("expect", "sam-wrapper-fp16", "steps_per_batch", 1.0, "SAM through opt.step(): global_step counts every batch"),
-    ("raises", "between-fp32", "RuntimeError", "modified by an inplace operation", "step between backwards, fp32: raises"),  # noqa: E501
-    ("rate_ratio", "between-bf16", "second_vs_after_step/second_vs_before_step", "closer-weights", "step between backwards, bf16-mixed: the second backward sees the weights before the step"),  # noqa: E501
-    ("rate_ratio", "again-bf16", "second_vs_before_step/second_vs_after_step", "closer-weights", "forward again, bf16-mixed: the second backward sees the stepped weights"),  # noqa: E501
-    ("ratio", "again-bf16", "again-fp32", "first_update", 1.0, "update-vs-fp32", "forward again, bf16-mixed: fp32's update"),  # noqa: E501
-    ("ratio", "surgery-fp16", "surgery-fp32", "first_update", "first_inverse_scale", "update-vs-fp32", "autograd.grad into p.grad, 16-mixed: 1/scale of fp32's update"),  # noqa: E501
-    ("ratio", "scaled-fp16", "surgery-fp32", "first_update", 1.0, "update-vs-fp32", "scaled_grads into p.grad, 16-mixed: fp32's update"),  # noqa: E501
+    (
+        "raises",
+        "between-fp32",
+        "RuntimeError",
+        "modified by an inplace operation",
+        "step between backwards, fp32: raises",
+    ),
+    (
+        "rate_ratio",
+        "between-bf16",
+        "second_vs_after_step/second_vs_before_step",
+        "closer-weights",
+        "step between backwards, bf16-mixed: the second backward sees the weights before the step",
+    ),
+    (
+        "rate_ratio",
+        "again-bf16",
+        "second_vs_before_step/second_vs_after_step",
+        "closer-weights",
+        "forward again, bf16-mixed: the second backward sees the stepped weights",
+    ),
+    (
+        "ratio",
+        "again-bf16",
+        "again-fp32",
+        "first_update",
+        1.0,
+        "update-vs-fp32",
+        "forward again, bf16-mixed: fp32's update",
+    ),
+    (
+        "ratio",
+        "surgery-fp16",
+        "surgery-fp32",
+        "first_update",
+        "first_inverse_scale",
+        "update-vs-fp32",
+        "autograd.grad into p.grad, 16-mixed: 1/scale of fp32's update",
+    ),
+    (
+        "ratio",
+        "scaled-fp16",
+        "surgery-fp32",
+        "first_update",
+        1.0,
+        "update-vs-fp32",
+        "scaled_grads into p.grad, 16-mixed: fp32's update",
+    ),
     # PitfallChecks on every run (runner.with_checks): it names steps that bypass the wrapper; a step between two
     # backwards and gradients written into p.grad are among what its docstring says it cannot see
     ("flags", "sam-fp16", "step-frequencies", "PitfallChecks flags sam-fp16: step-frequencies"),
@@ -372,7 +625,6 @@ CLAIMS = [
     ("clean", "surgery-fp16", "PitfallChecks: surgery-fp16 has no finding (cannot see it)"),
     ("clean", "scaled-fp16", "PitfallChecks: scaled-fp16 has no finding"),
 ]
-# fmt: on
 
 
 def scale_1024(precision, device):  # GradScaler starting at a loss scale of 1024: SAM's raw steps stay finite
@@ -389,6 +641,7 @@ record = runner.run_example(
     probes=runner.with_checks(recipes, probes),
 )
 runner.print_findings(record)  # what PitfallChecks told each run (mpguide.checks)
+
 
 # %%
 # What each update was
@@ -409,28 +662,64 @@ pairs = [
 fig, ax = plotting.figure(1, 1, 10, 3.6)
 plotting.describe(
     fig,
-    "First update over fp32's: SAM's raw steps under 16-mixed take the loss scale times fp32's update, "
-    "gradients written into p.grad 1/scale of it; through opt.step() and with scaled_grads they take fp32's",
+    "First update over fp32's: SAM's raw "
+    "steps under 16-mixed take the loss "
+    "scale times fp32's update, "
+    "gradients written into p.grad 1/scale "
+    "of it; through opt.step() and with "
+    "scaled_grads they take fp32's",
 )
 ratios = [
-    plotting.run_by_id(record, run)["extra"]["first_update"][0]
-    / plotting.run_by_id(record, ref)["extra"]["first_update"][0]
+    plotting.run_by_id(record, run)["extra"][
+        "first_update"
+    ][0]
+    / plotting.run_by_id(record, ref)[
+        "extra"
+    ]["first_update"][0]
     for run, ref in pairs
 ]
-ax.barh([plotting.run_by_id(record, run)["label"] for run, _ in pairs], ratios, color="#0072B2")
-ax.set(xscale="log", xlabel="first update / fp32's")
+ax.barh(
+    [
+        plotting.run_by_id(record, run)[
+            "label"
+        ]
+        for run, _ in pairs
+    ],
+    ratios,
+    color="#0072B2",
+)
+ax.set(
+    xscale="log",
+    xlabel="first update / fp32's",
+)
 ax.axvline(1.0, color="black", lw=0.8)
-plotting.save_figure(fig, record["example"], "update_ratios")
+plotting.save_figure(
+    fig, record["example"], "update_ratios"
+)
 plt.show()
 
 for run_id in ("between-bf16", "again-bf16"):
-    extra = plotting.run_by_id(record, run_id)["extra"]
+    extra = plotting.run_by_id(
+        record, run_id
+    )["extra"]
     print(
-        f"{run_id}: second backward vs the gradient at the weights before the step "
-        f"{extra['second_vs_before_step']:.2g}, after it {extra['second_vs_after_step']:.2g}"
+        f"{run_id}: second backward vs the "
+        "gradient at the weights before the "
+        "step "
+        f"{extra['second_vs_before_step']:.2g}, "
+        "after it "
+        f"{extra['second_vs_after_step']:.2g}"
     )
-for run_id in ("sam-fp16", "sam-wrapper-fp16"):
-    print(f"{run_id}: trainer.global_step {plotting.run_by_id(record, run_id)['extra']['global_step']}")
+for run_id in (
+    "sam-fp16",
+    "sam-wrapper-fp16",
+):
+    run = plotting.run_by_id(record, run_id)
+    print(
+        f"{run_id}: trainer.global_step "
+        f"{run['extra']['global_step']}"
+    )
+
 
 # %%
 # Conclusion
@@ -439,6 +728,7 @@ for run_id in ("sam-fp16", "sam-wrapper-fp16"):
 # ``global_step``. A second backward after a step differentiates the old weights under autocast, where fp32
 # refuses: forward again after the step, or take every backward first. Gradients you write into ``p.grad``
 # under 16-mixed must carry the loss scale: take them with :func:`mpguide.steps.scaled_grads`.
+
 
 # %%
 # Evidence: the verdicts

@@ -239,6 +239,7 @@ DOCUMENTED_SESSIONS = (
     "docs",
     "docs_preview",
     "docs_live",
+    "format_examples",
     "tests",
     "tests_rest",
     "tests_all",
@@ -253,6 +254,7 @@ DOCUMENTED_SESSIONS = (
 #: The module each session calls, with an argument that runs it without building anything.
 SESSION_MODULES = [
     ("mpguide_build.tasks", "--help"),
+    ("mpguide_build.gallery_format", "--help"),
     ("mpguide_build.matrix", "--help"),
     ("mpguide_build.gitsource", "--help"),
     ("mpguide_build.reference", "--help"),

@@ -1,4 +1,4 @@
-"""mpguide_build.gallery_format: reader cells at 46 columns, Evidence at 77, the code unchanged, the check fails."""
+"""mpguide_build.gallery_format: reader cells at 46 columns, Evidence at 118, the code unchanged, the check fails."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def shown_lines(text, evidence):
     return [line for cell in cells[1:] if cell.evidence == evidence for line in cell.text.splitlines()[4:]]
 
 
-def test_reader_cells_fit_46_columns_evidence_77_and_the_tree_is_the_same(tmp_path):
+def test_reader_cells_fit_46_columns_evidence_118_and_the_tree_is_the_same(tmp_path):
     path = tmp_path / "plot_99_example.py"
     path.write_text(EXAMPLE)
     assert gallery_format.main([str(path)]) == 0
@@ -52,7 +52,7 @@ def test_reader_cells_fit_46_columns_evidence_77_and_the_tree_is_the_same(tmp_pa
     assert max(len(line) for line in shown_lines(text, evidence=False)) <= gallery_format.READER_WIDTH
     evidence = shown_lines(text, evidence=True)
     assert max(len(line) for line in evidence) <= gallery_format.EVIDENCE_WIDTH
-    assert any(len(line) > gallery_format.READER_WIDTH for line in evidence)  # formatted at 77, not 46
+    assert any(len(line) > gallery_format.READER_WIDTH for line in evidence)  # formatted at 118, not 46
     assert "# a trailing comment that makes" in text.split("def helper")[1].split("return")[0]  # moved above
     assert "however long its lines are: it is rendered as text on the page, not shown as code." in text
     assert gallery_format.main(["--check", str(path)]) == 0  # idempotent
@@ -95,7 +95,11 @@ def test_strings_are_cut_only_where_the_tree_stays_the_same(code):
 
 
 def test_fmt_off_tables_stay_unless_asked(tmp_path):
-    row = '    ("run-a", "a recipe name", "32-true", {"label": "a label long enough to pass the width"}),'
+    row = (
+        '    ("run-a", "a recipe name", "32-true", {"label": "a label long enough to pass the width", '
+        '"note": "and a note that makes the row wider than an Evidence cell"}),'
+    )
+    assert len(row) > gallery_format.EVIDENCE_WIDTH
     table = f'"""\nT\n=\n"""\n\n# %%\n# Evidence: runs\n# --------------\n\n# fmt: off\nRUNS = [\n{row}\n]\n# fmt: on\n'
     path = tmp_path / "plot_97_table.py"
     path.write_text(table)
@@ -106,3 +110,32 @@ def test_fmt_off_tables_stay_unless_asked(tmp_path):
     assert "fmt: off" not in text and row not in text
     assert max(len(line) for line in text.splitlines()) <= gallery_format.EVIDENCE_WIDTH
     assert ast.dump(ast.parse(text)) == ast.dump(ast.parse(table))
+
+
+def test_a_long_docstring_is_rewrapped_and_the_code_digest_stays(tmp_path):
+    """A reader cell's one-line docstring over 46 columns is rewrapped; the code digest (which leaves
+    docstrings out) is the same, and a change of a docstring's words is still refused."""
+    from mpguide.verify.records.codedigest import code_digest
+
+    source = EXAMPLE.replace(
+        "def helper(alpha, beta):\n",
+        'def helper(alpha, beta):\n    """The mean squared error of two constant tensors, summed over '
+        'the three entries."""\n',
+    )
+    path = tmp_path / "plot_98_docstring.py"
+    path.write_text(source)
+    assert gallery_format.main([str(path)]) == 0
+    text = path.read_text()
+    assert max(len(line) for line in shown_lines(text, evidence=False)) <= gallery_format.READER_WIDTH
+    assert "summed over the three" in text and code_digest(text) == code_digest(source)
+    assert gallery_format.same_tree(source, text, "x")
+    assert not gallery_format.same_tree(source, source.replace("three entries", "four entries"), "x")
+
+
+def test_the_page_header_keeps_its_layout(tmp_path):
+    """The module docstring is reStructuredText (a title and its underline): never rewrapped."""
+    header = '"""\nA title that is long enough to pass the reader width\n' + "=" * 52 + "\n\nProse.\n" + '"""\n'
+    path = tmp_path / "plot_96_header.py"
+    path.write_text(header + "\n\n# %%\n# Cell\n# ----\n\nx = 1\n")
+    assert gallery_format.main([str(path)]) == 0
+    assert path.read_text().startswith(header)

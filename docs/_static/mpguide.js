@@ -8,6 +8,11 @@
  *    that hide content (the scroll container itself is the theme's .pst-scrollable-table-container).
  * 3. The in-page table of contents keeps the highlighted section in view: when the reader scrolls
  *    the page, the sidebar scrolls with it.
+ * 4. On a gallery page, a long code block whose lines are short (the reader's cells are formatted at
+ *    46 columns to fit a phone, mpguide_build.gallery_format) is set in two columns when two of its
+ *    longest lines fit side by side (a desktop): lines never wrap, the block is half as tall, the second
+ *    column starts at a top-level statement where one is near the middle, and the copy button still copies
+ *    the block's text. Measured in tests/test_browser.py.
  */
 (function () {
   "use strict";
@@ -108,6 +113,59 @@
     });
   }
 
+  //: A block is set in two columns from this many lines (a short block reads better in one).
+  var TWO_COLUMNS_FROM_LINES = 24;
+
+  function twoColumnCode() {
+    if (!document.querySelector(".sphx-glr-example-title")) return;
+    document.querySelectorAll(".bd-article div.highlight-Python pre").forEach(function (pre) {
+      if (pre.closest("details")) return;
+      var lines = pre.textContent.replace(/\n$/, "").split("\n");
+      var longest = lines.reduce(function (a, line) { return Math.max(a, line.length); }, 0);
+      pre.classList.remove("mpguide-two-columns");
+      if (lines.length < TWO_COLUMNS_FROM_LINES) return;
+      var probe = document.createElement("span");
+      probe.textContent = "0".repeat(100);
+      pre.appendChild(probe);
+      var charWidth = probe.getBoundingClientRect().width / 100;
+      pre.removeChild(probe);
+      var style = getComputedStyle(pre);
+      var inner = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+      var gap = 1.2 * parseFloat(style.fontSize);  // the column gap in mpguide.css (1.2em)
+      var two = 2 * longest * charWidth + gap <= inner;
+      pre.classList.toggle("mpguide-two-columns", two);
+      if (two && !pre.querySelector(".mpguide-column-break")) markColumnBreak(pre, lines);
+    });
+  }
+
+  // The second column starts at a top-level statement after a blank line (a class, a def, an import)
+  // within 3 lines (or 5 %) of the block's middle, so the block grows by that much at most; without such a
+  // line the browser balances the columns where it may.
+  // The mark is an empty element: the block's text, which the copy button copies, stays the same.
+  function markColumnBreak(pre, lines) {
+    var best = -1;
+    for (var i = 1; i < lines.length; i++) {
+      var topLevel = lines[i] && !/^\s/.test(lines[i]) && !/^[)\]}]/.test(lines[i]);
+      if (topLevel && lines[i - 1] === "" && Math.abs(i - lines.length / 2) <= Math.max(3, lines.length / 20) &&
+          (best < 0 || Math.abs(i - lines.length / 2) < Math.abs(best - lines.length / 2))) best = i;
+    }
+    if (best < 0) return;
+    var offset = lines.slice(0, best).join("\n").length + 1;  // the first character of line `best`
+    var walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    var seen = 0;
+    while (walker.nextNode()) {
+      var node = walker.currentNode;
+      if (seen + node.nodeValue.length >= offset) {
+        var rest = node.splitText(offset - seen);
+        var mark = document.createElement("span");
+        mark.className = "mpguide-column-break";
+        rest.parentNode.insertBefore(mark, rest);
+        return;
+      }
+      seen += node.nodeValue.length;
+    }
+  }
+
   function followToc() {
     var toc = document.querySelector(".bd-sidebar-secondary");
     var nav = document.querySelector("#pst-page-toc-nav");
@@ -134,7 +192,9 @@
     setupFigures();
     markWideTables();
     followToc();
+    twoColumnCode();
     window.addEventListener("resize", markWideTables);
+    window.addEventListener("resize", twoColumnCode);
     window.addEventListener("resize", function () {
       document.querySelectorAll(".mpguide-zoomable").forEach(markShrunk);
     });

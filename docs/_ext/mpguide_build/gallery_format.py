@@ -1,9 +1,10 @@
 """Format the gallery's code for the page it is read on: reader cells at the guide's width, Evidence at the desktop's.
 
-A gallery page shows each cell's code in a column about 79 characters wide on a 1400 px desktop and 46 on a
-412 px phone (the guide's snippet width, ``docs/model/ruff.toml``; measured in ``tests/test_browser.py``).
-Code formatted for the repository's 120 columns scrolls sideways in both. This module formats each cell of an
-example separately with ruff:
+A gallery page shows each cell's code in a column 120 characters wide on a 1400 px desktop (118 inside an
+open Evidence fold) and 50 on a 412 px phone (12 px code, ``docs/_static/mpguide.css``; measured in
+``tests/test_browser.py``). The reader's cells are formatted at the guide's snippet width
+(``docs/model/ruff.toml``) so that they fit a phone; on a desktop ``mpguide.js`` sets a long block of them in
+two columns. This module formats each cell of an example separately with ruff:
 
 * the cells a reader copies (every cell outside the folded ``Evidence`` sections, the page header included)
   at :data:`READER_WIDTH` columns;
@@ -12,24 +13,30 @@ example separately with ruff:
 
 Cells are cut at their ``# %%`` lines like :func:`mpguide_build.cells.cells` does; each formatted cell is
 joined to the next by two blank lines, so formatting is idempotent. Only layout changes: the check compares
-``ast.dump`` of every file before and after and refuses to write a file whose syntax tree changed.
+``ast.dump`` of every file before and after (a docstring's whitespace aside) and refuses to write a file whose
+syntax tree changed, so an example's code digest (``mpguide.verify.records.codedigest``) stays the same.
 
 ruff does not split long strings or comments, so this module does, without changing the syntax tree: a
 comment that makes its line too long moves above the line and is rewrapped, a string literal alone on its
 line is cut at spaces into adjacent literals (Python joins them), in pieces of at least :data:`MIN_PIECE`
-characters. A code line still longer than its cell's width (docstrings, a string deep in a block) is
+characters; a docstring with a line over the width is rewrapped (:func:`wrap_docstrings`). A code line
+still longer than its cell's width (a name or an f-string field that cannot be cut, a string deep in a block) is
 reported (file, line, cell, width), and fails ``--check --max-line N`` when longer than N; the leading comment
 block of a cell (rendered as prose, not code) and the lines between ``sphinx_gallery_start_ignore`` and
 ``..._end_ignore`` (hidden from the page) are not counted. ``# fmt: off`` regions (the Evidence cells'
 one-row-per-line ``RUNS``/``CLAIMS`` tables) stay as written, so their rows scroll inside the open fold.
 ``--tables`` lays them out too (:func:`drop_layout_pragmas` removes the ``fmt`` and E501 noqa comments first):
-nothing of theirs scrolls at 1400 px then, but each table grows to several lines a row, which costs the
-examples their teaching share (``mpguide_build.lessons``: 13 of 18 fall under 60 %), so it is off by default.
+nothing of theirs scrolls at 1400 px then, but a row longer than the width grows to several lines, which
+costs the example teaching share (``mpguide_build.lessons``; plot_15's many claims would fall to 57 %), so it
+is off by default and run on one file at a time; a file laid out once stays so (no ``fmt: off`` is left).
+
+A new example: ``python -m mpguide_build.gallery_format examples/plot_NN_name.py`` (``PYTHONPATH=docs/_ext``),
+and ``--tables`` too if its teaching share allows it.
 
 ``python -m mpguide_build.gallery_format [--check [--max-line N]] examples/*.py``: rewrite the files (or, with
 ``--check``, exit 1 and name each file that would change; with ``--max-line``, also each line longer than N).
-The repository's own ``ruff format --check`` excludes ``examples/`` (pyproject.toml); ``nox -s lint`` runs
-this check instead.
+The repository's own ``ruff format`` excludes ``examples/`` (pyproject.toml ``[tool.ruff.format]``), so it
+never reformats them at 120; ``nox -s lint`` runs ``--check`` on them instead.
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ from pathlib import Path
 #: Columns of a reader cell: the guide's snippets' width (docs/model/ruff.toml), which fits a 412 px phone.
 READER_WIDTH = 46
 #: Columns of an Evidence cell: what the code column of a gallery page shows at 1400 px, inside the fold
-#: (measured in Chromium: a 688 px block of 14 px code, 8.4 px a character after 34 px of padding: 77).
-EVIDENCE_WIDTH = 77
+#: (measured in Chromium: a 1,034 px block of 14 px code inside the open fold, 8.4 px a character after 32 px
+#: of padding: 118; an example page gives its article the page's width, mpguide.css).
+EVIDENCE_WIDTH = 118
 #: The shortest piece a long string is cut into (shorter pieces read worse than a line that scrolls).
 MIN_PIECE = 30
 EVIDENCE_PREFIX = "Evidence"  # as mpguide_build.evidence folds them
@@ -145,6 +153,80 @@ def wrap_comments(code: str, width: int) -> str:
         if stripped.startswith("# sphinx_gallery_end_ignore"):
             hidden = False
     return "\n".join(out) + "\n"
+
+
+def wrap_docstrings(code: str, width: int) -> str:
+    """``code`` with each docstring that has a line longer than ``width`` rewrapped at ``width``.
+
+    A docstring here is a triple-quoted string that is a statement of its own (``_is_docstring``); its
+    paragraphs (cut at blank lines) are rewrapped, the closing quotes stay on the last line of text. A
+    docstring holding an indented line (a code example, a list's continuation) is left as it is. Bare
+    strings are no part of the code digest (``mpguide.verify.records.codedigest``), and the syntax tree
+    changes only in that string's whitespace, which :func:`main` allows for docstrings alone."""
+    lines = code.splitlines()
+    tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    cuts: dict[int, tuple[int, list[str]]] = {}  # first 0-based line -> (last line, replacement)
+    for index, token in enumerate(tokens):
+        if token.type != tokenize.STRING or not _is_docstring(tokens, index):
+            continue
+        first, last = token.start[0] - 1, token.end[0] - 1
+        if all(len(line) <= width for line in lines[first : last + 1]):
+            continue
+        text = token.string
+        prefix = text[: len(text) - len(text.lstrip("rRuU"))]
+        quote = text[len(prefix) : len(prefix) + 3]
+        body = text[len(prefix) + 3 : -3]
+        indent = lines[first][: token.start[1]]
+        rows = body.splitlines()
+        if any(row.startswith(indent + " ") for row in rows[1:] if row.strip()):
+            continue  # an indented block inside: the writer's layout
+        paragraphs, current = [], []
+        for row in rows:
+            if row.strip():
+                current.append(row.strip())
+            elif current:
+                paragraphs.append(" ".join(current))
+                current = []
+        if current:
+            paragraphs.append(" ".join(current))
+        out: list[str] = []
+        room = max(20, width - len(indent))
+        for number, paragraph in enumerate(paragraphs):
+            lead = prefix + quote if number == 0 else ""
+            wrapped = textwrap.wrap(lead + paragraph, room, break_long_words=False, break_on_hyphens=False)
+            if number:
+                out.append("")
+            out.extend(wrapped)
+        out[-1] += quote
+        if len(out[-1]) > room and len(out) > 0:
+            out[-1] = out[-1][: -len(quote)]
+            out.append(quote)
+        cuts[first] = (last, [indent + row if row else "" for row in out])
+    result, skip_to = [], -1
+    for number, line in enumerate(lines):
+        if number <= skip_to:
+            continue
+        if number in cuts:
+            skip_to, replacement = cuts[number]
+            result.extend(replacement)
+        else:
+            result.append(line)
+    return "\n".join(result) + "\n"
+
+
+def _is_docstring(tokens: list[tokenize.TokenInfo], index: int) -> bool:
+    """True when ``tokens[index]`` is a triple-quoted string that is a statement of its own (not the first
+    statement of the code: a module docstring is the page's header and keeps its layout)."""
+    text = tokens[index].string.lstrip("rRuU")
+    if text[:3] not in ('"""', "'''"):
+        return False
+    skip = (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    before = [t for t in tokens[:index] if t.type not in skip][-1:]
+    after = [t for t in tokens[index + 1 :] if t.type not in (tokenize.NL, tokenize.COMMENT)][:1]
+    if not before or before[0].type == tokenize.ENCODING:
+        return False  # the module docstring: the page's header, reStructuredText (titles, literal blocks)
+    starts = before[0].type == tokenize.NEWLINE or before[0].string == ":"
+    return starts and bool(after) and after[0].type in (tokenize.NEWLINE, tokenize.ENDMARKER)
 
 
 def _split_points(body: str, is_f: bool) -> list[int]:
@@ -260,7 +342,9 @@ def format_cell(code: str, width: int, root: Path, tables: bool = False) -> str:
     # trailing comments move above their line before ruff lays the line out (and attaches them elsewhere)
     text = format_code(wrap_comments(code, width), width, root)
     for _ in range(3):
-        again = format_code(split_strings(wrap_comments(text + "\n", width), width), width, root)
+        again = format_code(
+            wrap_docstrings(split_strings(wrap_comments(text + "\n", width), width), width), width, root
+        )
         if again == text:
             break
         text = again
@@ -309,11 +393,20 @@ def _first_code(lines: list[str]) -> int:
 
 
 def same_tree(before: str, after: str, name: str) -> bool:
-    """True when ``before`` and ``after`` parse to the same syntax tree (comments and layout aside)."""
+    """True when ``before`` and ``after`` parse to the same syntax tree (comments and layout aside; in a
+    docstring, a bare string statement, only the whitespace may differ: :func:`wrap_docstrings`)."""
     try:
-        return ast.dump(ast.parse(before, name)) == ast.dump(ast.parse(after, name))
+        return _tree(before, name) == _tree(after, name)
     except SyntaxError as error:
         raise FormatError(f"{name}: line {error.lineno}: {error.msg}") from None
+
+
+def _tree(source: str, name: str) -> str:
+    tree = ast.parse(source, name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            node.value.value = " ".join(node.value.value.split())
+    return ast.dump(tree)
 
 
 def main(argv: list[str] | None = None) -> int:
