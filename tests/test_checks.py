@@ -444,6 +444,14 @@ def test_steps_that_straddle_a_scale_update_are_found_with_stock_only():
     assert fit(SharedBackwardTwoOptimizers(), "16-mixed", plugin=plugin)[0].findings == []
 
 
+def test_a_skipped_step_on_gradients_of_an_older_scale_is_no_finding():
+    """Every step overflows: the body's skip halves the scale before the head unscales gradients made at the old
+    one, but GradScaler skips the head's step too, so no update is off (a reader's trial: "this update is 2x" of a
+    step that made none)."""
+    checks, error = fit(SharedBackwardTwoOptimizers(), "16-mixed", plugin=huge_scale_plugin())
+    assert error is None and "scale-changes" not in sections(checks)
+
+
 def test_trainable_half_parameters_under_mixed_precision_are_found():
     class HalfHead(Manual):
         def __init__(self):

@@ -188,3 +188,10 @@ def test_the_callback_files_each_finding_once_counts_it_and_raises_when_strict()
     with pytest.raises(PitfallError) as err:
         strict._emit(found)
     assert err.value.section == "accumulation"
+
+
+def test_an_own_autocast_of_another_dtype_than_lightnings_is_no_redundancy_note():
+    """Under 16-mixed Lightning casts to float16: an own bfloat16 region changes the dtype (a reader's trial)."""
+    assert rules.autocast_cache(record(precision="16-mixed"), "exit", dtype=torch.bfloat16) == []
+    (note,) = rules.autocast_cache(record(precision="16-mixed"), "exit", dtype=torch.float16)
+    assert note.note and "redundant" in note.message

@@ -42,7 +42,9 @@ follows ``__wrapped__`` (``utilities/signature_utils.py``, since 2.1) and passes
 (checked with ``explicit=True``, ``loops/utilities.py``). An exception raised by the check's own code becomes
 one :class:`ChecksStoppedWarning` (its text also in ``PitfallChecks.stopped``): raised while recording what
 a step did, the whole callback stops for the run (every patch removed); raised in one section's rule, that rule
-stops and the others go on. The reader's run is the same, bitwise, as without the callback.
+stops and the others go on. The reader's run is the same, bitwise, as without the callback. A traceback of the
+run's own error still shows the wrappers' frames (``mpguide/checks/wrappers.py``) between Lightning's: the
+exception is the original's, as a run without the callback shows.
 
 Device synchronisation: none per step beyond GradScaler's own. A skipped step is known without reading
 a device value (GradScaler calls the optimizer's ``step`` only when the gradients are finite,
@@ -50,8 +52,8 @@ a device value (GradScaler calls the optimizer's ``step`` only when the gradient
 followed from the skips (on a CUDA scaler) or read after each ``update()`` (a CPU scaler, where reading
 costs nothing). Device values are read only to give a finding its numbers (once per finding), to tell
 discarded gradients that were not finite from finite ones (when gradients that no optimizer stepped on are
-zeroed: under a loss scale, or when they came from an earlier batch), and under ``*-true`` on the sampled batches of the
-lost-update count (a copy of the stepped weights, batches 0, 1, 3, 7, 15, ...).
+zeroed: under a loss scale, or when they came from an earlier batch), and under ``16-true``/``bf16-true`` on
+the sampled batches of the lost-update count (a copy of the stepped weights, batches 0, 1, 3, 7, 15, ...).
 
 Cost: every wrapper times its own code with ``time.perf_counter``; :meth:`PitfallChecks.cost` gives that
 time against the batches' time (``check_seconds / step_seconds``), apart from the one-off work at fit
@@ -117,8 +119,9 @@ What each section's check sees (the section is the anchor on the guide page, :da
   parameters (a backward through another model, such as an inner loop's, is not reported); seen right
   after that backward, before the ``opt.step()`` that fails under 16-mixed.
 * ``fp16-parameters``: trainable float16/bfloat16 parameters under a ``*-mixed`` precision, at train
-  start; under ``*-true``, most (over half) of the gradient-carrying weight elements left unchanged by
-  the optimizer, measured on a sample of batches (0, 1, 3, 7, 15, ...), not on every step.
+  start; under ``16-true`` and ``bf16-true``, most (over half) of the gradient-carrying weight elements left
+  unchanged by the optimizer, measured on a sample of batches (0, 1, 3, 7, 15, ...), not on every step.
+  Under ``32-true`` a parameter the reader made half precision is not sampled.
 * ``step-frequencies``: an optimizer step outside ``training_step`` (a hook), which ``global_step``
   and ``max_steps`` do not count there. A step that bypasses Lightning's optimizer wrapper: the torch
   optimizer's own ``step()`` called inside ``training_step`` (``opt.optimizer.step()``, seen at the call), or

@@ -44,7 +44,8 @@ class Finding:
         batch: index of the training batch (within the epoch) where it was first seen, ``None`` at fit start.
         epoch: the epoch of that batch.
         optimizer: index of the optimizer in ``configure_optimizers`` concerned, or ``None``.
-        count: how many times it was seen (the message describes the first).
+        count: how many times its rule reported it (the message describes the first). A rule reports when it
+            judges: ``schedulers`` once an epoch, others once a step, so the count is not a number of batches.
     """
 
     section: str

@@ -59,6 +59,8 @@ class StepRecord:
     scaled_ids: set[int] = field(default_factory=set)  # ids of the tensors scaler.scale() returned
     guard_pending: dict[int, Any] = field(default_factory=dict)  # optimizer -> (finite flag, version sum then)
     lost_sample: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)  # *-true: (param, before, nonzero)
+    # optimizer -> (loss scales its gradients were made at, the scale it unscales with): judged once the step applied
+    scale_change: dict[int, tuple[set[float], float]] = field(default_factory=dict)
 
 
 @dataclass

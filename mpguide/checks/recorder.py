@@ -295,9 +295,12 @@ class Recorder:
             rec.step.skipped.add(index)
             rec.skipped_since_update = True
         rec.applied = None
-        if not rec.regions:
-            return False
-        caching = [r for r in rec.regions if r.caching]
+        return self.mark_regions(index)
+
+    def mark_regions(self, index: int) -> bool:
+        """Optimizer ``index`` stepped (through Lightning's wrapper or around it): note its parameters in every open
+        caching autocast region; returns whether there was one (then forwards are watched)."""
+        caching = [r for r in self.rec.regions if r.caching]
         if not caching:
             return False
         ids = {id(p) for p in self.opt_params[index]}
@@ -336,8 +339,10 @@ class Recorder:
         # only a module whose own weights were stepped in a caching region reads stale casts: a forward through
         # another model after this step (a GAN's discriminator after the generator's step) casts weights that
         # did not change
+        # torch reuses a cached cast only of a leaf that requires grad at the forward (autocast_mode.cpp,
+        # cached_cast): a module frozen by toggle_optimizer/toggle_model casts afresh
         stepped = set().union(*(r.stepped_params for r in rec.regions if r.stepped))
-        return any(id(p) in stepped for p in module.parameters(recurse=False))
+        return any(id(p) in stepped and p.requires_grad for p in module.parameters(recurse=False))
 
     def half_parameters(self, pl_module: Any) -> tuple:
         """Under ``*-mixed``: ``(name, dtype)`` of each trainable float16/bfloat16 parameter."""

@@ -141,21 +141,23 @@ def clipping(
     ]
 
 
-def scale_changes(rec: FitRecord, optimizer: int, scales: set[float]) -> list[Found]:
+def scale_changes(rec: FitRecord, optimizer: int, scales: set[float], scale: float | None = None) -> list[Found]:
     """A step under Lightning's ``MixedPrecision`` on gradients made at other loss scales (``scales``) than the one
-    it unscales with; never with a plugin that rescales held gradients."""
-    if not rec.scaled or rec.rescales_held or not scales - {rec.scale}:
+    it unscales with (``scale``, default the current one); never with a plugin that rescales held gradients. Judged
+    after the step: a step GradScaler skipped (non-finite gradients) made no update to be off."""
+    scale = rec.scale if scale is None else scale
+    if not rec.scaled or rec.rescales_held or not scales - {scale}:
         return []
     if ("scale-changes", optimizer) in rec.reported:
         return [again("scale-changes", optimizer)]
-    old = sorted(scales - {rec.scale})
+    old = sorted(scales - {scale})
     return [
         Found(
             "scale-changes",
             optimizer,
-            f"{rec.name(optimizer)} unscales {rec.where()} with loss scale {fmt(rec.scale)} gradients produced at "
+            f"{rec.name(optimizer)} unscales {rec.where()} with loss scale {fmt(scale)} gradients produced at "
             f"{', '.join(fmt(s) for s in old)}: Lightning's MixedPrecision updated the scale in another "
-            f"opt.step() in between, so this update is {fmt(max(old) / rec.scale)}x what it should "
+            f"opt.step() in between, so this update is {fmt(max(old) / scale)}x what it should "
             f"be. Fix: mpguide.precision.ManualMixedPrecision (one update per training_step), or one "
             f"optimizer per backward, stepped before the next optimizer's step.",
             optimizer,
@@ -453,7 +455,8 @@ def autocast_cache(rec: FitRecord, when: str, module: str = "", own: bool = Fals
     autocast region (``own``: an own ``torch.autocast``; else the precision plugin's region). ``when="exit"``: an
     own enabled autocast of ``dtype`` that only repeats Lightning's under ``*-mixed``: a note, once per dtype."""
     if when == "exit":
-        if rec.precision not in ("16-mixed", "bf16-mixed") or dtype in rec.noted:
+        lightning_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(rec.precision)
+        if dtype != lightning_dtype or dtype in rec.noted:  # another dtype than Lightning's is not redundant
             return []
         return [
             Found(

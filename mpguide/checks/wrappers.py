@@ -320,6 +320,9 @@ def plugin_step(c: Any, original: Any) -> Any:
             if not c._off:
                 with c._rec:
                     start = _clock()
+                    held = rec.step.scale_change.pop(index, None)
+                    if held is not None and rec.applied is not False:  # a skipped step made no update
+                        c._judge("scale-changes", rules.scale_changes, index, *held)
                     if c.recorder.stepped(index):
                         c.patches.watch_forwards(functools.partial(forward_after_step, c))
                     c._timed(start)
@@ -344,7 +347,7 @@ def before_step(c: Any, index: int, optimizer: Any) -> None:
         if tail:
             c._judge("accumulation", rules.accumulation, index, tail=tail)
     if rec.scaled and not rec.rescales_held and scales - {rec.scale}:
-        c._judge("scale-changes", rules.scale_changes, index, scales)
+        rec.step.scale_change[index] = (scales, rec.scale)  # judged once the step applied (plugin_step)
     if rec.scaled and getattr(optimizer, "_step_supports_amp_scaling", False):
         rec.applied = None  # a fused step skips inside its kernel: not observable without a sync
     else:
@@ -384,6 +387,8 @@ def inner_step(c: Any, optimizer: Any, original: Any) -> Any:
         if raw and not c._off:
             with c._rec:
                 recorder.consume(index)  # a closure's backward inside that step was used by it too
+                if recorder.mark_regions(index):  # a raw step inside a caching region stales its casts too
+                    c.patches.watch_forwards(functools.partial(forward_after_step, c))
         if mode is not None and mode.seen:
             c._judge("optimizer-math", rules.optimizer_math, index, device, mode.dtype, tuple(mode.seen))
         return result
