@@ -25,7 +25,7 @@ PLUGIN_REFUSES = "plugin refuses"
 CPU_ARTIFACT = "CPU-only artifact"
 #: Outcome "not judged", the record could not judge the claim.
 NOT_JUDGED = "not judged"
-#: Outcome "not applicable on this release": a claim declared ``only_if`` a measured condition
+#: Outcome "not applicable on this release", a claim declared ``only_if`` a measured condition
 #: (:mod:`mpguide.verify.claims.conditions`) that the release's record did not meet; neither holds nor fails.
 NOT_APPLICABLE = "not applicable on this release"
 #: Outcome "inconclusive", a throughput claim the rounds could not decide (never a pass).
