@@ -70,8 +70,10 @@ NAN_OK = re.compile(r"runs\[\]\.loss\[\]|runs\[\]\.extra\.logged\..*|claims\[\]\
 #: Keys the writers may leave out (schema-1 upgrades lack the run options; a claim holds its kind's keys; records
 #: made before code digests lack example_code and library_code, records made since lack the byte digests). A
 #: reference without its code digests reads STALE and is judged on its unchanged claims, as one whose digest was
-#: edited; a build record without them fails as stale (tests/test_gate_declarations.py).
+#: edited; a build record without them fails as stale (tests/test_gate_declarations.py). Records made before the
+#: measurement of Lightning's autocast cache lack env.lightning_autocast_cache: their only_if claims read "not judged".
 OPTIONAL = re.compile(
+    r"env\.lightning_autocast_cache|"
     r"source\.(commit|dirty|upgraded_from_schema|example_sha256|library_sha256|example_code|library_code)|source\.run_env\..*|runs\[\]\.(plugin|"
     r"trainer_kwargs|plain_flag|swapped_from)|runs\[\]\.trainer_kwargs\..*|runs\[\]\.error\."
     r"traceback|runs\[\]\.extra\..*|runs\[\]\.measures(\..*)?|claims\[\]\.(?!kind$|runs$).*"
