@@ -257,5 +257,6 @@ def test_checks_releases_are_where_the_matrix_pitfallchecks_claims_hold():
             if c["kind"] in ("clean", "flags") and not any("plugin" in run for run in c["runs"])
         ]
         assert claims, f"lightning-{release}.json: no PitfallChecks claim"
-        failed = [c["title"] for c in claims if c["verdict"] != "pass"]
+        # a claim declared only_if a measured condition the release does not meet is neither held nor failed there
+        failed = [c["title"] for c in claims if c["verdict"] not in ("pass", "not applicable")]
         assert not failed, f"lightning {release}: PitfallChecks claims that do not hold: {failed}"
