@@ -2,9 +2,8 @@
 #20970: bf16-mixed drifts after a manual port
 ==============================================
 
-Two encoders and two EMA teachers, ported to manual optimization: bf16-mixed drifts from the automatic
-curve while fp32 overlaps (`Lightning issue #20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_).
-Here the posted ``training_step`` runs beside its automatic original, element by element.
+Two encoders and two EMA teachers ported to manual optimization: bf16-mixed drifts from the automatic
+curve, fp32 does not (`#20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_).
 
 **Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
 and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_

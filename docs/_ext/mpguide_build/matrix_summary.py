@@ -18,8 +18,9 @@ written by ``python -m mpguide_build.matrix run`` (:mod:`mpguide_build.matrix`),
 ``examples``
     example -> ``{"keys", "status" ("ran" or "could not run"), "error", "seconds",
     "claims": [{"id", "kind", "runs", "title", "verdict", "observed", "message"}]}``, each verdict ``"pass"``,
-    ``"fail"``, ``"inconclusive"``, ``"not judged"`` or ``"not applicable"``. Besides the declared claims, one row ``id = "runs complete"`` per
-    example stands for the gate's implicit checks (every run trains to the end with a finite loss).
+    ``"fail"``, ``"inconclusive"``, ``"not judged"`` or ``"not applicable"``. Besides the declared claims, one
+    row ``id = "runs complete"`` per example stands for the gate's implicit checks (every run trains to the end
+    with a finite loss).
     ``keys`` (:class:`mpguide_build.summary_schema.CellKeys`) are what the cell was produced with: the
     example's code digest, the library's code digest without the modules that only draw
     (:data:`mpguide.verify.records.PRESENTATION_MODULES`: no verdict depends on them), the Python, torch and
