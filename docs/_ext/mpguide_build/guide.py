@@ -40,6 +40,7 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
         [
             ("plot_08_autocast_cache", "expect(caching-bf16) [stale_after_step]"),
             ("plot_08_autocast_cache", "expect(lightning-bf16) [stale_after_step]"),
+            ("plot_08_autocast_cache", "expect(nocache-bf16) [stale_after_step]"),
         ],
     ),
     "optimizer_math": (
