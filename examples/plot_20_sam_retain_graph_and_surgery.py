@@ -494,85 +494,37 @@ recipes = {
 probes = {name: [FirstUpdate] for name in recipes}
 for name in ("step between backwards", "forward again", "forward again, cache off"):
     probes[name].append(SecondBackward)
+# fmt: off
 RUNS = [
-    # run id            recipe                         precision     options
-    ("sam-fp32", "SAM raw steps", "32-true", {"label": "SAM raw steps, fp32", "trainer": {"limit_train_batches": 1}}),
-    (
-        "sam-fp16",
-        "SAM raw steps",
-        "16-mixed",
-        {"label": "SAM raw steps, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}},
-    ),
-    (
-        "sam-wrapper-fp16",
-        "SAM through opt.step()",
-        "16-mixed",
-        {
-            "label": "SAM through opt.step(), 16-mixed",
-            "plugin": "init scale 1024",
-            "trainer": {"limit_train_batches": 1},
-        },
-    ),
-    (
-        "between-fp32",
-        "step between backwards",
-        "32-true",
-        {"label": "step between backwards, fp32", "trainer": {"limit_train_batches": 1}},
-    ),
-    (
-        "between-bf16",
-        "step between backwards",
-        "bf16-mixed",
-        {"label": "step between backwards, bf16-mixed", "trainer": {"limit_train_batches": 1}},
-    ),
-    (
-        "again-fp32",
-        "forward again",
-        "32-true",
-        {"label": "forward again, fp32", "trainer": {"limit_train_batches": 1}},
-    ),
-    (
-        "again-bf16",
-        "forward again",
-        "bf16-mixed",
-        {"label": "forward again, bf16-mixed", "trainer": {"limit_train_batches": 1}},
-    ),
-    (
-        "again-nocache-bf16",
-        "forward again, cache off",
-        "bf16-mixed",
-        {
-            "label": "forward again in autocast(cache_enabled=False), bf16-mixed",
-            "trainer": {"limit_train_batches": 1},
-        },
-    ),
-    (
-        "surgery-fp32",
-        "autograd.grad into p.grad",
-        "32-true",
-        {"label": "autograd.grad into p.grad, fp32", "trainer": {"limit_train_batches": 1}},
-    ),
-    (
-        "surgery-fp16",
-        "autograd.grad into p.grad",
-        "16-mixed",
-        {
-            "label": "autograd.grad into p.grad, 16-mixed",
-            "plugin": "init scale 1024",
-            "trainer": {"limit_train_batches": 1},
-        },
-    ),
-    (
-        "scaled-fp16",
-        "scaled_grads into p.grad",
-        "16-mixed",
-        {
-            "label": "scaled_grads into p.grad, 16-mixed",
-            "plugin": "init scale 1024",
-            "trainer": {"limit_train_batches": 1},
-        },
-    ),
+    # run id, recipe, precision
+    #     options
+    ("sam-fp32", "SAM raw steps", "32-true",
+     {"label": "SAM raw steps, fp32", "trainer": {"limit_train_batches": 1}}),
+    ("sam-fp16", "SAM raw steps", "16-mixed",
+     {"label": "SAM raw steps, 16-mixed", "plugin": "init scale 1024", "trainer": {"limit_train_batches": 1}}),
+    ("sam-wrapper-fp16", "SAM through opt.step()", "16-mixed",
+     {"label": "SAM through opt.step(), 16-mixed", "plugin": "init scale 1024",
+      "trainer": {"limit_train_batches": 1}}),
+    ("between-fp32", "step between backwards", "32-true",
+     {"label": "step between backwards, fp32", "trainer": {"limit_train_batches": 1}}),
+    ("between-bf16", "step between backwards", "bf16-mixed",
+     {"label": "step between backwards, bf16-mixed", "trainer": {"limit_train_batches": 1}}),
+    ("again-fp32", "forward again", "32-true",
+     {"label": "forward again, fp32", "trainer": {"limit_train_batches": 1}}),
+    ("again-bf16", "forward again", "bf16-mixed",
+     {"label": "forward again, bf16-mixed", "trainer": {"limit_train_batches": 1}}),
+    ("again-nocache-bf16", "forward again, cache off", "bf16-mixed",
+     {"label": "forward again in autocast(cache_enabled=False), bf16-mixed", "trainer": {"limit_train_batches": 1}}),
+    ("surgery-fp32", "autograd.grad into p.grad", "32-true",
+     {"label": "autograd.grad into p.grad, fp32", "trainer": {"limit_train_batches": 1}}),
+    ("surgery-fp16", "autograd.grad into p.grad", "16-mixed",
+     {"label": "autograd.grad into p.grad, 16-mixed", "plugin": "init scale 1024",
+      "trainer": {"limit_train_batches": 1}}),
+    ("scaled-fp16", "scaled_grads into p.grad", "16-mixed",
+     {"label": "scaled_grads into p.grad, 16-mixed", "plugin": "init scale 1024",
+      "trainer": {"limit_train_batches": 1}}),
 ]
+# fmt: on
 CLAIMS = [
     (
         "ratio",

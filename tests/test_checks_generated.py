@@ -28,6 +28,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import quiet_trainer
 from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -331,16 +332,7 @@ def numeric_run(p: NumericStep, checks: PitfallChecks | None) -> tuple[str | Non
         plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=numeric_scale(p)))]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8 * p.batches, 4, generator=g)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[checks] if checks is not None else [],
-        plugins=plugins,
-    )
+    trainer = quiet_trainer(callbacks=[checks] if checks is not None else [], plugins=plugins)
     module = NumericProgram(p)
     error = None
     with warnings.catch_warnings():
