@@ -49,6 +49,7 @@ mpguide_reference_dir = str(ROOT / "results" / "reference")
 mpguide_examples_dir = str(ROOT / "examples")
 mpguide_gallery_dir = str(DOCS / "auto_examples")
 mpguide_record_pages = ["index", "model/manual_optimization", "verification", "gpu_references"]
+mpguide_matrix_pages = ["index", "model/manual_optimization", "releases"]  # they quote results/matrix/*.json
 mpguide_gate = True  # the preview session passes -D mpguide_gate=0 (nothing runs, nothing is judged)
 os.environ["MPGUIDE_RESULTS_DIR"] = mpguide_results_dir  # the MyST-NB kernel inherits it
 

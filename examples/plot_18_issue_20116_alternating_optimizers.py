@@ -183,9 +183,11 @@ class ReporterFixed(TwoModels):
                     # no crash, but this model
                     # does not train: say so
                     warnings.warn(
-                        f"optimizer {current_cycle}"
+                        "optimizer "
+                        f"{current_cycle}"
                         " skipped at batch"
-                        f" {batch_idx}: no gradients",
+                        f" {batch_idx}:"
+                        " no gradients",
                         stacklevel=2,
                     )
         return loss.detach()

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mpguide.checks import ChecksStoppedWarning, PitfallChecks, rules
 from mpguide.checks.recorder import Recorder
+from mpguide.verify.claims import conditions
 
 
 def data(seed: int = 0, n: int = 24) -> DataLoader:
@@ -89,7 +90,8 @@ class KeywordOnlyTail(Base):
 
 def run(module_cls, checks=None, precision="32-true", loaders=None, **kwargs):
     module = module_cls()
-    plugins = [MixedPrecision("16-mixed", "cpu")] if precision == "16-mixed" else []
+    # a CPU GradScaler given explicitly: Lightning <= 2.3 makes a CUDA one for "16-mixed", disabled on a CPU
+    plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))] if precision == "16-mixed" else []
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -115,6 +117,9 @@ def same(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(weights(a), weights(b), strict=True))
 
 
+#: Whether the installed Lightning's own autocast caches casts (measured as the records' env measures it).
+LIGHTNING_CACHES = bool(conditions.measure().get("lightning_autocast_cache"))
+
 SIGNATURES = [OnlyBatch, BatchIdx, DataloaderIdx, DataloaderIter, StarArgs, KeywordOnlyTail]
 
 
@@ -130,7 +135,12 @@ def test_every_signature_gets_the_same_calls_and_weights_with_the_check(module_c
     assert watched.calls == plain.calls and len(plain.calls) == 6
     assert trainer.global_step == plain_trainer.global_step
     assert same(watched, plain)
-    assert checks.stopped == [] and checks.findings == []
+    # two updates per training_step: where Lightning's own autocast caches casts (<= 2.5.4), the second forward
+    # reads the casts of the weights before the first step, a true finding
+    two_updates_cached = module_cls is DataloaderIdx and precision != "32-true" and LIGHTNING_CACHES
+    assert checks.stopped == [] and {f.section for f in checks.findings} == (
+        {"autocast-cache"} if two_updates_cached else set()
+    )
     # the wrapper is gone after the fit: the reader's method is the class's again
     assert "training_step" not in vars(watched)
 

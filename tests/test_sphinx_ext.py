@@ -168,3 +168,20 @@ def test_an_example_that_does_not_parse_reruns_with_the_reason(tmp_path, monkeyp
     reasons = sphinx_ext.examples_to_rerun(examples, results)
     assert list(reasons) == ["plot_02_b"]
     assert "plot_02_b.py: not valid Python (line 1" in reasons["plot_02_b"]
+
+
+def test_pages_that_quote_the_matrix_depend_on_its_files():
+    """An incremental build after a matrix refresh must read the releases page again (a reader's trial saw the
+    previous matrix's "not re-run" rows on a page built before the refresh)."""
+    from types import SimpleNamespace
+
+    from mpguide_build import matrix_summary, sphinx_ext
+
+    noted = []
+    config = SimpleNamespace(mpguide_record_pages=[], mpguide_matrix_pages=["releases"])
+    app = SimpleNamespace(config=config, env=SimpleNamespace(note_dependency=noted.append))
+    sphinx_ext._on_source_read(app, "releases", [])
+    assert noted and set(noted) == {str(p) for p in matrix_summary.MATRIX_DIR.glob("*.json")}
+    noted.clear()
+    sphinx_ext._on_source_read(app, "api", [])
+    assert noted == []

@@ -54,3 +54,18 @@ def test_a_pitfall_that_no_longer_reproduces_is_listed_as_differs(column, monkey
     claim["verdict"] = "fail"
     reproduce, differs, _ = _cells(summaries.release_rows([changed]))
     assert f"{EXAMPLE}.html" in differs and f"{EXAMPLE}.html" not in reproduce
+
+
+def test_pages_count_no_claim_that_is_not_applicable_as_held_or_failed():
+    """A reader's trial saw "32 of 33 checks hold; the build reports the others as failures" in the guide for an
+    example whose 33rd claim was only not applicable on this release; the front page said 32 of 32."""
+    from mpguide.verify.claims.verdicts import Verdict
+    from mpguide_build.pages import counted_checks
+
+    def verdict(kind="expect", passed=True, **kw):
+        return Verdict("plot_x", kind, ["a"], "t", "m", 1.0, "= 1", passed, **kw)
+
+    verdicts = [verdict(), verdict(passed=False), verdict(passed=False, applicable=False), verdict(kind="finite")]
+    counted, not_applicable = counted_checks(verdicts)
+    assert [v.passed for v in counted] == [True, False] and not_applicable == 1
+    assert counted_checks([verdict(passed=False, judged=False)]) == ([], 0)

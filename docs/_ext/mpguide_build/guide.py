@@ -180,7 +180,7 @@ def numbers() -> dict[str, Any]:
     from mpguide.verify.claims.metrics import relative_gap
     from mpguide.verify.claims.verdicts import hardware_label
 
-    from .pages import page_entries
+    from .pages import counted_checks, page_entries
 
     names = example_names()
     entries = {name: page_entries(name)[0] for name in names}
@@ -192,7 +192,7 @@ def numbers() -> dict[str, Any]:
     def extra(name: str, run_id: str) -> dict[str, Any]:
         return _run(recs[name], run_id)["extra"]
 
-    judged = [v for e in entries.values() for v in e.verdicts if v.judged and v.kind not in ("finite", "completes")]
+    judged = [v for e in entries.values() for v in counted_checks(e.verdicts)[0]]
     port, drift = "plot_01_porting_to_manual", "plot_17_issue_20970_bf16_drift"
     tp = recs["plot_15_throughput"]
 
@@ -294,15 +294,17 @@ def footer(section: str, prefix: str = "../") -> str:
         mpguide_build.matrix_summary.MatrixError: a claim of the section is missing from the matrix.
     """
     from . import matrix_page, matrix_summary
-    from .pages import page_entries
+    from .pages import counted_checks, page_entries
 
     if section not in SECTIONS:
         raise KeyError(f"unknown guide section {section!r}; known: {sorted(SECTIONS)}")
     example, claims = SECTIONS[section]
     entry = page_entries(example)[0]
-    judged = [v for v in entry.verdicts if v.judged and v.kind not in ("finite", "completes")]
+    judged, not_applicable = counted_checks(entry.verdicts)
     held = sum(v.passed for v in judged)
     word = "hold" if held == len(judged) else "hold; the build reports the others as failures"
+    if not_applicable:
+        word += f" ({not_applicable} not applicable on this release)"
     lines = [
         f"**Verified** in this build: {held} of {len(judged)} checks of "
         f'<a href="{prefix}auto_examples/{example}.html#evidence-the-verdicts">'
@@ -329,16 +331,17 @@ def verification_summary(prefix: str = "") -> str:
     from mpguide.verify.claims.declarations import example_names
     from mpguide.verify.claims.verdicts import hardware_label
 
-    from .pages import markdown_table, page_entries
+    from .pages import counted_checks, markdown_table, page_entries
 
     rows = []
     for name in example_names():
         entry = page_entries(name)[0]
-        judged = [v for v in entry.verdicts if v.judged and v.kind not in ("finite", "completes")]
+        judged, not_applicable = counted_checks(entry.verdicts)
         rows.append(
             {
                 "example": _example_link(name, prefix),
-                "checks that hold": f"{sum(v.passed for v in judged)} of {len(judged)}",
+                "checks that hold": f"{sum(v.passed for v in judged)} of {len(judged)}"
+                + (f" ({not_applicable} not applicable)" if not_applicable else ""),
                 "training runs": str(len(entry.record["runs"])),
                 "ran on": hardware_label(entry.record["env"]),
                 "date": entry.record["created"][:10],

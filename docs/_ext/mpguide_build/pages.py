@@ -18,6 +18,19 @@ from mpguide.verify.records import load_record, record_path, reference_dir
 from mpguide.verify.show.report import COLUMNS
 
 
+def counted_checks(verdicts: Sequence[Verdict]) -> tuple[list[Verdict], int]:
+    """The checks a page counts, and how many it leaves out as not applicable on this release.
+
+    Counted: each judged claim that applies to the record (a claim declared ``only_if`` a condition the record's
+    ``env`` does not meet is neither held nor failed); the implicit ``finite``/``completes`` checks are counted
+    apart. Every page that says "N of M checks hold" uses this, so the front page, the guide and the verification
+    page agree.
+    """
+    judged = [v for v in verdicts if v.judged and v.kind not in ("finite", "completes")]
+    counted = [v for v in judged if v.applicable]
+    return counted, len(judged) - len(counted)
+
+
 @dataclass
 class PageRecord:
     """One record as a page shows it: where it comes from, its verdicts as the gate judges them.

@@ -185,8 +185,13 @@ def _record_files(app: Sphinx, references: bool | None = None) -> list[Path]:
 
 
 def _on_source_read(app: Sphinx, docname: str, source: list[str]) -> None:
+    """A page that reads records, or the version matrix, is read again when one of those files changes (an
+    incremental build after a matrix refresh showed the releases page of the previous matrix)."""
     if docname in app.config.mpguide_record_pages:
         for path in _record_files(app):
+            app.env.note_dependency(str(path))
+    if docname in app.config.mpguide_matrix_pages:
+        for path in sorted(matrix_summary.MATRIX_DIR.glob("*.json")):
             app.env.note_dependency(str(path))
 
 
@@ -296,6 +301,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value("mpguide_examples_dir", "", "env", types=[str])
     app.add_config_value("mpguide_gallery_dir", "", "env", types=[str])
     app.add_config_value("mpguide_record_pages", [], "env", types=[list])
+    app.add_config_value("mpguide_matrix_pages", [], "env", types=[list])
     app.add_config_value("mpguide_gate", True, "env", types=[bool])
     app.connect("builder-inited", _on_builder_inited, priority=100)  # before sphinx-gallery (500)
     app.connect("builder-inited", lambda app: buildtime.mark("gallery"), priority=900)  # after it

@@ -27,14 +27,14 @@ def build_line(prefix: str = "") -> str:
     from mpguide.verify.claims.declarations import example_names
     from mpguide.verify.claims.verdicts import hardware_label
 
-    from .pages import page_entries
+    from .pages import counted_checks, page_entries
 
     names = example_names()
     held = judged = runs = 0
     where, dates = set(), set()
     for name in names:
         entry = page_entries(name)[0]
-        checks = [v for v in entry.verdicts if v.judged and v.applicable and v.kind not in ("finite", "completes")]
+        checks = counted_checks(entry.verdicts)[0]
         held += sum(v.passed for v in checks)
         judged += len(checks)
         runs += len(entry.record["runs"])
