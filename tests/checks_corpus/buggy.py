@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from . import CachingMixedPrecision, Case
-from .correct import DOCS, LIGHTNING, Base, DocsMinimal, Sam, gan_rows, mlp
+from .correct import DOCS, LIGHTNING, Base, DocsMinimal, Sam, TwoTasks, gan_rows, mlp
 
 
 # ------------------------------------------------------------------ Lightning's PPO example, as posted
@@ -256,18 +256,9 @@ class RetainGraphStepBetween(pl.LightningModule):
         opt_b.step()
 
 
-class AutogradGradIntoPGrad(pl.LightningModule):
+class AutogradGradIntoPGrad(TwoTasks):
     """Per-task ``autograd.grad`` of unscaled losses written into ``p.grad`` (round-5 case 08 B; LibMTL
     LibMTL/weighting/abstract_weighting.py@2d842d6 ``_compute_grad(mode='autograd')``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.trunk = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
-        self.heads = nn.ModuleList([nn.Linear(16, 1), nn.Linear(16, 1)])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -270,10 +270,8 @@ class SamClosure(Base):
 
 
 # ------------------------------------------------------------------ gradient surgery (PCGrad)
-class PcGrad(pl.LightningModule):
-    """Per task: zero_grad, manual_backward(retain_graph), read the trunk's gradients; then project, write them
-    into ``p.grad`` and step (after abdelrahmanashat/Pytorch-PCGrad-GradVac-AMP-GradAccum-StableMemory
-    pcgrad_amp.py@7d50f48)."""
+class TwoTasks(pl.LightningModule):
+    """A shared trunk and two regression heads, one SGD optimizer: the shape of the gradient-surgery cases."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -283,6 +281,12 @@ class PcGrad(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class PcGrad(TwoTasks):
+    """Per task: zero_grad, manual_backward(retain_graph), read the trunk's gradients; then project, write them
+    into ``p.grad`` and step (after abdelrahmanashat/Pytorch-PCGrad-GradVac-AMP-GradAccum-StableMemory
+    pcgrad_amp.py@7d50f48)."""
 
     def training_step(self, batch, batch_idx):
         x, y = batch
