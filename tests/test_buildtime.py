@@ -71,3 +71,10 @@ def test_a_page_this_build_did_not_read_keeps_old_execution_data_and_does_not_co
     nb_data = {"index": {"exec_data": {"method": "force", "runtime": 4.5}}, "releases": {"exec_data": {"runtime": 3.0}}}
     assert buildtime.page_times(nb_data, read={"releases", "api"}) == [("releases", 3.0)]
     assert buildtime.page_times(nb_data, read=set()) == []
+
+
+def test_a_second_build_in_one_process_counts_only_the_pages_it_reads():
+    nb_data = {"index": {"exec_data": {"runtime": 4.5}}, "releases": {"exec_data": {"runtime": 3.0}}}
+    buildtime.reading(["index", "releases"])
+    buildtime.reading(["releases"])
+    assert buildtime.page_times(nb_data, buildtime._READ) == [("releases", 3.0)]

@@ -43,7 +43,9 @@ _READ: set[str] = set()
 
 
 def reading(docnames: list[str]) -> None:
-    """Note the documents this build reads (call at ``env-before-read-docs``)."""
+    """Note the documents this build reads (call at ``env-before-read-docs``, once per build: a second build in
+    the same process counts only its own)."""
+    _READ.clear()
     _READ.update(docnames)
 
 
