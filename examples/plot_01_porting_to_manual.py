@@ -8,11 +8,15 @@ and sees the bf16 curve drift while the fp32 curves overlap
 automatic model and its port train in three precisions, with two porting mistakes that look like a bf16
 problem. The reporter's own step, element by element: :doc:`plot_17_issue_20970_bf16_drift`.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_01_porting_to_manual.py
 
 **What you will learn**: a faithful port equals automatic optimization in every precision; the two
@@ -35,6 +39,9 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lr_scheduler import (
+    ExponentialLR,
+)
 
 from mpguide.data import (
     NUM_CLASSES,
@@ -161,7 +168,7 @@ class TeacherStudent(pl.LightningModule):
         optimizer = torch.optim.AdamW(
             params, lr=self.hparams.lr
         )
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(
+        scheduler = ExponentialLR(
             optimizer,
             gamma=self.hparams.lr_gamma,
         )

@@ -9,11 +9,15 @@ for this optimizer`` (Lightning issues #20116 and #4524). This example reproduce
 the bug on a small GAN and shows two fixes: correct user code, and the library's
 :class:`~mpguide.precision.ManualMixedPrecision` plugin.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_02_two_optimizers.py
 
 **What you will learn**: why GradScaler refuses an optimizer without gradients (and why fp32 hiding it
@@ -180,11 +184,14 @@ trainer = pl.Trainer(
 trainer.fit(
     model, digits_loader(batch_size=64)
 )
+changed = not torch.equal(
+    generator_before,
+    model.generator[0].weight,
+)
 print(
     "optimizer steps (two per batch): "
     f"{trainer.global_step}, "
-    "generator changed: "
-    f"{not torch.equal(generator_before, model.generator[0].weight)}"
+    f"generator changed: {changed}"
 )
 
 
@@ -275,7 +282,8 @@ class WindowedWithOverflow(WindowedGAN):
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             if self.force_overflow:
-                for p in self.discriminator.parameters():
+                disc = self.discriminator
+                for p in disc.parameters():
                     # as if the
                     # discriminator's
                     # gradients overflowed

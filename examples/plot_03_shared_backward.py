@@ -10,11 +10,15 @@ gradients made at the old scale: its update doubles after an overflow and halves
 step. This example measures that factor on every step, against the prediction from the recorded
 scales, and shows that the library's :class:`~mpguide.precision.ManualMixedPrecision` removes it.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_03_shared_backward.py
 
 **What you will learn**
@@ -152,7 +156,8 @@ trainer = pl.Trainer(
 trainer.fit(
     model, digits_loader(batch_size=64)
 )
-scale = trainer.precision_plugin.scaler.get_scale()
+scaler = trainer.precision_plugin.scaler
+scale = scaler.get_scale()
 print(
     f"optimizer steps: {trainer.global_step} "
     "(two per batch), loss scale after the "

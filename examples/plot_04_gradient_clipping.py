@@ -7,11 +7,15 @@ Manual optimization rejects ``Trainer(gradient_clip_val=...)``, so users clip by
 (65536 at start): the clip cuts a huge norm to the limit; after unscaling every update is about
 65536 times too small. Measured with SGD (training stops) and AdamW (the damage hides); the right recipes.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_04_gradient_clipping.py
 
 **What you will learn**: clip in ``on_before_optimizer_step`` (inside ``opt.step()``, after unscaling);
@@ -33,7 +37,9 @@ from lightning.pytorch.plugins.precision import (
     MixedPrecision,
 )
 from torch import nn
-from torch.nn import functional as F
+from torch.nn.functional import (
+    binary_cross_entropy_with_logits as bce,
+)
 
 from mpguide.data import (
     NUM_FEATURES,
@@ -97,7 +103,8 @@ class UnscaleYourself(ClipBeforeStep):
     refuses."""
 
     def clip(self, optimizer):
-        self.trainer.precision_plugin.scaler.unscale_(
+        plugin = self.trainer.precision_plugin
+        plugin.scaler.unscale_(
             optimizer.optimizer
         )
         super().clip(optimizer)
@@ -131,11 +138,11 @@ trainer = pl.Trainer(
 trainer.fit(
     model, digits_loader(batch_size=64)
 )
+scaler = trainer.precision_plugin.scaler
 print(
     "optimizer steps: "
     f"{trainer.global_step}, loss scale "
-    "after the run: "
-    f"{trainer.precision_plugin.scaler.get_scale():g}"
+    f"after the run: {scaler.get_scale():g}"
 )
 
 
@@ -231,20 +238,14 @@ class GANClipTrap(DigitsClassifier):
                     fake.detach()
                 ),
             )
-            loss_d = F.binary_cross_entropy_with_logits(
-                d_real, ones
-            )
-            loss_d = (
-                loss_d
-                + F.binary_cross_entropy_with_logits(
-                    d_fake, zeros
-                )
+            loss_d = bce(d_real, ones) + bce(
+                d_fake, zeros
             )
             opt_d.zero_grad()
             self.manual_backward(loss_d)
             opt_d.step()
         with opt_g.toggle_model():
-            loss_g = F.binary_cross_entropy_with_logits(
+            loss_g = bce(
                 self.discriminator(fake), ones
             )
             opt_g.zero_grad()
@@ -677,6 +678,11 @@ plt.show()
 # the fixed version clips. Last, the errors of the three recipes that cannot work: a second
 # ``unscale_``, a fused AdamW, ``gradient_clip_val`` in manual mode.
 
+# what the norms runs compared, True or False
+COMPARISONS = (
+    "after_backward_is_scale_x_before_step",
+    "before_step_equals_after_backward",
+)
 for run_id in (
     "norms-fp16",
     "norms-fused-fp16",
@@ -687,13 +693,11 @@ for run_id in (
         record, run_id
     )["extra"]
     if run_id.startswith("norms"):
-        print(
-            f"{run_id}: after_backward = "
-            "scale x before_step: "
-            f"{extra['after_backward_is_scale_x_before_step']}, "
-            "before_step = after_backward: "
-            f"{extra['before_step_equals_after_backward']}"
+        found = ", ".join(
+            f"{key}: {extra[key]}"
+            for key in COMPARISONS
         )
+        print(f"{run_id}: {found}")
     else:
         print(
             f"{run_id}: "

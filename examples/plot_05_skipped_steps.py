@@ -11,11 +11,15 @@ steps, so the first real update uses a later learning rate, and torch warns "Det
 scale, whether the step was skipped, and the learning rate used, with and without skip-aware
 stepping.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_05_skipped_steps.py
 
 **What you will learn**
@@ -138,9 +142,9 @@ print(
     "GradScaler skipped "
     f"{trainer.global_step - scheduler_steps}"
 )
+lr = model.optimizers().param_groups[0]["lr"]
 print(
-    "learning rate now: "
-    f"{model.optimizers().param_groups[0]['lr']:g}"
+    f"learning rate now: {lr:g}"
     f" = {BASE_LR:g} x "
     f"{GAMMA}^{scheduler_steps}"
 )

@@ -8,11 +8,15 @@ the end of each window of N. Done right, the curve equals Lightning's automatic 
 every precision. This example checks that, shows the two common mistakes, and follows the loss
 scale through the windows of a 16-mixed run, including a window with an overflow.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_06_accumulation.py
 
 **What you will learn**

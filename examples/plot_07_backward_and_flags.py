@@ -7,11 +7,15 @@ multiplies the loss by the GradScaler's scale; a plain ``loss.backward()`` skips
 ``opt.step()`` fails (under bf16-mixed, which has no scaler, the same code runs silently). And
 ``Trainer(precision="16-mixed")`` on a CPU quietly trains in bf16-mixed, with no scaler at all.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_07_backward_and_flags.py
 
 **What you will learn**: why ``manual_backward`` is not optional under 16-mixed and why bf16-mixed
@@ -99,10 +103,11 @@ trainer = pl.Trainer(
 trainer.fit(
     model, digits_loader(batch_size=64)
 )
+scaler = trainer.precision_plugin.scaler
 print(
     "Trainer.precision = "
     f"{trainer.precision!r}, GradScaler: "
-    f"{trainer.precision_plugin.scaler is not None}, "
+    f"{scaler is not None}, "
     f"optimizer steps: {trainer.global_step}"
 )
 
@@ -181,15 +186,20 @@ runner.print_findings(record)  # what PitfallChecks told each run (mpguide.check
 # the plain flag on a CPU trained in bf16-mixed.
 
 for run in record["runs"]:
+    error, extra = run["error"], run["extra"]
+    scaler = (
+        "yes"
+        if extra.get("has_scaler")
+        else "no"
+    )
     outcome = (
-        f"{run['error']['type']}: "
-        f"{run['error']['message'].splitlines()[0]}"
-        if run["error"]
+        f"{error['type']}: "
+        f"{error['message'].splitlines()[0]}"
+        if error
         else f"trained {len(run['loss'])} steps, "
         "Trainer.precision = "
-        f"{run['extra']['trainer_precision']!r}, "
-        "GradScaler: "
-        f"{'yes' if run['extra']['has_scaler'] else 'no'}"
+        f"{extra['trainer_precision']!r}, "
+        f"GradScaler: {scaler}"
     )
     print(
         f"{run['label']:<32} "

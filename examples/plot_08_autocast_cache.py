@@ -12,11 +12,15 @@ cached for the rest of the region. Two consequences matter in manual optimizatio
 2. **Hazard.** ``opt.step()`` changes the weights in place, but the cache keeps the casts made
    before the step: a second forward after the step, in the same region, silently uses the old weights.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_08_autocast_cache.py
 
 **What you will learn**: which versions were affected, how to check yours, and the safe recipe.
@@ -59,11 +63,13 @@ class SelfDistillation(DigitsClassifier):
         self, batch, batch_idx
     ):
         images, labels = batch
-        noise = torch.randn(
-            images.shape,
-            generator=torch.Generator().manual_seed(
+        seeded = (
+            torch.Generator().manual_seed(
                 batch_idx
-            ),
+            )
+        )
+        noise = torch.randn(
+            images.shape, generator=seeded
         ).to(images)
         noisy = images + 0.2 * noise
         with torch.no_grad():

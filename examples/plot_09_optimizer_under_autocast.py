@@ -12,11 +12,15 @@ a Muon model drifts from automatic optimization, and shows that
 :class:`~mpguide.precision.ManualMixedPrecision`, which steps with autocast disabled, makes the
 two bitwise identical.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_09_optimizer_under_autocast.py
 
 **What you will learn**: which parts of a manual ``training_step`` run under autocast; how to check
@@ -136,10 +140,12 @@ for manual in (False, True):
             for p in model.parameters()
         ]
     )
+largest = (
+    (final[True] - final[False]).abs().max()
+)
 print(
     "largest weight difference, manual port "
-    "vs automatic: "
-    f"{(final[True] - final[False]).abs().max():g}"
+    f"vs automatic: {largest:g}"
 )
 
 

@@ -8,11 +8,15 @@ gradient to the loss. That call bypasses ``manual_backward``, so under 16-mixed 
 unscaled. This example trains a small GAN with the R1 penalty on scikit-learn's digits in fp32, with the
 naive penalty, and with the penalty computed with the trainer's GradScaler (PyTorch's AMP recipe).
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_10_gradient_penalty.py
 
 **What you will learn**: the loss-scaled penalty in Lightning terms; what the naive one does under
@@ -77,13 +81,16 @@ class R1GAN(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         real, _ = batch
         opt_d, opt_g = self.optimizers()
+        seeded = (
+            torch.Generator().manual_seed(
+                batch_idx
+                + 1000 * self.current_epoch
+            )
+        )
         noise = torch.randn(
             len(real),
             LATENT,
-            generator=torch.Generator().manual_seed(
-                batch_idx
-                + 1000 * self.current_epoch
-            ),
+            generator=seeded,
         )
         fake = self.generator(
             noise.to(self.device)
@@ -195,10 +202,11 @@ trainer.fit(
     ScaledR1GAN(),
     digits_loader(batch_size=64),
 )
+scaler = trainer.precision_plugin.scaler
 print(
     "optimizer steps: "
     f"{trainer.global_step}, loss scale now: "
-    f"{trainer.precision_plugin.scaler.get_scale():g}"
+    f"{scaler.get_scale():g}"
 )
 
 

@@ -9,11 +9,15 @@ that lowers the scale (Lightning runs ``GradScaler.update()`` inside ``opt.step(
 comes down and the model never changes. This example measures it and shows the guard that works:
 always call ``opt.step()``, and find out afterwards whether GradScaler skipped it.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_12_nonfinite_guard.py
 
 **What you will learn**: why a user-side finite check and GradScaler's own check must not both
@@ -113,13 +117,14 @@ print(
     "(trainer.global_step): "
     f"{trainer.global_step}"
 )
-print(
-    "weights changed: "
-    f"{not torch.equal(initial_weights, model.weights())}"
+changed = not torch.equal(
+    initial_weights, model.weights()
 )
+print(f"weights changed: {changed}")
+scaler = trainer.precision_plugin.scaler
 print(
     "loss scale after the run: "
-    f"{trainer.precision_plugin.scaler.get_scale():g}"
+    f"{scaler.get_scale():g}"
 )
 
 

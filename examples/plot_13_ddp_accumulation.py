@@ -9,11 +9,15 @@ that: wrap the others in ``opt.toggle_model(sync_grad=False)``, which enters the
 trains two real processes over gloo on the CPU and checks that skipping the synchronisation
 changes nothing but the traffic, in fp32 and in 16-mixed.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_13_ddp_accumulation.py
 
 **What you will learn**
@@ -90,7 +94,10 @@ class AccumulateSyncAtWindowEnd(
 #             logger=False,
 #             enable_checkpointing=False,
 #         )
-#         trainer.fit(model, digits_loader(batch_size=32))  # 32 samples per process and micro-batch
+#         # 32 samples per process and micro-batch
+#         trainer.fit(
+#             model, digits_loader(batch_size=32)
+#         )
 #
 # This page cannot run that cell: inside the docs build the script ``"ddp"`` would run again is
 # ``sphinx-build``. Its runs use ``strategy="ddp_fork"`` (it forks the process that calls ``fit``)
@@ -315,11 +322,16 @@ saved = (
     every["allreduce_bytes"]
     - window_end["allreduce_bytes"]
 )
+calls = (
+    every["allreduce_calls"]
+    - window_end["allreduce_calls"]
+)
+share = saved / every["allreduce_bytes"]
 print(
     "sync at window end saves "
-    f"{every['allreduce_calls'] - window_end['allreduce_calls']} all-reduces and "
+    f"{calls} all-reduces and "
     f"{saved / 1e6:.2f} MB per rank "
-    f"({saved / every['allreduce_bytes']:.0%}) over "
+    f"({share:.0%}) over "
     f"{window_end['global_step']} steps"
 )
 

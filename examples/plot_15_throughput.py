@@ -8,11 +8,15 @@ loop without Lightning, in fp32, bf16-mixed and 16-mixed. The three variants are
 process, their windows interleaved, so that the ratios between them mean something even on a
 busy machine.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_15_throughput.py
 
 **What you will learn**
@@ -142,7 +146,8 @@ print(
 class CarriesTheBenchmark(Callback):
     # and <variant>_steps_per_s, <variant>_samples_per_s (positive), <variant>_round_steps_per_s (list[positive])
     # fmt: off
-    measures = {"fp32_automatic_steps_per_s": "positive", "device_wait_s": "nonnegative", "peak_bf16_tflops": "positive", "automatic_tflops": "nonnegative"}  # noqa: E501
+    measures = {"fp32_automatic_steps_per_s": "positive", "device_wait_s": "nonnegative",
+                "peak_bf16_tflops": "positive", "automatic_tflops": "nonnegative"}
     # fmt: on
 
     def setup(self, trainer, pl_module, stage):
@@ -176,24 +181,40 @@ RUNS = [
 CLAIMS = [
     # On CPU: manual vs automatic in every precision; manual vs the plain loop where a step is long
     # enough (fp32, 16-mixed) for Lightning's fixed per-step cost to stay small (see the tolerance).
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU fp32: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
-    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU bf16-mixed: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: manual as fast as automatic", {"only_on": "cpu"}),  # noqa: E501
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu", "CPU fp32: manual as fast as a plain loop", {"only_on": "cpu"}),  # noqa: E501
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: manual as fast as a plain loop", {"only_on": "cpu"}),  # noqa: E501
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s",
+     "throughput-parity-cpu", "CPU fp32: manual as fast as automatic", {"only_on": "cpu"}),
+    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s",
+     "throughput-parity-cpu", "CPU bf16-mixed: manual as fast as automatic", {"only_on": "cpu"}),
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s",
+     "throughput-parity-cpu", "CPU 16-mixed: manual as fast as automatic", {"only_on": "cpu"}),
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+     "throughput-parity-cpu", "CPU fp32: manual as fast as a plain loop", {"only_on": "cpu"}),
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+     "throughput-parity-cpu", "CPU 16-mixed: manual as fast as a plain loop", {"only_on": "cpu"}),
     # What PitfallChecks costs: the manual step with the check against the same step without it.
-    ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity-cpu", "CPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),  # noqa: E501
-    ("rate_ratio", "bench-fp16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity-cpu", "CPU 16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),  # noqa: E501
-    ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity", "GPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cuda"}),  # noqa: E501
-    ("rate_ratio", "bench-fp16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s", "throughput-parity", "GPU 16-mixed: PitfallChecks costs no speed", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+     "throughput-parity-cpu", "CPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),
+    ("rate_ratio", "bench-fp16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+     "throughput-parity-cpu", "CPU 16-mixed: PitfallChecks costs no speed", {"only_on": "cpu"}),
+    ("rate_ratio", "bench-bf16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+     "throughput-parity", "GPU bf16-mixed: PitfallChecks costs no speed", {"only_on": "cuda"}),
+    ("rate_ratio", "bench-fp16", "manual_pitfallchecks_round_steps_per_s/manual_round_steps_per_s",
+     "throughput-parity", "GPU 16-mixed: PitfallChecks costs no speed", {"only_on": "cuda"}),
     # On CUDA: every pair within a few percent, and bf16-mixed faster than fp32.
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity", "GPU fp32: manual as fast as automatic", {"only_on": "cuda"}),  # noqa: E501
-    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity", "GPU bf16-mixed: manual as fast as automatic", {"only_on": "cuda"}),  # noqa: E501
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s", "throughput-parity", "GPU 16-mixed: manual as fast as automatic", {"only_on": "cuda"}),  # noqa: E501
-    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity", "GPU fp32: manual as fast as a plain loop", {"only_on": "cuda"}),  # noqa: E501
-    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity", "GPU bf16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),  # noqa: E501
-    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s", "throughput-parity", "GPU 16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),  # noqa: E501
-    ("rate_ratio", "bench-bf16", "automatic_steps_per_s/fp32_automatic_steps_per_s", "bf16-speedup", "GPU: bf16-mixed faster than fp32", {"only_on": "cuda"}),  # noqa: E501
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/automatic_round_steps_per_s",
+     "throughput-parity", "GPU fp32: manual as fast as automatic", {"only_on": "cuda"}),
+    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/automatic_round_steps_per_s",
+     "throughput-parity", "GPU bf16-mixed: manual as fast as automatic", {"only_on": "cuda"}),
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/automatic_round_steps_per_s",
+     "throughput-parity", "GPU 16-mixed: manual as fast as automatic", {"only_on": "cuda"}),
+    ("rate_ratio", "bench-fp32", "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+     "throughput-parity", "GPU fp32: manual as fast as a plain loop", {"only_on": "cuda"}),
+    ("rate_ratio", "bench-bf16", "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+     "throughput-parity", "GPU bf16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),
+    ("rate_ratio", "bench-fp16", "manual_round_steps_per_s/plain_loop_round_steps_per_s",
+     "throughput-parity", "GPU 16-mixed: manual as fast as a plain loop", {"only_on": "cuda"}),
+    ("rate_ratio", "bench-bf16", "automatic_steps_per_s/fp32_automatic_steps_per_s",
+     "bf16-speedup", "GPU: bf16-mixed faster than fp32", {"only_on": "cuda"}),
 ]
 # fmt: on
 
@@ -344,10 +365,10 @@ for run_id, _, precision, _ in RUNS:
         "samples/s)"
         for v in throughput.VARIANTS
     ]
-    print(
-        f"{hardware.PRECISION_LABELS[precision]:>10}: "
-        + ", ".join(rates)
-    )
+    label = hardware.PRECISION_LABELS[
+        precision
+    ]
+    print(f"{label:>10}: " + ", ".join(rates))
     for variant in (
         v
         for v in throughput.TUNED[precision]
@@ -357,20 +378,19 @@ for run_id, _, precision, _ in RUNS:
             bench[variant]["steps_per_s"]
             / bench["manual"]["steps_per_s"]
         )
+        tuned = bench[variant]
         share = (
-            ", "
-            f"{bench[variant]['tflops'] / peak:.0%}"
+            f", {tuned['tflops'] / peak:.0%}"
             " of the bf16 peak"
             if peak
             else ""
         )
         print(
-            f"{hardware.PRECISION_LABELS[precision]:>10} "
-            f"{variant}: "
-            f"{bench[variant]['steps_per_s']:.1f} "
+            f"{label:>10} {variant}: "
+            f"{tuned['steps_per_s']:.1f} "
             f"steps/s, x{gain:.2f} the "
             "manual loop, "
-            f"{bench[variant]['tflops']:.1f} "
+            f"{tuned['tflops']:.1f} "
             f"TFLOP/s{share}"
         )
 if peak is not None:

@@ -5,23 +5,27 @@
 Two encoders and two EMA teachers ported to manual optimization: bf16-mixed drifts from the automatic
 curve, fp32 does not (`#20970 <https://github.com/Lightning-AI/pytorch-lightning/issues/20970>`_).
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_17_issue_20970_bf16_drift.py
 
 **What you will learn**: the posted step equals automatic optimization in bf16-mixed, bitwise; what does
-move bf16-mixed alone; how to tell which cause is yours. **Prerequisites**: :doc:`plot_01_porting_to_manual`.
+move bf16-mixed alone; how to tell which cause is yours.
+**Prerequisites**: :doc:`example 01 <plot_01_porting_to_manual>`.
 """
 
 
 # %%
 # The reporter's model
 # --------------------
-# Two encoders (the left and right halves of each digit) return features ``y``, projection ``z`` and
-# prediction ``q``; one EMA teacher each, updated in ``optimizer_step``; a per-step schedule.
+# Two encoders (a digit's left and right halves), each with an EMA teacher updated in ``optimizer_step``.
 
 import copy
 
@@ -29,6 +33,9 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lr_scheduler import (
+    ExponentialLR,
+)
 
 from mpguide.data import (
     NUM_CLASSES,
@@ -207,7 +214,7 @@ class TwoTowerEMA(pl.LightningModule):
         per_step = self.hparams.lr_gamma ** (
             1 / steps_per_epoch()
         )
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(
+        scheduler = ExponentialLR(
             optimizer, gamma=per_step
         )
         return {

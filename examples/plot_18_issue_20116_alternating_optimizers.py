@@ -6,11 +6,15 @@
 ``16-mixed``) alternates two optimizers every ``N`` batches and hits ``AssertionError: No inf checks were
 recorded for this optimizer``. Here the fix, then the posted ``training_step`` element by element.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_18_issue_20116_alternating_optimizers.py
 
 **What you will learn**: the posted step trains under 16-mixed while each loss reaches its model, but keeps
@@ -787,14 +791,17 @@ for run_id in (
         if run["error"]
         else "trained"
     )
+    changed = extra.get("generator_changed")
+    kept = extra.get("micro_batches_kept")
+    moved = extra.get(
+        "windows_with_scale_change"
+    )
     print(
-        f"{run['label']:<58} {outcome:<22} "
-        "model 2 changed: "
-        f"{str(extra.get('generator_changed')):<5} "
-        "micro-batches per step: "
-        f"{extra.get('micro_batches_kept')}  "
+        f"{run['label']}: {outcome}; "
+        f"model 2 changed: {changed}, "
+        f"micro-batches per step: {kept}, "
         "steps with a scale change inside: "
-        f"{extra.get('windows_with_scale_change')}"
+        f"{moved}"
     )
 
 

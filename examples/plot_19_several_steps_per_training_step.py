@@ -7,11 +7,15 @@ PPO, k critic steps per generator step and truncated backpropagation take many o
 schedulers see every ``opt.step()``, not every batch. Each optimizer's clipping must see unscaled gradients,
 and under 16-mixed that means inside ``on_before_optimizer_step``, once per step.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_19_several_steps_per_training_step.py
 
 **What you will learn**: what ``global_step`` and ``max_steps`` count when one batch takes 8 steps; where
@@ -181,9 +185,12 @@ trainer = pl.Trainer(
 trainer.fit(
     model, digits_loader(batch_size=64)
 )
+progress = (
+    trainer.fit_loop.epoch_loop.batch_progress
+)
 print(
     "max_steps=30: stopped after "
-    f"{trainer.fit_loop.epoch_loop.batch_progress.total.completed} batches"
+    f"{progress.total.completed} batches"
 )
 print(
     "trainer.global_step: "

@@ -10,11 +10,15 @@ scale times fp32's, and ``global_step`` never moves. A second backward through a
 differentiates the weights from before the step. Gradients from ``torch.autograd.grad`` written into
 ``p.grad`` (PCGrad, LibMTL's autograd mode) are divided by the loss scale in ``opt.step()``.
 
-**Run it yourself**: download this example (``.py`` or ``.ipynb``, links at the bottom of its page)
-and the helper library `mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_
-into one folder, install PyTorch (CPU or CUDA build), then, in that folder::
+**Run it yourself**: put this example (``.py`` or ``.ipynb``, links at the bottom) and the library
+`mpguide-0.1.0-py3-none-any.whl <../_static/mpguide-0.1.0-py3-none-any.whl>`_ in one folder, install
+PyTorch (CPU or CUDA build), then:
 
-    pip install mpguide-0.1.0-py3-none-any.whl lightning==2.6.6 scikit-learn==1.9.1 matplotlib==3.11.2
+.. code-block:: shell
+
+    pip install lightning==2.6.6 scikit-learn==1.9.1
+    pip install matplotlib==3.11.2
+    pip install mpguide-0.1.0-py3-none-any.whl
     python plot_20_sam_retain_graph_and_surgery.py
 
 **What you will learn**: SAM under 16-mixed through ``opt.step()``; what a second backward after a step

@@ -25,15 +25,27 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = "plot_05_skipped_steps"  # the quickest example at the test preset
 
 
-def test_install_line_is_printed_identically_everywhere():
-    """Every example's header and the gallery's README carry the current wheel name and install line."""
+def test_install_commands_are_printed_identically_everywhere():
+    """Every example's header and the gallery's README carry the current wheel name and install commands."""
     places = sorted((ROOT / "examples").glob("plot_*.py")) + [ROOT / "examples" / "README.rst"]
+    block = "".join(f"    {command}\n" for command in download.INSTALL_COMMANDS)  # an rst literal block
     for path in places:
         text = path.read_text()
-        assert download.INSTALL_LINE in text, f"{path.name}: lacks the install line {download.INSTALL_LINE!r}"
+        assert block in text, f"{path.name}: lacks the install commands {download.INSTALL_COMMANDS!r}"
         assert f"<../_static/{download.WHEEL_NAME}>`_" in text, f"{path.name}: lacks the wheel link"
         docstring = text.split('"""')[1] if path.suffix == ".py" else text
-        assert download.INSTALL_LINE in docstring, f"{path.name}: install line outside the header"
+        assert block in docstring, f"{path.name}: install commands outside the header"
+
+
+def test_install_commands_install_what_the_install_line_does_and_fit_a_phone():
+    """The commands carry the one-line form's requirements and wheel, the wheel last, each within a phone's
+    code width; a requirement too long for the width is refused with its length."""
+    packages = [word for command in download.INSTALL_COMMANDS for word in command.split()[2:]]
+    assert packages == download.INSTALL_LINE.split()[3:] + [download.WHEEL_NAME]
+    assert all(command.startswith("pip install ") for command in download.INSTALL_COMMANDS)
+    assert max(map(len, download.INSTALL_COMMANDS)) <= download.COMMAND_WIDTH
+    with pytest.raises(ValueError, match="over 30"):
+        download.install_commands(width=30)
 
 
 def test_pages_link_the_current_wheel():
@@ -94,8 +106,8 @@ def test_wheel_refuses_a_folder_that_is_not_the_package(tmp_path):
         download.wheel_files(tmp_path)
 
 
-def _page_instruction(page: Path) -> tuple[str, Path, Path, Path]:
-    """The install line, the wheel, the .py and the .ipynb, as the example page links them."""
+def _page_instruction(page: Path) -> tuple[list[str], Path, Path, Path]:
+    """The install commands, the wheel, the .py and the .ipynb, as the example page links them."""
     text = page.read_text()
     plain = html.unescape(re.sub(r"<[^>]+>", "", text))
     lines = [line.strip() for line in plain.splitlines() if line.strip().startswith("pip install ")]
@@ -109,7 +121,7 @@ def _page_instruction(page: Path) -> tuple[str, Path, Path, Path]:
         assert path.is_file(), f"{page}: link {found[0]} points to nothing"
         return path
 
-    return lines[0], linked(".whl"), linked(f"{EXAMPLE}.py"), linked(f"{EXAMPLE}.ipynb")
+    return lines, linked(".whl"), linked(f"{EXAMPLE}.py"), linked(f"{EXAMPLE}.ipynb")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
@@ -120,10 +132,10 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> 
 
 @pytest.mark.slow
 @pytest.mark.build
-def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_path):
+def test_downloaded_example_runs_after_the_sites_install_commands(built_site, tmp_path):
     out, _ = built_site
-    line, wheel, script, notebook = _page_instruction(out / "html" / "auto_examples" / f"{EXAMPLE}.html")
-    assert line == download.INSTALL_LINE
+    commands, wheel, script, notebook = _page_instruction(out / "html" / "auto_examples" / f"{EXAMPLE}.html")
+    assert tuple(commands) == download.INSTALL_COMMANDS
     folder, nb_folder = tmp_path / "reader", tmp_path / "reader-notebook"
     folder.mkdir()
     nb_folder.mkdir()
@@ -137,7 +149,8 @@ def test_downloaded_example_runs_after_the_sites_install_line(built_site, tmp_pa
     python = str(venv / "bin" / "python")
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv))
     _run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], folder, env)
-    _run([python, "-m", *line.split()], folder, env)  # exactly the page's line ("pip install ...")
+    for command in commands:  # exactly the page's commands ("pip install ..."), in order
+        _run([python, "-m", *command.split()], folder, env)
     where = _run([python, "-c", "import mpguide; print(mpguide.__file__)"], folder, env).stdout.strip()
     assert Path(where).is_relative_to(venv), f"mpguide came from {where}, not from the installed wheel"
 
@@ -168,7 +181,8 @@ def test_page_instruction_fails_without_install_line_or_wheel(tmp_path):
     page.write_text("<p>no instruction here</p>")
     with pytest.raises(AssertionError, match="no 'pip install' line"):
         _page_instruction(page)
-    page.write_text(f'<pre>{download.INSTALL_LINE}</pre><a href="../_static/{download.WHEEL_NAME}">wheel</a>')
+    commands = "\n".join(download.INSTALL_COMMANDS)
+    page.write_text(f'<pre>{commands}</pre><a href="../_static/{download.WHEEL_NAME}">wheel</a>')
     with pytest.raises(AssertionError, match="points to nothing"):
         _page_instruction(page)
 

@@ -133,23 +133,63 @@
       var inner = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
       var gap = 1.2 * parseFloat(style.fontSize);  // the column gap in mpguide.css (1.2em)
       var two = 2 * longest * charWidth + gap <= inner;
+      if (two && !pre.querySelector(".mpguide-column-break")) two = markColumnBreak(pre, lines);
       pre.classList.toggle("mpguide-two-columns", two);
-      if (two && !pre.querySelector(".mpguide-column-break")) markColumnBreak(pre, lines);
     });
   }
 
-  // The second column starts at a top-level statement after a blank line (a class, a def, an import)
-  // within 3 lines (or 5 %) of the block's middle, so the block grows by that much at most; without such a
-  // line the browser balances the columns where it may.
-  // The mark is an empty element: the block's text, which the copy button copies, stays the same.
+  // The second column starts at a statement, never inside one: at a line outside every bracket (a scan that
+  // skips strings and comments). Preferred: a top-level line after a blank line (a class, a def, an import),
+  // then any statement after a blank line, within 3 lines (or 5 %) of the block's middle; else the statement
+  // nearest the middle within 1/6 of the block's length; else, inside one long statement, the start of an
+  // element of its outermost list or call (the line after a comma). Without one the block stays in one column
+  // (returns false). The mark is an empty element: the block's text, which the copy button copies, stays.
+  function bracketDepths(lines) {  // the bracket depth at the start of each line, -1 inside a string
+    var depth = 0, quote = null, depths = [];
+    lines.forEach(function (line) {
+      depths.push(quote === null ? depth : -1);
+      for (var k = 0; k < line.length; k++) {
+        var c = line[k];
+        if (quote) {
+          if (c === "\\") k++;
+          else if (line.substr(k, quote.length) === quote) { k += quote.length - 1; quote = null; }
+        } else if (c === "#") break;
+        else if (c === "'" || c === '"') {
+          quote = line.substr(k, 3) === c + c + c ? c + c + c : c;
+          k += quote.length - 1;
+        } else if ("([{".indexOf(c) >= 0) depth++;
+        else if (")]}".indexOf(c) >= 0) depth = Math.max(0, depth - 1);
+      }
+      if (quote && quote.length === 1) quote = null;  // a one-quote string ends with its line
+    });
+    return depths;
+  }
   function markColumnBreak(pre, lines) {
-    var best = -1;
-    for (var i = 1; i < lines.length; i++) {
-      var topLevel = lines[i] && !/^\s/.test(lines[i]) && !/^[)\]}]/.test(lines[i]);
-      if (topLevel && lines[i - 1] === "" && Math.abs(i - lines.length / 2) <= Math.max(3, lines.length / 20) &&
-          (best < 0 || Math.abs(i - lines.length / 2) < Math.abs(best - lines.length / 2))) best = i;
+    var middle = lines.length / 2, depths = bracketDepths(lines);
+    function opens(i) { return /\S/.test(lines[i]) && !/^\s*[)\]}]/.test(lines[i]); }
+    function indent(i) { return lines[i].length - lines[i].replace(/^\s+/, "").length; }
+    function nearest(accept, reach) {
+      var best = -1;
+      for (var i = 1; i < lines.length; i++) {
+        if (opens(i) && accept(i) && Math.abs(i - middle) <= reach &&
+            (best < 0 || Math.abs(i - middle) < Math.abs(best - middle))) best = i;
+      }
+      return best;
     }
-    if (best < 0) return;
+    function statement(i) { return depths[i] === 0; }
+    var near = Math.max(3, lines.length / 20), far = Math.max(3, lines.length / 6);
+    var best = nearest(function (i) { return statement(i) && indent(i) === 0 && lines[i - 1] === ""; }, near);
+    if (best < 0) best = nearest(function (i) { return statement(i) && lines[i - 1] === ""; }, near);
+    if (best < 0) best = nearest(statement, far);
+    if (best < 0) {
+      var element = function (i) { return depths[i] > 0 && /,\s*$/.test(lines[i - 1]); };
+      var outer = Infinity;
+      for (var i = 1; i < lines.length; i++) {
+        if (opens(i) && element(i) && Math.abs(i - middle) <= far) outer = Math.min(outer, depths[i]);
+      }
+      best = nearest(function (i) { return element(i) && depths[i] === outer; }, far);
+    }
+    if (best < 0) return false;
     var offset = lines.slice(0, best).join("\n").length + 1;  // the first character of line `best`
     var walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
     var seen = 0;
@@ -160,10 +200,11 @@
         var mark = document.createElement("span");
         mark.className = "mpguide-column-break";
         rest.parentNode.insertBefore(mark, rest);
-        return;
+        return true;
       }
       seen += node.nodeValue.length;
     }
+    return false;
   }
 
   function followToc() {

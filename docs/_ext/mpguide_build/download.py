@@ -3,8 +3,8 @@
 Every downloaded example imports ``mpguide`` (the run harness writes the results record and
 checks the claims), so the site must offer the library itself. The docs build writes
 ``_static/<WHEEL_NAME>`` next to the pages (:func:`~mpguide_build.download.write_wheel`, connected in
-``conf.py``), every example page links it, and :data:`~mpguide_build.download.INSTALL_LINE` is the one
-line a reader runs in the folder holding the wheel and the downloaded example. The wheel is built
+``conf.py``), every example page links it, and :data:`~mpguide_build.download.INSTALL_COMMANDS` are the
+commands a reader runs in the folder holding the wheel and the downloaded example. The wheel is built
 here, from the package's own source files, with no build backend and no network: a pure-Python
 wheel is a zip archive with ``METADATA``, ``WHEEL``, ``entry_points.txt`` and ``RECORD``
 (PEP 427, PEP 376). Entries carry a fixed date, so the same sources give the same bytes.
@@ -31,8 +31,37 @@ READER_REQUIREMENTS = ("lightning==2.6.6", "scikit-learn==1.9.1", "matplotlib==3
 #: writes (:mod:`mpguide.verify.records.schema`, pydantic 2's API). A lower bound, never an exact pin: the
 #: wheel goes into a reader's own environment (``requirements.txt`` pins the site's version).
 WHEEL_REQUIREMENTS = ("pydantic>=2",)
-#: The instruction printed on every example page and in the header of every downloaded file.
+#: The instruction as one command, where the pages quote it inline in a sentence (the front page, the guide).
 INSTALL_LINE = f"pip install {WHEEL_NAME} {' '.join(READER_REQUIREMENTS)}"
+#: Columns of a command in :data:`INSTALL_COMMANDS`: what a code block shows on a 412 px phone
+#: (``mpguide_build.gallery_format``: 12 px code, 50 characters).
+COMMAND_WIDTH = 50
+
+
+def install_commands(width: int = COMMAND_WIDTH) -> tuple[str, ...]:
+    """The same install as :data:`INSTALL_LINE`, cut into ``pip install`` commands of at most ``width`` characters.
+
+    The requirements go first, packed greedily, and the wheel last, so that pip resolves the wheel's own
+    requirements (``pydantic>=2``) against the Lightning already installed. Separate commands rather than one
+    continued with a backslash, which Windows' shells do not read. Raises ``ValueError`` when one requirement
+    alone does not fit ``width``.
+    """
+    commands: list[str] = []
+    for requirement in (*READER_REQUIREMENTS, WHEEL_NAME):
+        joined = f"{commands[-1]} {requirement}" if commands and requirement != WHEEL_NAME else ""
+        if joined and len(joined) <= width:
+            commands[-1] = joined
+            continue
+        command = f"pip install {requirement}"
+        if len(command) > width:
+            raise ValueError(f"{command!r} is {len(command)} characters, over {width}; raise the width")
+        commands.append(command)
+    return tuple(commands)
+
+
+#: The instruction printed as a code block on every example page and in the header of every downloaded
+#: file, one command a line, each short enough for a phone's code block.
+INSTALL_COMMANDS = install_commands()
 #: The instruction wherever ``PitfallChecks`` is offered on its own. ``mpguide.checks`` imports torch and
 #: Lightning only (the import contract in pyproject.toml), which a reader who trains with Lightning has:
 #: ``--no-deps`` installs nothing else and changes none of their versions. The wheel's version is fixed

@@ -1,7 +1,7 @@
 """Format the gallery's code for the page it is read on: reader cells at the guide's width, Evidence at the desktop's.
 
 A gallery page shows each cell's code in a column 120 characters wide on a 1400 px desktop (118 inside an
-open Evidence fold) and 50 on a 412 px phone (12 px code, ``docs/_static/mpguide.css``; measured in
+open Evidence fold) and 52 on a 412 px phone (12 px code, ``docs/_static/mpguide.css``; measured in
 ``tests/test_browser.py``). The reader's cells are formatted at the guide's snippet width
 (``docs/model/ruff.toml``) so that they fit a phone; on a desktop ``mpguide.js`` sets a long block of them in
 two columns. This module formats each cell of an example separately with ruff:
