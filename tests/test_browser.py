@@ -237,6 +237,14 @@ def test_figures_enlarge_on_click_or_tap(server, browser, page, viewport):
         )
         if viewport == "phone":
             assert max(shown) >= natural - 1, f"on a phone the figure must show at its own size ({natural} px)"
+            # it opens at its middle (matplotlib centres the title) and the close button stays off the title
+            middle, close_top = browser.execute_script(
+                "const box = document.querySelector('.mpguide-lightbox'); const b = box.querySelector('button');"
+                "return [Math.abs(box.scrollLeft - (box.scrollWidth - box.clientWidth) / 2),"
+                " b.getBoundingClientRect().top];"
+            )
+            assert middle <= 1, f"{page}: the enlarged figure opens {middle:.0f} px away from its middle"
+            assert close_top > VIEWPORTS["phone"][1] / 2, f"{page}: the close button is at {close_top:.0f} px, not low"
         ActionChains(browser).send_keys(Keys.ESCAPE).perform()
         left = browser.execute_script(
             "const [src, img] = arguments; return Array.from(document.images).filter(i => i !== img && "

@@ -59,7 +59,9 @@
     document.addEventListener("keydown", onKey);
     document.body.appendChild(box);
     document.body.classList.add("mpguide-lightbox-open");
-    close.focus();
+    // phone: the figure is wider than the screen; open it at its middle, where matplotlib centres the title
+    if (!wide) box.scrollLeft = Math.max(0, (box.scrollWidth - box.clientWidth) / 2);
+    close.focus({preventScroll: true});
   }
 
   // A figure drawn at under 3/4 of its own width (a phone shows most at a third) says that it enlarges:
