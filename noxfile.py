@@ -296,10 +296,12 @@ def patterns(session: nox.Session) -> None:
 def checks_programs(session: nox.Session) -> None:
     """The long run of PitfallChecks' generated training steps (tests/test_checks_generated.py; off CI).
 
-    ``nox -s checks_programs -- [programs] [seed]``: 1000 programs from seed 34 by default; the counts of
+    ``nox -s checks_programs -- [programs] [seed]``: 1000 programs from seed 34 by default, for both properties
+    (the sections each step's structure calls for, and the numeric pitfalls an fp32 run confirms); the counts of
     programs per expected section are printed at the end.
     """
     count = session.posargs[0] if session.posargs else "1000"
     seed = session.posargs[1] if len(session.posargs) > 1 else "34"
-    env = {"MPGUIDE_CHECKS_PROGRAMS": count, "MPGUIDE_CHECKS_SEED": seed}
-    site_run(session, "-m", "pytest", "tests/test_checks_generated.py", "-q", "-s", "-k", "oracles", env=env)
+    env = {"MPGUIDE_CHECKS_PROGRAMS": count, "MPGUIDE_CHECKS_NUMERIC_PROGRAMS": count, "MPGUIDE_CHECKS_SEED": seed}
+    properties = "oracles or numeric_pitfalls"
+    site_run(session, "-m", "pytest", "tests/test_checks_generated.py", "-q", "-s", "-k", properties, env=env)
