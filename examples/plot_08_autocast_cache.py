@@ -285,9 +285,14 @@ for run_id in (
     "caching-bf16",
     "nocache-bf16",
 ):
-    stale = plotting.run_by_id(
-        record, run_id
-    )["extra"]["stale_after_step"]
+    run = plotting.run_by_id(record, run_id)
+    if run["error"]:  # torch 2.10 and older
+        print(
+            f"{run_id}: raised "
+            f"{run['error']['type']}"
+        )
+        continue
+    stale = run["extra"]["stale_after_step"]
     print(
         f"{run_id}: a forward after "
         "opt.step() saw the old weights: "
