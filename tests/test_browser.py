@@ -14,6 +14,7 @@ Screenshots go to ``_build/screenshots/`` of the repository.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
@@ -554,23 +555,33 @@ def test_code_never_wraps_and_captured_output_does(server, browser, viewport):
     assert code > 100 and outputs > 20, (code, outputs)
 
 
+@contextlib.contextmanager
+def _article_probe(root: Path, name: str, body: str):
+    """A page ``name`` in the served folder with the site's stylesheet and ``body`` in its article; yields its
+    path relative to the server's root and removes it afterwards."""
+    probe = root / name
+    probe.write_text(
+        '<html><head><link rel="stylesheet" href="_static/mpguide.css"></head><body><div class="bd-article">'
+        f"{body}</div></body></html>"
+    )
+    try:
+        yield name
+    finally:
+        probe.unlink()
+
+
 @pytest.mark.parametrize("viewport", ["phone"], indirect=True)
 def test_the_wrapping_measure_counts_wrapped_code(server, browser, viewport):
     """The measure itself: a code block set to wrap, and an output block set not to, are both counted."""
     base, root = server
-    probe = root / "_wrap_probe.html"
-    probe.write_text(
-        '<html><head><link rel="stylesheet" href="_static/mpguide.css"></head><body><div class="bd-article">'
+    body = (
         '<div class="highlight"><pre style="white-space: pre-wrap">x = 1</pre></div>'
         '<div class="highlight"><pre>y = 2</pre></div>'
-        '<div class="sphx-glr-script-out"><div class="highlight"><pre style="white-space: pre">out</pre></div>'
-        "</div></div></body></html>"
+        '<div class="sphx-glr-script-out"><div class="highlight"><pre style="white-space: pre">out</pre></div></div>'
     )
-    try:
-        _open(browser, base + "_wrap_probe.html", viewport)
+    with _article_probe(root, "_wrap_probe.html", body) as page:
+        _open(browser, base + page, viewport)
         counts = browser.execute_script(_WRAPPING)
-    finally:
-        probe.unlink()
     assert counts == [2, 1, 1, 1], counts
 
 
@@ -578,16 +589,12 @@ def test_the_wrapping_measure_counts_wrapped_code(server, browser, viewport):
 def test_the_scroll_measure_counts_a_block_that_scrolls(server, browser, viewport):
     """The measure itself: one block with a 200-character line inside a closed fold scrolls and is counted."""
     base, root = server
-    probe = root / "_scroll_probe.html"
-    probe.write_text(
-        '<html><head><link rel="stylesheet" href="_static/mpguide.css"></head><body><div class="bd-article">'
+    body = (
         '<div class="highlight"><pre>short = 1</pre></div><details><summary>s</summary><div class="highlight">'
-        f"<pre>long = '{'x' * 200}'</pre></div></details></div></body></html>"
+        f"<pre>long = '{'x' * 200}'</pre></div></details>"
     )
-    try:
-        total, wide = scrolling_blocks(browser, base + "_scroll_probe.html", viewport)
-    finally:
-        probe.unlink()
+    with _article_probe(root, "_scroll_probe.html", body) as page:
+        total, wide = scrolling_blocks(browser, base + page, viewport)
     assert total == 2 and len(wide) == 1 and wide[0].startswith("long = 'x"), (total, wide)
 
 
