@@ -409,7 +409,7 @@ def variant_of(step, **changes):
 # %%
 # What does make a port drift only in bf16-mixed
 # ----------------------------------------------
-# * **An own autocast with ``cache_enabled=True`` around two updates in one step**: the second forward
+# * **An own caching autocast** (``cache_enabled=True``) **around two updates in one step**: the second forward
 #   runs on the bf16 copies of the weights from before the first ``optimizer.step()``. The reporter's
 #   autocast inherits Lightning's cache setting (off since Lightning 2.5.5, on up to 2.5.4).
 # * **A module shared by a no_grad teacher forward and the student forward** in a caching autocast: on

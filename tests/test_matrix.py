@@ -640,9 +640,10 @@ def test_the_unreleased_column_is_last_named_by_its_commit_and_kept_out_of_the_r
         "it does not hold: the cache is on there."
     )
     sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "fail"
-    assert "Does not hold on 2.5.5: the cache is on there." in matrix_page.applies_sentence(
-        sums, [("plot_99_fake", "c")], differs=because
-    )
+    both = matrix_page.applies_sentence(sums, [("plot_99_fake", "c")], differs=because)
+    assert "Does not hold on 2.5.5: the cache is on there." in both
+    assert both.endswith("(commit 7f0c3436cd, 2026-07-20) it does not hold either, for the same reason."), both
+    assert both.count(because) == 1, both  # the reason once, not again for the branch
     sums[0]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"
     sums[-1]["examples"]["plot_99_fake"]["claims"][0]["verdict"] = "pass"  # same as the newest release: no clause
     assert (

@@ -256,19 +256,24 @@ def applies_sentence(
             f"Not re-run on Lightning {_releases(groups[NOT_RERUN])} since the code changed (the releases page "
             "says since when)."
         )
-    return " ".join(parts) + unreleased_clause(every, claims, differs)
+    text = " ".join(parts)
+    return text + unreleased_clause(every, claims, differs, said=differs in text)
 
 
 def unreleased_clause(
-    summaries: Sequence[dict[str, Any]], claims: Sequence[tuple[str, str]], differs: str = "the behaviour differs there"
+    summaries: Sequence[dict[str, Any]],
+    claims: Sequence[tuple[str, str]],
+    differs: str = "the behaviour differs there",
+    said: bool = False,
 ) -> str:
     """What the unreleased column says about ``claims`` when it differs from the newest release.
 
     Returns:
         ``""`` when there is no unreleased column or its cells equal the newest release's; else e.g.
         ``" On Lightning's unreleased master branch (commit 7f0c3436cd, 2026-07-20) it does not hold:
-        <differs>."`` (outcome classes in parentheses instead when it does not hold for another reason)
-        or ``"... it holds."`` (with a leading space, to append to a sentence).
+        <differs>."`` (``"... it does not hold either, for the same reason."`` when ``said``: the sentence
+        before already gave ``differs`` for a release; outcome classes in parentheses instead when it does not
+        hold for another reason) or ``"... it holds."`` (with a leading space, to append to a sentence).
     """
     branch = [s for s in summaries if is_unreleased(s)]
     released = sorted((s for s in summaries if not is_unreleased(s)), key=column_order)
@@ -288,7 +293,7 @@ def unreleased_clause(
     if NOT_RERUN in classes:
         return where + " it is not re-run since the code changed."
     if classes == {DOES_NOT_HOLD}:
-        return where + f" it does not hold: {differs}."
+        return where + (" it does not hold either, for the same reason." if said else f" it does not hold: {differs}.")
     return where + f" it does not hold ({', '.join(sorted(classes))})."
 
 
